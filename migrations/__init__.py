@@ -1,0 +1,1 @@
+"""Alembic migrations for rlrun (one tree for SQLite and PostgreSQL)."""

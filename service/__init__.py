@@ -1,0 +1,1 @@
+"""rlrun: a service that runs verl fully async GRPO training on a shared Ray cluster."""

@@ -1,0 +1,40 @@
+"""Liveness and readiness (the database and Ray reported apart)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+
+from service.deps import ServicesDep
+from service.ray_jobs import RayRejected, RayUnavailable
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+def readyz(services: ServicesDep) -> JSONResponse:
+    """Ready when the database answers: runs can be accepted (and queue) while Ray is away."""
+    checks: dict[str, Any] = {}
+    try:
+        with services.db.transaction() as session:
+            session.execute(text("SELECT 1"))
+        checks["database"] = {"ok": True}
+    except Exception as exc:
+        checks["database"] = {"ok": False, "error": repr(exc)[:500]}
+    if services.ray is None:
+        checks["ray"] = {"ok": False, "error": "not configured"}
+    else:
+        try:
+            checks["ray"] = {"ok": True, "version": services.ray.version().get("ray_version")}
+        except (RayUnavailable, RayRejected) as exc:
+            checks["ray"] = {"ok": False, "error": str(exc)[:500]}
+    ready = checks["database"]["ok"]
+    return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)

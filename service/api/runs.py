@@ -1,0 +1,176 @@
+"""Runs: accept (durably), list, read, cancel."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Annotated, Any
+
+from fastapi import APIRouter, BackgroundTasks, Body, Header, Query, Response
+from fastapi.responses import JSONResponse
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from service.deps import ServicesDep, SessionDep
+from service.errors import Conflict, NotFound
+from service.ids import new_run_id
+from service.models import Run, RunEvent, utcnow
+from service.recipes.base import PRIORITIES, LaunchContext
+from service.schemas import RunOut, RunPage, run_out, run_summary
+from service.status import ACTIVE, TERMINAL, RunStatus, transition
+
+router = APIRouter(prefix="/runs", tags=["runs"])
+
+SPEC_EXAMPLE = {"recipe": "tiny-grpo", "name": "my-first-run", "team": "default"}
+
+
+def request_hash(body: Any) -> str:
+    return hashlib.sha256(
+        json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    ).hexdigest()
+
+
+def load_run(session: Session, run_id: str, lock: bool = False) -> Run:
+    run = session.get(Run, run_id, with_for_update=lock)
+    if run is None:
+        raise NotFound(f"no run {run_id!r}")
+    return run
+
+
+def events_of(session: Session, run_id: str) -> list[RunEvent]:
+    return list(
+        session.scalars(select(RunEvent).where(RunEvent.run_id == run_id).order_by(RunEvent.id))
+    )
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=RunOut,
+    responses={200: {"description": "dry run: the plan, nothing stored"}, 409: {}, 422: {}},
+)
+def create_run(
+    services: ServicesDep,
+    session: SessionDep,
+    response: Response,
+    background: BackgroundTasks,
+    body: Annotated[dict[str, Any], Body(examples=[SPEC_EXAMPLE])],
+    dry_run: bool = False,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+) -> Any:
+    """Accept a run: validated, stored as QUEUED and committed before the answer."""
+    digest = request_hash(body)
+    if idempotency_key and not dry_run:
+        existing = session.scalar(select(Run).where(Run.idempotency_key == idempotency_key))
+        if existing is not None:
+            return _replay(session, existing, digest, response)
+    run_id = new_run_id()
+    ctx = LaunchContext(run_id=run_id, stop_grace_s=services.settings.stop_grace_s)
+    spec, launch = services.registry.build(body, ctx)
+    if dry_run:
+        plan = {"dry_run": True, "spec": spec.model_dump(mode="json"), **launch.as_dict()}
+        return JSONResponse(plan)
+    run = Run(
+        id=run_id,
+        name=spec.name or f"{spec.recipe}-{run_id[-8:]}",
+        recipe=spec.recipe,
+        team=spec.team,
+        priority=PRIORITIES[spec.priority],
+        status=RunStatus.QUEUED,
+        spec=spec.model_dump(mode="json"),
+        launch=launch.as_dict(),
+        idempotency_key=idempotency_key,
+        request_hash=digest,
+    )
+    try:
+        with session.begin_nested():
+            session.add(run)
+            session.flush()
+    except IntegrityError:
+        # A concurrent request with the same Idempotency-Key won the race.
+        existing = session.scalar(select(Run).where(Run.idempotency_key == idempotency_key))
+        if existing is None:
+            raise
+        return _replay(session, existing, digest, response)
+    session.add(
+        RunEvent(
+            run_id=run.id,
+            at=run.created_at,
+            from_status=None,
+            to_status=RunStatus.QUEUED,
+            reason="accepted",
+        )
+    )
+    session.flush()
+    response.headers["Location"] = f"/runs/{run.id}"
+    # After the response, so the submitter sees the committed row.
+    background.add_task(services.wake, "submitter")
+    return run_out(run, events_of(session, run.id))
+
+
+def _replay(session: Session, run: Run, digest: str, response: Response) -> RunOut:
+    if run.request_hash != digest:
+        raise Conflict(
+            "this Idempotency-Key was used with a different request body",
+            run_id=run.id,
+        )
+    response.headers["Location"] = f"/runs/{run.id}"
+    response.headers["Idempotent-Replayed"] = "true"
+    return run_out(run, events_of(session, run.id))
+
+
+@router.get("", response_model=RunPage)
+def list_runs(
+    session: SessionDep,
+    status: Annotated[list[RunStatus] | None, Query()] = None,
+    team: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: str | None = None,
+) -> RunPage:
+    """A page of runs, newest first; pass ``next_cursor`` back as ``cursor`` for the next."""
+    query = select(Run).order_by(Run.id.desc()).limit(limit + 1)
+    if status:
+        query = query.where(Run.status.in_(status))
+    if team:
+        query = query.where(Run.team == team)
+    if cursor:
+        query = query.where(Run.id < cursor)
+    rows = list(session.scalars(query))
+    page = rows[:limit]
+    return RunPage(
+        items=[run_summary(r) for r in page],
+        next_cursor=page[-1].id if len(rows) > limit else None,
+    )
+
+
+@router.get("/{run_id}", response_model=RunOut)
+def get_run(session: SessionDep, run_id: str) -> RunOut:
+    run = load_run(session, run_id)
+    return run_out(run, events_of(session, run_id))
+
+
+@router.post("/{run_id}/cancel", response_model=RunOut)
+def cancel_run(
+    services: ServicesDep, session: SessionDep, background: BackgroundTasks, run_id: str
+) -> RunOut:
+    """Queued: CANCELLED at once (Ray never sees it). Active: a stop is requested."""
+    run = load_run(session, run_id, lock=True)
+    if run.status in TERMINAL:
+        raise Conflict(f"run {run_id} is already {run.status}", status_of_run=run.status)
+    if run.status == RunStatus.QUEUED:
+        transition(session, run, RunStatus.CANCELLED, "cancelled before submission")
+    elif run.status in ACTIVE and run.stop_requested_at is None:
+        run.stop_requested_at = utcnow()
+        session.add(
+            RunEvent(
+                run_id=run.id,
+                at=run.stop_requested_at,
+                from_status=run.status,
+                to_status=run.status,
+                reason="stop requested",
+            )
+        )
+        session.flush()
+        background.add_task(services.wake, "reconciler")
+    return run_out(run, events_of(session, run_id))

@@ -1,0 +1,97 @@
+"""``create_app(settings)``: the FastAPI application and the lifespan that owns its resources."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from service import db as dbmod
+from service.api import health, runs
+from service.deps import Services
+from service.errors import install_handlers
+from service.local_ray import LocalRayCluster
+from service.loops.base import Loop
+from service.loops.reconciler import Reconciler
+from service.loops.submitter import Submitter
+from service.ray_jobs import RayJobs
+from service.recipes.registry import RecipeRegistry, default_registry
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings | None = None, registry: RecipeRegistry | None = None) -> FastAPI:
+    settings = settings or Settings()
+    services = Services(
+        settings=settings,
+        db=dbmod.Database(settings.database_url),
+        registry=registry or default_registry(settings.recipe_plugins),
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.migrate_on_start:
+            await asyncio.to_thread(dbmod.upgrade, settings.database_url)
+        cluster: LocalRayCluster | None = None
+        address = settings.ray_address
+        if settings.uses_local_ray:
+            cluster = LocalRayCluster(
+                settings.local_npus_per_node,
+                cpus_per_node=settings.local_cpus_per_node,
+                base_dir=settings.local_ray_dir,
+                port=settings.local_ray_port,
+                dashboard_port=settings.local_dashboard_port,
+            )
+            log.info("starting a local Ray head with NPUs per node %s", settings.local_npus)
+            await asyncio.to_thread(cluster.start)
+            address = cluster.address
+        services.ray = RayJobs(address, settings.ray_token, settings.ray_timeout_s)
+        stop = asyncio.Event()
+        tasks: list[asyncio.Task[None]] = []
+        if settings.run_loops:
+            owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+            submitter = Submitter(
+                services.db, services.ray, owner, settings.claim_ttl_s, settings.submit_batch
+            )
+            reconciler = Reconciler(services.db, services.ray)
+            services.loops = {
+                "submitter": Loop(
+                    "submitter", submitter.tick, settings.submit_interval_s, settings.max_backoff_s
+                ),
+                "reconciler": Loop(
+                    "reconciler",
+                    reconciler.tick,
+                    settings.reconcile_interval_s,
+                    settings.max_backoff_s,
+                ),
+            }
+            tasks = [asyncio.create_task(loop.run(stop)) for loop in services.loops.values()]
+        try:
+            yield
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            services.ray.close()
+            services.db.dispose()
+            if cluster is not None:
+                await asyncio.to_thread(cluster.stop)
+
+    app = FastAPI(
+        title="rlrun",
+        summary="Asynchronous RL training runs on a shared Ray cluster",
+        version="0.1.0",
+        lifespan=lifespan,
+        max_body_size=settings.max_body_bytes,
+    )
+    app.state.services = services
+    install_handlers(app)
+    app.include_router(health.router)
+    app.include_router(runs.router)
+    return app

@@ -1,0 +1,128 @@
+"""One exception tree, rendered as RFC 9457 problem+json by one set of handlers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+PROBLEM_JSON = "application/problem+json"
+
+
+class ProblemError(Exception):
+    """Base of every error the API reports; subclasses fix status and title."""
+
+    status: ClassVar[int] = 500
+    title: ClassVar[str] = "Internal error"
+
+    def __init__(self, detail: str, **extra: Any) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.extra = extra
+
+    def body(self, instance: str | None = None) -> dict[str, Any]:
+        slug = self.title.lower().replace(" ", "-")
+        out: dict[str, Any] = {
+            "type": f"urn:rlrun:problem:{slug}",
+            "title": self.title,
+            "status": self.status,
+            "detail": self.detail,
+        }
+        if instance:
+            out["instance"] = instance
+        out.update(self.extra)
+        return out
+
+
+class NotFound(ProblemError):
+    status = 404
+    title = "Not found"
+
+
+class Conflict(ProblemError):
+    status = 409
+    title = "Conflict"
+
+
+class InvalidSpec(ProblemError):
+    """A request that is well-formed JSON but breaks a rule; ``errors`` name the field paths."""
+
+    status = 422
+    title = "Invalid run spec"
+
+    def __init__(self, detail: str, errors: Sequence[dict[str, Any]]) -> None:
+        super().__init__(detail, errors=list(errors))
+
+
+class Unavailable(ProblemError):
+    status = 503
+    title = "Service unavailable"
+
+
+def field_error(loc: Sequence[str | int], msg: str, kind: str = "value_error") -> dict[str, Any]:
+    """One entry of a 422's ``errors``: the path as a list and as a dotted ``field``."""
+    return {"loc": list(loc), "field": dotted(loc), "msg": msg, "type": kind}
+
+
+def dotted(loc: Sequence[str | int]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def invalid_from_pydantic(
+    exc: ValidationError | RequestValidationError, prefix: Sequence[str] = ()
+) -> InvalidSpec:
+    errors = [
+        field_error([*prefix, *(p for p in e["loc"] if p != "body")], e["msg"], e["type"])
+        for e in exc.errors()
+    ]
+    first = errors[0]["field"] if errors else "body"
+    return InvalidSpec(f"{len(errors)} invalid field(s), first: {first}", errors)
+
+
+def _problem(request: Request, exc: ProblemError) -> JSONResponse:
+    return JSONResponse(exc.body(request.url.path), status_code=exc.status, media_type=PROBLEM_JSON)
+
+
+def install_handlers(app: FastAPI) -> None:
+    async def on_problem(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ProblemError)
+        return _problem(request, exc)
+
+    async def on_validation(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return _problem(request, invalid_from_pydantic(exc))
+
+    async def on_http(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        err = ProblemError(str(exc.detail))
+        body = err.body(request.url.path) | {
+            "status": exc.status_code,
+            "title": _reason(exc.status_code),
+        }
+        return JSONResponse(
+            body,
+            status_code=exc.status_code,
+            media_type=PROBLEM_JSON,
+            headers=getattr(exc, "headers", None),
+        )
+
+    app.add_exception_handler(ProblemError, on_problem)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)
+
+
+def _reason(status: int) -> str:
+    from http import HTTPStatus
+
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"

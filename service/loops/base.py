@@ -1,0 +1,50 @@
+"""A periodic loop that runs a blocking ``tick`` off the event loop, backing off on failure."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from service.ray_jobs import RayUnavailable
+
+log = logging.getLogger(__name__)
+
+
+class Loop:
+    def __init__(
+        self, name: str, tick: Callable[[], None], interval_s: float, max_backoff_s: float
+    ) -> None:
+        self.name = name
+        self._tick = tick
+        self.interval_s = interval_s
+        self.max_backoff_s = max_backoff_s
+        self._wake = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.failures = 0
+
+    def wake(self) -> None:
+        """Run the next tick now; safe to call from any thread."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._wake.set)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self._loop = asyncio.get_running_loop()
+        while not stop.is_set():
+            self._wake.clear()
+            try:
+                await asyncio.to_thread(self._tick)
+                self.failures = 0
+            except RayUnavailable as exc:
+                self.failures += 1
+                log.warning("%s: Ray unavailable (%s); backing off", self.name, exc)
+            except Exception:
+                self.failures += 1
+                log.exception("%s: tick failed", self.name)
+            delay = min(self.interval_s * 2 ** min(self.failures, 10), self.max_backoff_s)
+            if not self.failures:
+                delay = self.interval_s
+            waiters = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())}
+            _, pending = await asyncio.wait(waiters, timeout=delay, return_when="FIRST_COMPLETED")
+            for fut in pending:
+                fut.cancel()

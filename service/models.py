@@ -1,0 +1,94 @@
+"""SQLAlchemy models: the database is the system of record for runs, events and history."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, String, Text, TypeDecorator
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+from service.status import RunStatus
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite hands back naive ones)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("naive datetime")
+        return value.astimezone(UTC) if value is not None else None
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value
+
+
+JSONDoc = JSON().with_variant(JSONB(), "postgresql")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map: ClassVar[dict[Any, Any]] = {datetime: UTCDateTime, dict[str, Any]: JSONDoc}
+
+
+class Run(Base):
+    __tablename__ = "runs"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    recipe: Mapped[str] = mapped_column(String(64))
+    team: Mapped[str] = mapped_column(String(64), index=True)
+    priority: Mapped[int] = mapped_column(Integer, default=1)
+    status: Mapped[str] = mapped_column(String(16), default=RunStatus.QUEUED)
+    health: Mapped[str] = mapped_column(String(16), default="ok")
+    health_reason: Mapped[str | None] = mapped_column(Text)
+    # The validated request, and what the recipe made of it (argv, runtime env, shape, warnings).
+    spec: Mapped[dict[str, Any]]
+    launch: Mapped[dict[str, Any]]
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True)
+    request_hash: Mapped[str | None] = mapped_column(String(64))
+
+    ray_status: Mapped[str | None] = mapped_column(String(16))
+    ray_message: Mapped[str | None] = mapped_column(Text)
+    ray_error_type: Mapped[str | None] = mapped_column(String(64))
+    ray_exit_code: Mapped[int | None] = mapped_column(Integer)
+
+    # A replica claims a queued run before it calls Ray; the claim lapses if that replica dies.
+    claim_owner: Mapped[str | None] = mapped_column(String(120))
+    claim_expires_at: Mapped[datetime | None]
+    stop_requested_at: Mapped[datetime | None]
+
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+    submitted_at: Mapped[datetime | None]
+    started_at: Mapped[datetime | None]
+    ended_at: Mapped[datetime | None]
+
+    events: Mapped[list[RunEvent]] = relationship(
+        back_populates="run", order_by="RunEvent.id", cascade="all, delete-orphan"
+    )
+
+    __table_args__ = (Index("ix_runs_status_priority", "status", "priority", "id"),)
+
+
+class RunEvent(Base):
+    __tablename__ = "run_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    from_status: Mapped[str | None] = mapped_column(String(16))
+    to_status: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text)
+
+    run: Mapped[Run] = relationship(back_populates="events")

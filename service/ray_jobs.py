@@ -1,0 +1,172 @@
+"""The one module that talks to Ray: the Jobs REST API of the head's dashboard, with timeouts.
+
+Every call is synchronous and bounded by a timeout; callers run it off the event loop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+
+class RayUnavailable(Exception):
+    """Ray did not answer, or answered with a server error: try again later."""
+
+
+class RayRejected(Exception):
+    """Ray refused the request outright (4xx): retrying the same request will not help."""
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    submission_id: str
+    status: str
+    message: str | None
+    error_type: str | None
+    driver_exit_code: int | None
+    start_time_ms: int | None
+    end_time_ms: int | None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JobInfo:
+        return cls(
+            submission_id=data["submission_id"],
+            status=data["status"],
+            message=data.get("message"),
+            error_type=data.get("error_type"),
+            driver_exit_code=data.get("driver_exit_code"),
+            start_time_ms=data.get("start_time"),
+            end_time_ms=data.get("end_time"),
+        )
+
+
+class RayJobs:
+    """A client for one Ray cluster's dashboard (``http://host:8265``)."""
+
+    ALREADY_EXISTS = "already exists"
+
+    def __init__(self, address: str, token: str | None = None, timeout_s: float = 10.0) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.address = address
+        self._http = httpx.Client(base_url=address, headers=headers, timeout=timeout_s)
+        self._packages: dict[Path, str] = {}
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            resp = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise RayUnavailable(f"Ray at {self.address} did not answer: {exc!r}") from exc
+        return resp
+
+    @staticmethod
+    def _text(resp: httpx.Response) -> str:
+        return resp.text.strip()[:2000]
+
+    def _check(self, resp: httpx.Response) -> httpx.Response:
+        if resp.status_code >= 500:
+            raise RayUnavailable(f"Ray answered {resp.status_code}: {self._text(resp)}")
+        if resp.status_code >= 400:
+            raise RayRejected(f"Ray refused ({resp.status_code}): {self._text(resp)}")
+        return resp
+
+    def version(self) -> dict[str, Any]:
+        data: dict[str, Any] = self._check(self._request("GET", "/api/version")).json()
+        return data
+
+    def submit(
+        self,
+        submission_id: str,
+        entrypoint: str,
+        runtime_env: dict[str, Any],
+        metadata: dict[str, str],
+        entrypoint_num_cpus: float = 0.0,
+        entrypoint_resources: dict[str, float] | None = None,
+    ) -> bool:
+        """Submit a job. Returns False when Ray already has ``submission_id`` (a retry)."""
+        body: dict[str, Any] = {
+            "entrypoint": entrypoint,
+            "submission_id": submission_id,
+            "runtime_env": runtime_env,
+            "metadata": metadata,
+        }
+        if entrypoint_num_cpus:
+            body["entrypoint_num_cpus"] = entrypoint_num_cpus
+        if entrypoint_resources:
+            body["entrypoint_resources"] = entrypoint_resources
+        resp = self._request("POST", "/api/jobs/", json=body)
+        # Ray answers a duplicate submission_id with a 500 and this text, not a 409.
+        if resp.status_code >= 400 and self.ALREADY_EXISTS in resp.text:
+            return False
+        self._check(resp)
+        return True
+
+    def get(self, submission_id: str) -> JobInfo | None:
+        """The job, or None when Ray does not know it (404)."""
+        resp = self._request("GET", f"/api/jobs/{submission_id}")
+        if resp.status_code == 404:
+            return None
+        return JobInfo.from_json(self._check(resp).json())
+
+    def list_jobs(self) -> list[JobInfo]:
+        data = self._check(self._request("GET", "/api/jobs/")).json()
+        return [JobInfo.from_json(j) for j in data if j.get("type") == "SUBMISSION"]
+
+    def stop(self, submission_id: str) -> bool:
+        resp = self._request("POST", f"/api/jobs/{submission_id}/stop")
+        if resp.status_code == 404:
+            return False
+        return bool(self._check(resp).json().get("stopped", False))
+
+    def logs(self, submission_id: str) -> str | None:
+        resp = self._request("GET", f"/api/jobs/{submission_id}/logs")
+        if resp.status_code == 404:
+            return None
+        return str(self._check(resp).json().get("logs", ""))
+
+    def cluster_status(self) -> dict[str, Any]:
+        data: dict[str, Any] = self._check(
+            self._request("GET", "/api/cluster_status", params={"format": 0})
+        ).json()
+        return data
+
+    def nodes(self) -> list[dict[str, Any]]:
+        data = self._check(self._request("GET", "/api/v0/nodes", params={"detail": 1})).json()
+        result: list[dict[str, Any]] = data.get("data", {}).get("result", {}).get("result", [])
+        return result
+
+    def package_uri(self, module_dir: Path) -> str:
+        """Upload ``module_dir`` as a py_modules package once; return its ``gcs://`` URI."""
+        module_dir = module_dir.resolve()
+        if module_dir in self._packages:
+            return self._packages[module_dir]
+        payload = zip_module(module_dir)
+        name = f"_ray_pkg_{hashlib.sha256(payload).hexdigest()[:32]}.zip"
+        if self._request("GET", f"/api/packages/gcs/{name}").status_code != 200:
+            self._check(self._request("PUT", f"/api/packages/gcs/{name}", content=payload))
+        uri = f"gcs://{name}"
+        self._packages[module_dir] = uri
+        return uri
+
+
+def zip_module(module_dir: Path) -> bytes:
+    """A deterministic zip of a Python package with its directory as the top-level entry."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for path in sorted(module_dir.rglob("*")):
+            if "__pycache__" in path.parts or path.suffix == ".pyc" or not path.is_file():
+                continue
+            arcname = Path(module_dir.name) / path.relative_to(module_dir)
+            info = zipfile.ZipInfo(str(arcname), date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            zf.writestr(info, path.read_bytes())
+    return buf.getvalue()

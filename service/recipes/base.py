@@ -1,0 +1,104 @@
+"""What a recipe is: a spec model, and a function from a validated spec to a ``Launch``."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PRIORITIES: dict[str, int] = {"low": 0, "normal": 1, "high": 2}
+
+
+class RunSpec(BaseModel):
+    """Fields every run request carries; a recipe's spec model extends this."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    recipe: str
+    name: str | None = Field(default=None, min_length=1, max_length=200)
+    team: str = Field(default="default", pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
+    priority: Literal["low", "normal", "high"] = "normal"
+
+
+@dataclass(frozen=True)
+class Group:
+    """Accelerators and CPUs that must sit together on one node (one placement group)."""
+
+    role: str
+    accelerators: int
+    cpus: float
+
+
+@dataclass(frozen=True)
+class ResourceShape:
+    """Everything a run holds on the cluster while it is active."""
+
+    accelerator: Literal["NPU", "GPU"] = "NPU"
+    groups: tuple[Group, ...] = ()
+    driver_cpus: float = 1.0
+
+    @property
+    def accelerators(self) -> int:
+        return sum(g.accelerators for g in self.groups)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "accelerator": self.accelerator,
+            "accelerators": self.accelerators,
+            "driver_cpus": self.driver_cpus,
+            "groups": [g.__dict__ for g in self.groups],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ResourceShape:
+        return cls(
+            accelerator=data["accelerator"],
+            groups=tuple(Group(**g) for g in data["groups"]),
+            driver_cpus=data["driver_cpus"],
+        )
+
+
+@dataclass(frozen=True)
+class LaunchContext:
+    """What a recipe may know about the run and the deployment when it builds the launch."""
+
+    run_id: str
+    stop_grace_s: int = 120
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The job as Ray will see it. ``argv`` is joined with shell quoting, never formatted."""
+
+    argv: list[str]
+    runtime_env: dict[str, Any]
+    shape: ResourceShape
+    entrypoint_num_cpus: float = 0.0
+    entrypoint_resources: dict[str, float] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def entrypoint(self) -> str:
+        return shlex.join(self.argv)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "argv": self.argv,
+            "entrypoint": self.entrypoint,
+            "runtime_env": self.runtime_env,
+            "shape": self.shape.as_dict(),
+            "entrypoint_num_cpus": self.entrypoint_num_cpus,
+            "entrypoint_resources": self.entrypoint_resources,
+            "warnings": self.warnings,
+        }
+
+
+class Recipe(Protocol):
+    name: ClassVar[str]
+    spec_model: ClassVar[type[RunSpec]]
+
+    def build(self, spec: Any, ctx: LaunchContext) -> Launch:
+        """Turn a validated spec into a launch; raise ``InvalidSpec`` for a rule it breaks."""
+        ...

@@ -1,0 +1,55 @@
+"""The recipe registry: name -> recipe, and the one place a request body becomes a spec."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from pydantic import ValidationError
+
+from service.errors import InvalidSpec, field_error, invalid_from_pydantic
+from service.recipes.base import Launch, LaunchContext, Recipe, RunSpec
+
+
+class RecipeRegistry:
+    def __init__(self) -> None:
+        self._recipes: dict[str, Recipe] = {}
+
+    def register(self, recipe: Recipe) -> None:
+        self._recipes[recipe.name] = recipe
+
+    def names(self) -> list[str]:
+        return sorted(self._recipes)
+
+    def get(self, name: str) -> Recipe:
+        return self._recipes[name]
+
+    def parse(self, body: Any) -> tuple[Recipe, RunSpec]:
+        """Validate a request body against its recipe's spec model (422 with field paths)."""
+        if not isinstance(body, dict):
+            raise InvalidSpec(
+                "the run spec must be a JSON object", [field_error([], "not an object")]
+            )
+        name = body.get("recipe")
+        if name not in self._recipes:
+            msg = f"unknown recipe {name!r}; known: {', '.join(self.names()) or 'none'}"
+            raise InvalidSpec(msg, [field_error(["recipe"], msg, "unknown_recipe")])
+        recipe = self._recipes[name]
+        try:
+            spec = recipe.spec_model.model_validate(body)
+        except ValidationError as exc:
+            raise invalid_from_pydantic(exc) from exc
+        return recipe, spec
+
+    def build(self, body: Any, ctx: LaunchContext) -> tuple[RunSpec, Launch]:
+        recipe, spec = self.parse(body)
+        return spec, recipe.build(spec, ctx)
+
+
+def default_registry(plugins: str = "") -> RecipeRegistry:
+    """The recipes rlrun ships, plus any ``module:function`` plugins that register more."""
+    registry = RecipeRegistry()
+    for entry in filter(None, (p.strip() for p in plugins.split(","))):
+        module, _, func = entry.partition(":")
+        getattr(importlib.import_module(module), func or "register")(registry)
+    return registry

@@ -1,0 +1,55 @@
+"""Service settings, read once from the environment (prefix ``RLRUN_``)."""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Everything a deployment configures by name; built once and handed to ``create_app``."""
+
+    model_config = SettingsConfigDict(env_prefix="RLRUN_", extra="ignore")
+
+    database_url: str = "sqlite:///rlrun.db"
+    # "local": start an embedded Ray head; otherwise the dashboard address of a cluster.
+    ray_address: str = "local"
+    ray_token: str | None = Field(default=None, description="Bearer token for a token-auth head")
+    ray_timeout_s: float = 10.0
+    # Virtual NPUs per local node, e.g. "16" or "8,8" for two nodes.
+    local_npus: str = "16"
+    local_cpus_per_node: int = 16
+    # Ray keeps sockets here: the path must stay short (default: a fresh dir under /tmp).
+    local_ray_dir: str | None = None
+    local_ray_port: int = 26379
+    local_dashboard_port: int = 28265
+
+    submit_interval_s: float = 1.0
+    reconcile_interval_s: float = 2.0
+    claim_ttl_s: float = 60.0
+    submit_batch: int = 16
+    max_backoff_s: float = 30.0
+    run_loops: bool = True
+    migrate_on_start: bool = True
+    # Extra recipes: comma-separated "module:function" entries, each called with the registry.
+    recipe_plugins: str = ""
+
+    # Grace period between SIGTERM and SIGKILL when a run is stopped (time to checkpoint).
+    stop_grace_s: int = 120
+    max_body_bytes: int = 1_000_000
+
+    @field_validator("local_npus")
+    @classmethod
+    def _npus_are_counts(cls, value: str) -> str:
+        parts = [p.strip() for p in value.split(",")]
+        if not parts or not all(p.isdigit() for p in parts):
+            raise ValueError("expected comma-separated NPU counts per node, e.g. '16' or '8,8'")
+        return ",".join(parts)
+
+    @property
+    def local_npus_per_node(self) -> list[int]:
+        return [int(p) for p in self.local_npus.split(",")]
+
+    @property
+    def uses_local_ray(self) -> bool:
+        return self.ray_address == "local"

@@ -1,0 +1,141 @@
+"""Shared fixtures: one local Ray cluster per session, SQLite and PostgreSQL databases, apps."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
+
+from service.app import create_app
+from service.db import upgrade
+from service.local_ray import LocalRayCluster
+from service.models import Base
+from service.ray_jobs import RayJobs
+from service.settings import Settings
+
+PG_ADMIN_URL = os.environ.get("RLRUN_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+# Ports for the session's Ray cluster; outside 10002-19999, which Ray keeps for its workers.
+RAY_PORT = int(os.environ.get("RLRUN_TEST_RAY_PORT", "46379"))
+TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED", "CANCELLED", "LOST"}
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[LocalRayCluster]:
+    """Two virtual nodes with 8 NPUs each: placement and queueing are real, no device is used."""
+    cluster = LocalRayCluster(
+        [8, 8], cpus_per_node=8, port=RAY_PORT, dashboard_port=RAY_PORT + 2000
+    )
+    cluster.start()
+    yield cluster
+    cluster.cleanup()
+
+
+@pytest.fixture
+def ray(ray_cluster: LocalRayCluster) -> Iterator[RayJobs]:
+    client = RayJobs(ray_cluster.address)
+    yield client
+    # Leave the shared cluster idle for the next test.
+    for job in client.list_jobs():
+        if job.status in {"PENDING", "RUNNING"}:
+            client.stop(job.submission_id)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if all(j.status not in {"PENDING", "RUNNING"} for j in client.list_jobs()):
+            break
+        time.sleep(0.5)
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def pg_database() -> Iterator[str]:
+    """A fresh PostgreSQL database for this session, migrated to head, dropped at the end."""
+    name = f"rlrun_test_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    upgrade(url)
+    yield url
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+def _truncate(url: str) -> None:
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        names = ", ".join(t.name for t in Base.metadata.sorted_tables)
+        conn.execute(text(f"TRUNCATE {names} CASCADE"))
+    engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
+    """Each test that takes this runs once on SQLite and once on PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/rlrun.db"
+    url: str = request.getfixturevalue("pg_database")
+    _truncate(url)
+    return url
+
+
+def make_settings(db_url: str, ray_address: str, **overrides: Any) -> Settings:
+    defaults: dict[str, Any] = {
+        "database_url": db_url,
+        "ray_address": ray_address,
+        "submit_interval_s": 0.3,
+        "reconcile_interval_s": 0.3,
+        "max_backoff_s": 2.0,
+        "recipe_plugins": "tests.recipes:register",
+    }
+    return Settings(**(defaults | overrides))
+
+
+@pytest.fixture
+def api(db_url: str) -> Iterator[TestClient]:
+    """The API without background loops or a reachable Ray: requests and the database only."""
+    settings = make_settings(db_url, "http://127.0.0.1:9", run_loops=False)
+    with TestClient(create_app(settings)) as client:
+        yield client
+
+
+@pytest.fixture
+def service_factory(ray_cluster: LocalRayCluster, ray: RayJobs) -> Callable[..., TestClient]:
+    """Build a full service (loops on) against the session's Ray cluster."""
+
+    def make(db_url: str, **overrides: Any) -> TestClient:
+        return TestClient(create_app(make_settings(db_url, ray_cluster.address, **overrides)))
+
+    return make
+
+
+def wait_for(
+    fetch: Callable[[], Any], done: Callable[[Any], bool], timeout: float = 60.0, every: float = 0.2
+) -> Any:
+    """Poll ``fetch`` until ``done(value)``; fail with the last value on timeout."""
+    deadline = time.monotonic() + timeout
+    value = fetch()
+    while not done(value):
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s; last value: {value!r}")
+        time.sleep(every)
+        value = fetch()
+    return value
+
+
+def wait_status(
+    client: TestClient | httpx.Client, run_id: str, statuses: set[str], timeout: float = 60.0
+) -> dict[str, Any]:
+    run: dict[str, Any] = wait_for(
+        lambda: client.get(f"/runs/{run_id}").json(),
+        lambda r: r["status"] in statuses,
+        timeout,
+    )
+    return run
