@@ -67,6 +67,8 @@ class Run(Base):
     claim_owner: Mapped[str | None] = mapped_column(String(120))
     claim_expires_at: Mapped[datetime | None]
     stop_requested_at: Mapped[datetime | None]
+    # When the job last printed anything (set by whoever follows its log; read by health checks).
+    last_output_at: Mapped[datetime | None]
 
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
