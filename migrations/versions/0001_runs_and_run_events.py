@@ -47,6 +47,7 @@ def upgrade() -> None:
         sa.Column("claim_owner", sa.String(length=120), nullable=True),
         sa.Column("claim_expires_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("stop_requested_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("last_output_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("submitted_at", sa.DateTime(timezone=True), nullable=True),
