@@ -6,12 +6,7 @@ have: the run id is Ray's submission id, claims lapse, and retries find "already
 
 from __future__ import annotations
 
-import os
 import random
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -22,69 +17,12 @@ import pytest
 
 from service.local_ray import LocalRayCluster
 from service.ray_jobs import RayJobs
-from tests.conftest import wait_for
+from tests.conftest import _truncate, wait_for
+from tests.service_process import ServiceProcess
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
 N_RUNS = 50
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-class ServiceProcess:
-    """The real service in a child process, so it can die by SIGKILL."""
-
-    def __init__(self, db_url: str, ray_address: str, log_path: Path) -> None:
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.env = os.environ | {
-            "PYTHONPATH": str(ROOT),
-            "RLRUN_DATABASE_URL": db_url,
-            "RLRUN_RAY_ADDRESS": ray_address,
-            "RLRUN_RECIPE_PLUGINS": "tests.recipes:register",
-            "RLRUN_SUBMIT_INTERVAL_S": "0.2",
-            "RLRUN_RECONCILE_INTERVAL_S": "1",
-            "RLRUN_CLAIM_TTL_S": "3",
-            "RLRUN_SUBMIT_BATCH": "4",
-        }
-        self.log_path = log_path
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.kills = 0
-
-    def start(self) -> None:
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "uvicorn", "--factory", "service.app:create_app",
-                 "--host", "127.0.0.1", "--port", str(self.port)],
-                env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-            )
-        wait_for(self._ready, bool, timeout=60, every=0.1)
-
-    def _ready(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            pytest.fail(f"service exited: {self.log_path.read_text()[-3000:]}")
-        try:
-            return httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-        self.kills += 1
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(30)
 
 
 def _accept_all(service: ServiceProcess, token: str, accepted: dict[str, str]) -> None:
@@ -94,8 +32,9 @@ def _accept_all(service: ServiceProcess, token: str, accepted: dict[str, str]) -
         body = {"recipe": "test-script", "name": key}
         while True:
             try:
-                resp = httpx.post(f"{service.url}/runs", json=body,
-                                  headers={"Idempotency-Key": key}, timeout=5)
+                resp = httpx.post(
+                    f"{service.url}/runs", json=body, headers={"Idempotency-Key": key}, timeout=5
+                )
             except httpx.HTTPError:
                 time.sleep(0.05)
                 continue
@@ -151,3 +90,36 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(
             assert moves.count("SUBMITTED") == 1, run
     finally:
         service.stop()
+
+
+@pytest.mark.postgres
+def test_two_replicas_on_one_postgres_never_both_submit_a_run(
+    pg_database: str, ray_cluster: LocalRayCluster, ray: RayJobs, tmp_path: Path
+) -> None:
+    _truncate(pg_database)
+    replicas = [
+        ServiceProcess(pg_database, ray_cluster.address, tmp_path / f"s{i}.log") for i in range(2)
+    ]
+    for replica in replicas:
+        replica.env["RLRUN_CLAIM_TTL_S"] = "60"
+        replica.start()
+    try:
+        ids = [
+            httpx.post(
+                f"{replicas[i % 2].url}/runs", json={"recipe": "test-script"}, timeout=10
+            ).json()["id"]
+            for i in range(30)
+        ]
+        done = wait_for(
+            lambda: [httpx.get(f"{replicas[0].url}/runs/{i}", timeout=10).json() for i in ids],
+            lambda rs: all(r["status"] not in {"QUEUED", "SUBMITTED", "RUNNING"} for r in rs),
+            timeout=180,
+        )
+    finally:
+        for replica in replicas:
+            replica.stop()
+    reasons = [e["reason"] for run in done for e in run["events"]]
+    # A second attempt would have met Ray's "already exists" and said so in the event.
+    assert reasons.count("submitted to Ray") == 30
+    assert not any("already on Ray" in r for r in reasons)
+    assert all(run["status"] == "SUCCEEDED" for run in done)

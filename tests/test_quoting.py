@@ -24,7 +24,10 @@ def test_a_hostile_run_name_stays_one_argv_element_and_runs_nothing(tmp_path: Pa
     # Run the entrypoint through a real shell, with python3 replaced by a harmless echo.
     shown = subprocess.run(
         ["bash", "-c", launch.entrypoint.replace("python3", "printf '%s\\n'", 1)],
-        capture_output=True, text=True, check=True, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
     )
     assert spec.name in shown.stdout.splitlines()
     assert not marker.exists()

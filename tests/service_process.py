@@ -1,0 +1,86 @@
+"""The real service in a child process (uvicorn), for tests and benchmarks that kill or load it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class ServiceProcess:
+    """The real service in a child process, so it can die by SIGKILL."""
+
+    def __init__(self, db_url: str, ray_address: str, log_path: Path) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = os.environ | {
+            "PYTHONPATH": str(ROOT),
+            "RLRUN_DATABASE_URL": db_url,
+            "RLRUN_RAY_ADDRESS": ray_address,
+            "RLRUN_RECIPE_PLUGINS": "tests.recipes:register",
+            "RLRUN_SUBMIT_INTERVAL_S": "0.2",
+            "RLRUN_RECONCILE_INTERVAL_S": "1",
+            "RLRUN_CLAIM_TTL_S": "3",
+            "RLRUN_SUBMIT_BATCH": "4",
+        }
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.kills = 0
+
+    def start(self) -> None:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "uvicorn",
+                    "--factory",
+                    "service.app:create_app",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                ],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+            )
+        wait_for(self._ready, bool, timeout=60, every=0.1)
+
+    def _ready(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            pytest.fail(f"service exited: {self.log_path.read_text()[-3000:]}")
+        try:
+            return httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        self.kills += 1
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(30)

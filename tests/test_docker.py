@@ -1,0 +1,47 @@
+"""The images and compose file cannot be built here (no Docker engine): lint them instead."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from service.settings import Settings
+
+DOCKER = Path(__file__).resolve().parents[1] / "docker"
+DOCKERFILES = sorted(DOCKER.glob("Dockerfile*"))
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=[p.name for p in DOCKERFILES])
+def test_dockerfile_passes_hadolint(dockerfile: Path) -> None:
+    hadolint = shutil.which("hadolint") or str(Path(sys.executable).with_name("hadolint"))
+        Path(shutil.which("python3") or "").with_name("hadolint")
+    )
+    result = subprocess.run([hadolint, str(dockerfile)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_service_image_runs_as_non_root_and_migrates_before_serving() -> None:
+    text = (DOCKER / "Dockerfile").read_text()
+    assert "\nUSER 10001\n" in text
+    cmd = next(line for line in text.splitlines() if line.startswith("CMD"))
+    assert cmd.index("rlrun migrate") < cmd.index("rlrun serve")
+
+
+def test_compose_file_is_consistent() -> None:
+    compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
+    services = compose["services"]
+    assert {"rlrun", "postgres", "ray-head"} <= set(services)
+    for name, svc in services.items():
+        assert "image" in svc or "build" in svc, name
+        for dep in svc.get("depends_on", {}):
+            assert dep in services, f"{name} depends on unknown {dep}"
+            assert "healthcheck" in services[dep], f"{dep} has no healthcheck to wait for"
+    build = services["rlrun"]["build"]
+    assert (DOCKER / build["context"] / build["dockerfile"]).is_file()
+    known = {f"RLRUN_{field.upper()}" for field in Settings.model_fields}
+    assert set(services["rlrun"]["environment"]) <= known
