@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,8 @@ MIGRATIONS_DIR = Path(migrations.__file__).parent
 
 def make_engine(url: str) -> Engine:
     kwargs: dict[str, Any] = {"pool_pre_ping": True}
+    if url.startswith("postgresql"):
+        kwargs |= {"pool_size": 20, "max_overflow": 20}
     if url.startswith("sqlite"):
         # The driver's own transaction handling is off; we BEGIN IMMEDIATE ourselves so that a
         # transaction that reads and then writes never fails on a lock upgrade.
@@ -66,6 +69,9 @@ class Database:
         self.url = url
         self.engine = make_engine(url)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        # SQLite has one writer at a time; queueing threads here is fairer and faster than
+        # letting them sleep in SQLite's busy handler. Other processes still meet busy_timeout.
+        self._sqlite_lock = threading.RLock() if self.engine.dialect.name == "sqlite" else None
 
     @property
     def is_postgres(self) -> bool:
@@ -74,7 +80,7 @@ class Database:
     @contextmanager
     def transaction(self) -> Iterator[Session]:
         """One transaction: commit on success, roll back on any error."""
-        with self._sessions() as session, session.begin():
+        with self._sqlite_lock or nullcontext(), self._sessions() as session, session.begin():
             yield session
 
     def dispose(self) -> None:
