@@ -81,7 +81,7 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
             services.ray.close()
             services.db.dispose()
             if cluster is not None:
-                await asyncio.to_thread(cluster.stop)
+                await asyncio.to_thread(cluster.cleanup)
 
     app = FastAPI(
         title="rlrun",

@@ -33,6 +33,7 @@ class LocalRayCluster:
         self.npus_per_node = npus_per_node
         self.cpus_per_node = cpus_per_node
         # Ray's socket paths must stay short; a temp dir under /tmp keeps them so.
+        self._owns_dir = base_dir is None
         self.base_dir = Path(base_dir) if base_dir else Path(tempfile.mkdtemp(prefix="rlrun-ray-"))
         self.port = port
         self.dashboard_port = dashboard_port
@@ -135,8 +136,10 @@ class LocalRayCluster:
         self._procs.clear()
 
     def cleanup(self) -> None:
+        """Stop, and remove the temp dir if this handle made it."""
         self.stop()
-        shutil.rmtree(self.base_dir, ignore_errors=True)
+        if self._owns_dir:
+            shutil.rmtree(self.base_dir, ignore_errors=True)
 
 
 def _stop_group(proc: subprocess.Popen[bytes], timeout_s: float) -> None:

@@ -111,7 +111,8 @@ def service_factory(ray_cluster: LocalRayCluster, ray: RayJobs) -> Callable[...,
     """Build a full service (loops on) against the session's Ray cluster."""
 
     def make(db_url: str, **overrides: Any) -> TestClient:
-        return TestClient(create_app(make_settings(db_url, ray_cluster.address, **overrides)))
+        address = overrides.pop("ray_address", ray_cluster.address)
+        return TestClient(create_app(make_settings(db_url, address, **overrides)))
 
     return make
 

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from service.local_ray import LocalRayCluster
 from service.ray_jobs import RayJobs
-from tests.conftest import RAY_PORT, make_settings, wait_status
+from tests.conftest import RAY_PORT, make_settings, wait_for, wait_status
 
 pytestmark = pytest.mark.ray
 
@@ -142,3 +142,18 @@ def test_a_restarted_ray_head_makes_a_running_run_lost_with_a_reason(tmp_path: A
     finally:
         cluster.cleanup()
         assert not os.path.exists(cluster.base_dir)
+
+
+def test_runs_wait_queued_while_ray_is_unreachable_and_go_when_it_is_back(
+    service_factory: Callable[..., TestClient], tmp_path: Any
+) -> None:
+    db_url = f"sqlite:///{tmp_path}/db.sqlite"
+    with service_factory(db_url, ray_address="http://127.0.0.1:9") as client:
+        run_id = submit(client)
+        ready = client.get("/readyz").json()
+        assert ready["ready"] is True and ready["checks"]["ray"]["ok"] is False
+        loop = client.app.state.services.loops["submitter"]  # type: ignore[attr-defined]
+        wait_for(lambda: loop.failures, lambda n: n >= 2, timeout=30)
+        assert client.get(f"/runs/{run_id}").json()["status"] == "QUEUED"
+    with service_factory(db_url) as client:
+        assert wait_status(client, run_id, TERMINAL)["status"] == "SUCCEEDED"
