@@ -71,7 +71,9 @@ class Database:
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         # SQLite has one writer at a time; queueing threads here is fairer and faster than
         # letting them sleep in SQLite's busy handler. Other processes still meet busy_timeout.
-        self._sqlite_lock = threading.RLock() if self.engine.dialect.name == "sqlite" else None
+        # A plain Lock (not RLock): FastAPI may close a dependency in another thread than
+        # the one that opened it. Transactions never nest.
+        self._sqlite_lock = threading.Lock() if self.engine.dialect.name == "sqlite" else None
 
     @property
     def is_postgres(self) -> bool:
