@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from service import dashboard
 from service import db as dbmod
 from service.api import health, runs
 from service.deps import Services
@@ -94,4 +95,5 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
     install_handlers(app)
     app.include_router(health.router)
     app.include_router(runs.router)
+    dashboard.install(app)
     return app
