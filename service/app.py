@@ -32,7 +32,7 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
     services = Services(
         settings=settings,
         db=dbmod.Database(settings.database_url),
-        registry=registry or default_registry(settings.recipe_plugins),
+        registry=registry or default_registry(settings.recipe_plugins, settings),
     )
 
     @asynccontextmanager
