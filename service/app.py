@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from service import db as dbmod
-from service.api import health, runs
+from service.api import health, runs, script
 from service.deps import Services
 from service.errors import install_handlers
 from service.local_ray import LocalRayCluster
@@ -94,4 +94,5 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
     install_handlers(app)
     app.include_router(health.router)
     app.include_router(runs.router)
+    app.include_router(script.router)
     return app

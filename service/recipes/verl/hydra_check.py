@@ -189,35 +189,34 @@ def copy_tree(node: Any) -> Any:
 
 
 def _apply(cfg: dict[str, Any], p: Parsed) -> None:
+    """Hydra's rules for one override (``ConfigLoaderImpl._apply_overrides_to_config``)."""
     *parents, leaf = p.key.split(".")
     node: Any = cfg
     for depth, part in enumerate(parents):
-        child = node.get(part, MISSING) if isinstance(node, dict) else MISSING
-        if child is MISSING:
-            if p.kind in ("+", "++"):
-                child = node[part] = {}
-            else:
-                where = ".".join(parents[: depth + 1])
-                raise KeyError(_not_in_struct(p.key, where))
-        if not isinstance(child, dict):
-            raise KeyError(f"Could not override '{p.key}': '{part}' is not a mapping")
-        node = child
-    exists = leaf in node
+        if part not in node:
+            if p.kind not in ("+", "++"):
+                raise KeyError(_not_in_struct(p.key, ".".join(parents[: depth + 1])))
+            node[part] = {}
+        elif not isinstance(node[part], dict):
+            node[part] = {}  # OmegaConf.update replaces a leaf on the way with a mapping
+        node = node[part]
+    current = node.get(leaf)
     if p.kind == "~":
-        if not exists:
+        if current is None:
             raise KeyError(f"Could not delete '{p.key}': it is not in verl's config")
-        if p.value is not None and node[leaf] != p.value:
+        if p.value is not None and current != p.value:
             raise KeyError(f"Could not delete '{p.key}': its value is not {p.value!r}")
         del node[leaf]
-    elif p.kind == "+" and exists:
+        return
+    if p.kind == "+" and current is not None and not isinstance(p.value, dict | list):
         raise KeyError(
             f"Could not append to config. An item is already at '{p.key}'; "
             f"override it with {p.key}=... instead"
         )
-    elif p.kind == "" and not exists:
+    if p.kind == "" and leaf not in node:
         raise KeyError(_not_in_struct(p.key, p.key))
-    elif isinstance(p.value, dict) and isinstance(node.get(leaf), dict):
-        _merge(node[leaf], copy_tree(p.value), p.key, struct=p.kind == "")
+    if isinstance(p.value, dict) and isinstance(current, dict):
+        _merge(current, copy_tree(p.value), p.key, struct=p.kind == "")
     else:
         node[leaf] = copy_tree(p.value)
 

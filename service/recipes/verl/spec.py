@@ -94,7 +94,6 @@ class MegatronSpec(Block):
     expert_tensor_parallel_size: int | None = V(None, ge=1)
     param_offload: bool = V(False)
     optimizer_offload: bool = V(False)
-    grad_offload: bool = V(False)
     use_mbridge: bool = V(False)
     use_dist_checkpointing: bool = V(False)
 
