@@ -66,7 +66,7 @@ class ModelSpec(Block):
 
 
 class OptimSpec(Block):
-    lr: float = V(1e-3, gt=0)
+    lr: float = V(1e-6, gt=0)
     lr_warmup_steps: int = V(-1, ge=-1)
     lr_warmup_steps_ratio: float = V(0.0, ge=0, le=1)
     lr_scheduler_type: Literal["constant", "cosine"] = V("constant")
@@ -77,10 +77,10 @@ class OptimSpec(Block):
 
 
 class FsdpSpec(Block):
-    strategy: Literal["fsdp", "fsdp2"] | None = V(None)
+    strategy: Literal["fsdp", "fsdp2"] = V("fsdp")
     reshard_after_forward: bool = V(True)
     forward_prefetch: bool = V(False)
-    entropy_checkpointing: bool = V(False)
+    entropy_checkpointing: bool | None = V(None, description="default: the actor's")
     param_offload: bool = V(False)
     optimizer_offload: bool = V(False)
     fsdp_size: int = V(-1, ge=-1)
@@ -94,8 +94,19 @@ class MegatronSpec(Block):
     expert_tensor_parallel_size: int | None = V(None, ge=1)
     param_offload: bool = V(False)
     optimizer_offload: bool = V(False)
-    use_mbridge: bool = V(False)
+    use_mbridge: bool = V(True)
     use_dist_checkpointing: bool = V(False)
+
+
+class RefMegatronSpec(Block):
+    """The reference model's Megatron layout; unset fields follow the actor's."""
+
+    tensor_model_parallel_size: int | None = V(None, ge=1)
+    pipeline_model_parallel_size: int | None = V(None, ge=1)
+    context_parallel_size: int | None = V(None, ge=1)
+    expert_model_parallel_size: int | None = V(None, ge=1)
+    param_offload: bool | None = V(None)
+    use_dist_checkpointing: bool | None = V(None)
 
 
 LossAgg = Literal[
@@ -139,12 +150,12 @@ class ActorSpec(Block):
 class RefSpec(Block):
     prefix: ClassVar[str] = "actor_rollout_ref.ref"
     fsdp_config: FsdpSpec = Field(default_factory=FsdpSpec)
-    megatron: MegatronSpec = Field(default_factory=MegatronSpec)
+    megatron: RefMegatronSpec = Field(default_factory=RefMegatronSpec)
     log_prob_micro_batch_size_per_gpu: int | None = V(None, ge=1)
-    log_prob_use_dynamic_bsz: bool = V(False)
-    log_prob_max_token_len_per_gpu: int = V(16384, ge=1)
-    ulysses_sequence_parallel_size: int = V(1, ge=1)
-    use_torch_compile: bool = V(True)
+    log_prob_use_dynamic_bsz: bool | None = V(None, description="default: the actor's")
+    log_prob_max_token_len_per_gpu: int | None = V(None, ge=1, description="default: the actor's")
+    ulysses_sequence_parallel_size: int | None = V(None, ge=1, description="default: the actor's")
+    use_torch_compile: bool | None = V(None, description="default: the actor's")
 
 
 class ValKwargsSpec(Block):
@@ -160,7 +171,7 @@ class RolloutSpec(Block):
     name: Literal["vllm", "sglang", "trtllm"] = V("vllm", always=True)
     mode: str = V("async", always=True, description="fully async requires async")
     calculate_log_probs: bool = V(True, always=True, description="fully async requires true")
-    n: int = V(4, ge=1, description="responses per prompt")
+    n: int = V(1, ge=1, description="responses per prompt (GRPO needs > 1)")
     total_rollout_steps: int | None = V(
         None, key="rollout.total_rollout_steps", ge=1, description="total prompts; required"
     )
@@ -170,11 +181,11 @@ class RolloutSpec(Block):
     expert_parallel_size: int = V(1, ge=1)
     gpu_memory_utilization: float = V(0.5, gt=0, le=1)
     log_prob_micro_batch_size_per_gpu: int | None = V(None, ge=1)
-    log_prob_use_dynamic_bsz: bool = V(False)
-    log_prob_max_token_len_per_gpu: int = V(16384, ge=1)
+    log_prob_use_dynamic_bsz: bool | None = V(None, description="default: the actor's")
+    log_prob_max_token_len_per_gpu: int | None = V(None, ge=1, description="default: the actor's")
     max_model_len: int | None = V(None, ge=1)
     max_num_batched_tokens: int = V(8192, ge=1)
-    max_num_seqs: int = V(1024, ge=1)
+    max_num_seqs: int = V(256, ge=1)
     enable_chunked_prefill: bool = V(True)
     enable_prefix_caching: bool = V(True)
     free_cache_engine: bool = V(True)
