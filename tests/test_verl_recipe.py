@@ -1,4 +1,4 @@
-"""The verl-fully-async recipe against verl's own YAML: preset golden, composition, rules, warnings."""
+"""The verl-fully-async recipe on verl's own YAML: preset golden, composition, rules, warnings."""
 
 from __future__ import annotations
 
