@@ -128,8 +128,7 @@ def parse(text: str) -> Parsed:
     group = (
         override.package is not None or "/" in key or ("." not in key and key in _config_groups())
     )
-    value = None if override.is_delete() and override.value() is None else override.value()
-    return Parsed(kind, key, value, group)
+    return Parsed(kind, key, override.value(), group)
 
 
 @functools.cache
