@@ -277,26 +277,61 @@ def test_warning_credentialed_logger_not_configured() -> None:
 NASTY = "x; touch /tmp/pwned-rlrun $(id) `id` 'q' \"d\" \n|&<>*?"
 
 
-def test_shell_metacharacters_in_every_string_field_stay_inert() -> None:
+def string_fields() -> list[tuple[str, tuple[str | int, ...]]]:
+    """Every spec field that takes a string, with its verl key."""
+    from service.recipes.verl.spec import VerlFullyAsyncSpec
+
+    out = []
+    for key, loc in spec_keys().items():
+        model: Any = VerlFullyAsyncSpec
+        for part in loc[:-1]:
+            model = model.model_fields[str(part)].annotation
+        annotation = model.model_fields[str(loc[-1])].annotation
+        if "str" in str(annotation):
+            out.append((key, loc))
+    return out
+
+
+def nested(loc: tuple[str | int, ...], value: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {str(loc[-1]): value}
+    for part in reversed(loc[:-1]):
+        body = {str(part): body}
+    return body
+
+
+@pytest.mark.parametrize(("key", "loc"), string_fields(), ids=[k for k, _ in string_fields()])
+def test_shell_metacharacters_in_every_string_field_stay_inert(
+    key: str, loc: tuple[str | int, ...]
+) -> None:
+    from service.recipes.verl.preset import deep_merge
+
+    body = deep_merge(PRESET | {"name": NASTY}, nested(loc, NASTY))
+    try:
+        launch = build(body)
+    except InvalidSpec as exc:  # refused as a bad value of that very field is fine too
+        assert ".".join(map(str, loc)) in {e["field"] for e in exc.extra["errors"]}
+        return
+    assert shlex.split(launch.entrypoint) == launch.argv
+    assert as_mapping(launch.argv[5:])[key] == NASTY
+
+
+def test_shell_metacharacters_in_lists_env_and_overrides_stay_inert() -> None:
     body = {
         **PRESET,
-        "name": NASTY,
-        "data": {"train_files": NASTY, "val_files": [NASTY, "/ok"], "image_key": NASTY},
-        "model": {"path": NASTY},
-        "trainer": {
-            "project_name": NASTY,
-            "experiment_name": NASTY,
-            "default_local_dir": "/" + NASTY,
-        },
+        "data": {"val_files": [NASTY, "/ok"]},
         "runtime_env": {"env_vars": {"X": NASTY}},
         "overrides": [f"+data.extra={hydra_value(NASTY, ())}"],
     }
     launch = build(body)
     assert shlex.split(launch.entrypoint) == launch.argv
-    ours = as_mapping(launch.argv[5:-1])
-    assert ours["data.train_files"] == NASTY and ours["data.val_files"] == [NASTY, "/ok"]
-    assert ours["trainer.default_local_dir"] == "/" + NASTY
+    assert as_mapping(launch.argv[5:-1])["data.val_files"] == [NASTY, "/ok"]
     assert hydra_check.parse(launch.argv[-1]).value == NASTY
+    assert launch.runtime_env["env_vars"]["X"] == NASTY
+
+
+def test_the_service_owns_the_stop_grace_env_var() -> None:
+    errors = refused({**PRESET, "runtime_env": {"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "1"}}})
+    assert errors[0]["field"] == "runtime_env.env_vars"
 
 
 def test_missing_verl_yaml_is_a_clear_503_not_a_silent_pass(
@@ -359,3 +394,16 @@ def test_api_refuses_a_bad_spec_with_422_naming_the_field(
     assert resp.headers["content-type"] == "application/problem+json"
     assert field in {e["field"] for e in resp.json()["errors"]}
     assert api.get("/runs").json()["items"] == []
+
+
+def test_a_stored_spec_resubmits_to_the_same_command(api: TestClient) -> None:
+    body = {**PRESET, "actor": {"optim": {"lr": 2e-6}}, "resources": {"n_gpus_rollout": 8}}
+    first = api.post("/runs", json=body).json()
+    stored = api.get(f"/runs/{first['id']}").json()
+    assert stored["spec"] == body | {"recipe": "verl-fully-async"}
+    again = api.post("/runs", json=stored["spec"]).json()
+
+    def without_ckpt(argv: list[str]) -> list[str]:
+        return [a for a in argv if not a.startswith("trainer.default_local_dir=")]
+
+    assert without_ckpt(again["command"]) == without_ckpt(first["command"])

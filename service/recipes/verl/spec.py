@@ -11,10 +11,19 @@ from __future__ import annotations
 import re
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+)
 
 from service.recipes.base import RunSpec
 
+# Environment variables the service owns, and the setting that decides each.
+SERVICE_ENV = {"RAY_JOB_STOP_WAIT_TIME_S": "RLRUN_STOP_GRACE_S, the time a stopped run has"}
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # A pip requirement (name, extras, version specifiers, markers); no options, paths or URLs.
 PIP_REQUIREMENT = re.compile(
@@ -32,10 +41,21 @@ def V(default: Any = None, *, key: str | None = None, always: bool = False, **kw
     return Field(default=default, json_schema_extra=extra or None, **kw)
 
 
-class Block(BaseModel):
-    """A group of verl keys under ``prefix``."""
+class OnlySet(BaseModel):
+    """Serializes only the fields that were set, so a stored spec resubmits to the same run."""
 
     model_config = ConfigDict(extra="forbid")
+    KEEP: ClassVar[frozenset[str]] = frozenset()
+
+    @model_serializer(mode="wrap")
+    def _only_set(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        return {k: v for k, v in data.items() if k in self.model_fields_set or k in self.KEEP}
+
+
+class Block(OnlySet):
+    """A group of verl keys under ``prefix``."""
+
     prefix: ClassVar[str] = ""
 
 
@@ -250,10 +270,9 @@ class AsyncTrainingSpec(Block):
     use_trainer_do_validate: bool = V(False)
 
 
-class ResourcesSpec(BaseModel):
+class ResourcesSpec(OnlySet):
     """Accelerator groups: trainer and rollout each on ``n_nodes_*`` nodes x ``n_gpus_*``."""
 
-    model_config = ConfigDict(extra="forbid")
     accelerator: Literal["npu", "gpu"] = "npu"
     n_gpus_training: int = Field(default=8, ge=1, le=128)
     n_nodes_train: int = Field(default=1, ge=1, le=1024)
@@ -261,10 +280,9 @@ class ResourcesSpec(BaseModel):
     n_nodes_rollout: int = Field(default=1, ge=1, le=1024)
 
 
-class RuntimeEnvSpec(BaseModel):
+class RuntimeEnvSpec(OnlySet):
     """The Ray runtime env parts a run may set: environment variables and pip requirements."""
 
-    model_config = ConfigDict(extra="forbid")
     env_vars: dict[str, str] = Field(default_factory=dict, max_length=200)
     pip: list[str] | None = Field(default=None, max_length=100)
 
@@ -274,6 +292,8 @@ class RuntimeEnvSpec(BaseModel):
         for name in value:
             if not ENV_NAME.match(name):
                 raise ValueError(f"{name!r} is not an environment variable name")
+            if name in SERVICE_ENV:
+                raise ValueError(f"{name} is set by the service ({SERVICE_ENV[name]})")
         return value
 
     @field_validator("pip")
@@ -285,8 +305,10 @@ class RuntimeEnvSpec(BaseModel):
         return value
 
 
-class VerlFullyAsyncSpec(RunSpec):
+class VerlFullyAsyncSpec(RunSpec, OnlySet):
     """A verl fully async GRPO run; ``preset`` fills fields the request leaves out."""
+
+    KEEP: ClassVar[frozenset[str]] = frozenset({"recipe"})
 
     recipe: Literal["verl-fully-async"] = "verl-fully-async"
     preset: str | None = None
