@@ -229,7 +229,17 @@ def test_sglang_is_fine_on_gpu() -> None:
 
 def test_a_spec_without_preset_must_name_data_and_model() -> None:
     fields = {e["field"] for e in refused({"recipe": "verl-fully-async"})}
-    assert fields == {"data.train_files", "data.val_files", "model.path"}
+    assert {"data.train_files", "data.val_files", "model.path"} <= fields
+    via_overrides = {
+        "recipe": "verl-fully-async",
+        "rollout": {"total_rollout_steps": 100},
+        "overrides": [
+            "data.train_files=/d/train.parquet",
+            "data.val_files=/d/test.parquet",
+            "actor_rollout_ref.model.path=/m/model",
+        ],
+    }
+    build(via_overrides)
 
 
 def test_interpolations_are_refused_in_typed_fields() -> None:

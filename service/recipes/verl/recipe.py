@@ -16,8 +16,6 @@ from service.recipes.verl.preset import PRESETS, deep_merge
 from service.recipes.verl.spec import VerlFullyAsyncSpec
 from service.settings import Settings
 
-REQUIRED = (("data", "train_files"), ("data", "val_files"), ("model", "path"))
-
 
 class VerlFullyAsyncRecipe:
     """verl's fully async GRPO trainer, checked against verl's own Hydra config at submit time."""
@@ -49,12 +47,6 @@ class VerlFullyAsyncRecipe:
     def build(self, spec: Any, ctx: LaunchContext) -> Launch:
         assert isinstance(spec, VerlFullyAsyncSpec)
         full = self.resolve(spec)
-        missing = [loc for loc in REQUIRED if getattr(getattr(full, loc[0]), loc[1]) is None]
-        if missing:
-            errors = [
-                field_error(loc, "required (no preset sets it)", "missing") for loc in missing
-            ]
-            raise InvalidSpec(f"{len(errors)} required field(s) missing", errors)
         try:
             items = command.overrides(full, self.checkpoint_dir(ctx.run_id))
         except command.Unexpressible as exc:

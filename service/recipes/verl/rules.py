@@ -108,6 +108,9 @@ def check(
     need("async_training.require_batches", lambda v: (_int(v) or 0) >= 1, "must be >= 1")
     need("ray_kwargs.ray_init.num_cpus", lambda v: v is None, "must stay null inside a Ray job")
     need("trainer.device", lambda v: v == DEVICE[accel], f"must be {DEVICE[accel]} on {accel}")
+    for key in ("data.train_files", "data.val_files", "actor_rollout_ref.model.path"):
+        if where.set_by(key) is None:
+            err(key, "must be set (verl's default is a placeholder path)")
     if where.set_by("rollout.total_rollout_steps") is None:
         err("rollout.total_rollout_steps", "must be set (the total number of prompts to roll out)")
     else:
