@@ -181,6 +181,13 @@ RULES = [
     ({"actor": {"ppo_mini_batch_size": 3}}, "actor.ppo_mini_batch_size"),
     ({"actor": {"ulysses_sequence_parallel_size": 3}}, "actor.ulysses_sequence_parallel_size"),
     ({"rollout": {"tensor_model_parallel_size": 3}}, "rollout.tensor_model_parallel_size"),
+    (
+        {
+            "rollout": {"tensor_model_parallel_size": 8},
+            "resources": {"n_gpus_rollout": 12, "n_nodes_rollout": 2},
+        },
+        "rollout.tensor_model_parallel_size",
+    ),
     ({"rollout": {"total_rollout_steps": None}}, "rollout.total_rollout_steps"),
     (
         {
@@ -274,6 +281,10 @@ def test_warning_lr_schedule_under_async_sync_steps() -> None:
     assert any("warmup/decay" in w for w in warnings_of(body))
     one = {**body, "async_training": {"trigger_parameter_sync_step": 1}}
     assert not any("warmup/decay" in w for w in warnings_of(one))
+
+
+def test_warning_top_level_rollout_n_is_unused() -> None:
+    assert any("rollout.n (top level)" in w for w in warnings_of({"overrides": ["rollout.n=8"]}))
 
 
 def test_warning_names_the_files_the_service_cannot_check() -> None:

@@ -173,9 +173,9 @@ def shape(cfg: dict[str, Any], accelerator: str) -> ResourceShape:
     r_nodes, r_per = int(select(cfg, "rollout.nnodes")), int(select(cfg, "rollout.n_gpus_per_node"))
     trainer = [Group("trainer", t_per, float(CPUS_PER_TRAINER_ACCELERATOR * t_per))] * t_nodes
     size = rollout_replica_size(cfg)
-    if size <= r_per and r_per % size == 0:
+    if size <= r_per:
         count, per_group = r_nodes * r_per // size, size
-    else:  # replicas that span nodes: what each node must hold
+    else:  # replicas that span whole nodes: what each node must hold
         count, per_group = r_nodes, r_per
     rollout = [Group("rollout", per_group, float(CPUS_PER_ROLLOUT_ACCELERATOR * per_group))] * count
     return ResourceShape(

@@ -120,7 +120,7 @@ def check(
     _check_logger(get, err)
     if errors:
         return errors, []
-    return [], _warnings(get, spec, configured_loggers)
+    return [], _warnings(get, spec, configured_loggers, where.items)
 
 
 def _check_parallelism(get: Callable[..., Any], err: Callable[[str, str], None]) -> None:
@@ -171,12 +171,19 @@ def _check_parallelism(get: Callable[..., Any], err: Callable[[str, str], None])
             err(f"{rollout}.{part}", "must be a positive integer")
             return
     replica = rollout_replica_size({"actor_rollout_ref": {"rollout": get(rollout)}})
-    r_world = (_int(get("rollout.nnodes")) or 0) * (_int(get("rollout.n_gpus_per_node")) or 0)
+    per_node = _int(get("rollout.n_gpus_per_node")) or 0
+    r_world = (_int(get("rollout.nnodes")) or 0) * per_node
     if r_world % replica:
         err(
             f"{rollout}.tensor_model_parallel_size",
             f"a rollout replica of {replica} accelerators (TP x DP x PP) does not divide the "
             f"{r_world} rollout accelerators",
+        )
+    elif per_node % replica if replica <= per_node else replica % per_node:
+        err(
+            f"{rollout}.tensor_model_parallel_size",
+            f"rollout replicas of {replica} accelerators (TP x DP x PP) do not tile nodes of "
+            f"{per_node}: a replica must divide a node's share, or span whole nodes",
         )
 
 
@@ -252,7 +259,10 @@ def _check_logger(get: Callable[..., Any], err: Callable[[str, str], None]) -> N
 
 
 def _warnings(
-    get: Callable[..., Any], spec: VerlFullyAsyncSpec, configured_loggers: list[str]
+    get: Callable[..., Any],
+    spec: VerlFullyAsyncSpec,
+    configured_loggers: list[str],
+    where_items: list[Item],
 ) -> list[str]:
     out: list[str] = []
     if (
@@ -301,6 +311,11 @@ def _warnings(
         out.append(
             f"trainer.logger: {missing} need credentials this deployment has not configured; "
             "give them in runtime_env.env_vars (e.g. WANDB_API_KEY) or the run may fail at start"
+        )
+    if any(_key(item.text) == "rollout.n" for item in where_items):
+        out.append(
+            "rollout.n (top level) is unused by verl; responses per prompt are "
+            "actor_rollout_ref.rollout.n (the spec's rollout.n)"
         )
     unchecked = [
         f"{k}={get(k)!r}"
