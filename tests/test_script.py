@@ -86,3 +86,13 @@ def test_shell_metacharacters_in_the_spec_run_nothing(api: TestClient, tmp_path:
 
 def test_script_of_an_unknown_run_is_a_404(api: TestClient) -> None:
     assert api.get("/runs/nope/script").status_code == 404
+
+
+def test_script_works_for_any_recipe(api: TestClient, tmp_path: Path) -> None:
+    run, script = script_of(api, {"recipe": "test-script", "message": "it's $HOME", "npus": 2})
+    args = run_with_fake_ray(script, tmp_path)
+    cut = args.index("--")
+    assert args[cut + 1 :] == run["command"]  # a multi-line `python3 -c` program, intact
+    options = dict(zip(args[2:cut:2], args[3:cut:2], strict=True))
+    assert json.loads(options["--entrypoint-resources"]) == {"NPU": 2.0}
+    assert options["--entrypoint-num-cpus"] == "0.1"
