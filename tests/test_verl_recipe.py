@@ -264,6 +264,13 @@ def test_warning_rollout_is_weights_ignored_under_bypass_with_ppo_clip() -> None
     assert not any("only reported as metrics" in w for w in warnings_of(fixed))
 
 
+def test_a_null_checkpoint_dir_means_the_runs_own() -> None:
+    argv = build(PRESET | {"trainer": {"default_local_dir": None}}, run_id="run-7").argv
+    assert [a for a in argv if a.startswith("trainer.default_local_dir=")] == [
+        "trainer.default_local_dir=/mnt/ckpt/run-7"
+    ]
+
+
 def test_warning_relative_checkpoint_dir_with_resume_auto() -> None:
     assert any(
         "default_local_dir" in w for w in warnings_of({"trainer": {"default_local_dir": "ckpt/x"}})

@@ -77,8 +77,9 @@ def overrides(spec: VerlFullyAsyncSpec, checkpoint_dir: str) -> list[Item]:
                 items.append(
                     Item(f"{key}={hydra_value(value, ('resources', field))}", ("resources", field))
                 )
-            if spec.trainer.default_local_dir is None:
+            if spec.trainer.default_local_dir is None:  # unset or null: the run's own dir
                 loc: Loc = ("trainer", "default_local_dir")
+                items = [item for item in items if item.loc != loc]
                 items.append(
                     Item(f"trainer.default_local_dir={hydra_value(checkpoint_dir, loc)}", loc)
                 )

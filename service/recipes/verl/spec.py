@@ -255,7 +255,7 @@ class TrainerSpec(Block):
     total_epochs: int = V(30, ge=1)
     total_training_steps: int | None = V(None, ge=1)
     default_local_dir: str | None = V(
-        None, description="checkpoint dir; default: <checkpoint root>/<run id>"
+        None, description="checkpoint dir; unset or null: <checkpoint root>/<run id>"
     )
     max_actor_ckpt_to_keep: int | None = V(None, ge=1)
     log_val_generations: int = V(0, ge=0)
