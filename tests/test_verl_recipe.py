@@ -441,3 +441,10 @@ def test_a_stored_spec_resubmits_to_the_same_command(api: TestClient) -> None:
         return [a for a in argv if not a.startswith("trainer.default_local_dir=")]
 
     assert without_ckpt(again["command"]) == without_ckpt(first["command"])
+
+
+def test_the_reference_scripts_quoted_logger_is_caught_before_it_crashes_verl() -> None:
+    # In the launch script the list sits in single quotes inside a shell variable, so Hydra
+    # receives a string, and verl's tracker would assert on it at start-up.
+    errors = refused(PRESET | {"overrides": ['trainer.logger=\'["console","wandb"]\'']})
+    assert errors[0]["field"] == "overrides[0]" and "unknown backend" in errors[0]["msg"]
