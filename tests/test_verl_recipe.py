@@ -448,3 +448,46 @@ def test_the_reference_scripts_quoted_logger_is_caught_before_it_crashes_verl() 
     # receives a string, and verl's tracker would assert on it at start-up.
     errors = refused(PRESET | {"overrides": ['trainer.logger=\'["console","wandb"]\'']})
     assert errors[0]["field"] == "overrides[0]" and "unknown backend" in errors[0]["msg"]
+
+
+EDGE_OVERRIDES = [
+    ["trainer.logger.0=console"],
+    ["algorithm.rollout_correction={rollout_is:token}"],
+    ["algorithm.rollout_correction={nope:1}"],
+    ["+algorithm.rollout_correction={nope:1}"],
+    ["++algorithm.x.y=1"],
+    ["~algorithm.rollout_correction.rollout_is"],
+    ["~trainer.logger=[console]"],
+    ["+trainer.nnodes=2"],
+    ["++trainer.nnodes=2"],
+    ["trainer.nnodes.x=1"],
+    ["+trainer.nnodes.x=1"],
+    ["+actor_rollout_ref.actor.optim.override_optimizer_config.x=1"],
+    ["data.train_files=${data.val_files}"],
+    ["data.max_prompt_length=int(3)"],
+    ["~ray_kwargs.ray_init.num_cpus"],
+    ["model_engine=megatron"],
+]
+
+
+@pytest.mark.parametrize("overrides", EDGE_OVERRIDES, ids=lambda o: o[0])
+def test_composition_agrees_with_hydra_on_edge_cases(overrides: list[str]) -> None:
+    name = "fully_async_ppo_trainer"
+    try:
+        hydra: Any = hydra_check._compose(name, tuple(overrides))
+    except hydra_check.OverrideError:
+        hydra = "refused"
+    try:
+        ours: Any = hydra_check.compose(name, overrides)
+    except hydra_check.OverrideError:
+        ours = "refused"
+    assert ours == hydra
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["trainer=1", "~trainer.nnodes", "++trainer={}", "rollout=1", "actor_rollout_ref=1",
+     "actor_rollout_ref.rollout=1", "algorithm=1", "data=1", "async_training=1", "ray_kwargs=1"],
+)  # fmt: skip
+def test_overrides_that_wreck_whole_sections_are_a_422(override: str) -> None:
+    assert refused(PRESET | {"overrides": [override]})

@@ -4,10 +4,11 @@ The YAML trees ship in the ``verl`` wheel; ``importlib.util.find_spec`` finds th
 running verl's ``__init__`` (which needs torch). The base config of each entry config is composed
 once with hydra-core and kept as a plain container. A spec's overrides are parsed with Hydra's
 own override parser (cached per string) and applied to a copy of that container with the rules
-Hydra applies in struct mode: a plain ``key=value`` must name an existing key, ``+key`` must not,
-``++key`` may, ``~key`` deletes. Overrides that change the defaults list (config groups such as
-``model_engine=megatron``) cannot be applied that way; those lists are composed with Hydra in full
-(cached per override tuple).
+Hydra applies in struct mode: a plain ``key=value`` must name an existing key, ``+key`` must not
+(unless it is null), ``++key`` may, ``~key`` deletes. Overrides that change the defaults list
+(config groups such as ``model_engine=megatron``) cannot be applied that way; those lists, and
+any list this shortcut refuses, are composed with Hydra in full (cached per override tuple), so
+Hydra decides every refusal.
 """
 
 from __future__ import annotations
@@ -83,7 +84,8 @@ def _compose(config_name: str, overrides: tuple[str, ...]) -> dict[str, Any]:
     ):
         try:
             cfg = compose(config_name, overrides=[searchpath, *overrides])
-        except (HydraException, OmegaConfBaseException) as exc:
+        except (HydraException, OmegaConfBaseException, ValueError, TypeError, KeyError) as exc:
+            # Hydra reports some bad group overrides as plain ValueError/TypeError.
             raise OverrideError([(-1, str(exc).splitlines()[0])]) from exc
     out: dict[str, Any] = OmegaConf.to_container(cfg, resolve=False)  # type: ignore[assignment]
     return out
@@ -168,7 +170,12 @@ def compose(config_name: str, overrides: list[str]) -> dict[str, Any]:
         except KeyError as exc:
             problems.append((i, str(exc.args[0])))
     if problems:
-        raise OverrideError(problems)
+        # Hydra has the last word on a refusal (and the odd form, like a list index, it takes).
+        try:
+            hydra_composed: dict[str, Any] = _composed_with_groups(config_name, tuple(overrides))
+        except OverrideError:
+            raise OverrideError(problems) from None
+        cfg = copy_tree(hydra_composed)
     return cfg
 
 

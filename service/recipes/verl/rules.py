@@ -77,12 +77,10 @@ def check(
     for item in where.items:
         key = _key(item.text)
         if item.loc[0] == "overrides" and key is not None:
-            if key in RESOURCE_KEYS:
-                errors.append(
-                    field_error(
-                        item.loc, f"{key} is set by resources.{RESOURCE_KEYS[key]}", "verl_rule"
-                    )
-                )
+            owned = [k for k in RESOURCE_KEYS if k == key or k.startswith(key + ".")]
+            if owned:
+                fields = ", ".join(f"resources.{RESOURCE_KEYS[k]}" for k in owned)
+                errors.append(field_error(item.loc, f"{key} is set by {fields}", "verl_rule"))
             if key == "hydra" or key.startswith("hydra."):
                 errors.append(field_error(item.loc, "Hydra's own settings are fixed", "verl_rule"))
 
@@ -106,6 +104,7 @@ def check(
         "async_training.trigger_parameter_sync_step", lambda v: (_int(v) or 0) >= 1, "must be >= 1"
     )
     need("async_training.require_batches", lambda v: (_int(v) or 0) >= 1, "must be >= 1")
+    need("ray_kwargs.ray_init", lambda v: isinstance(v, dict), "must be a mapping")
     need("ray_kwargs.ray_init.num_cpus", lambda v: v is None, "must stay null inside a Ray job")
     need("trainer.device", lambda v: v == DEVICE[accel], f"must be {DEVICE[accel]} on {accel}")
     for key in ("data.train_files", "data.val_files", "actor_rollout_ref.model.path"):
@@ -124,7 +123,16 @@ def check(
 
 
 def _check_parallelism(get: Callable[..., Any], err: Callable[[str, str], None]) -> None:
-    world = (_int(get("trainer.nnodes")) or 0) * (_int(get("trainer.n_gpus_per_node")) or 0)
+    for key in (
+        "trainer.nnodes",
+        "trainer.n_gpus_per_node",
+        "rollout.nnodes",
+        "rollout.n_gpus_per_node",
+    ):
+        if (_int(get(key)) or 0) < 1:
+            err(key, f"must be a positive integer (got {get(key)!r})")
+            return
+    world = get("trainer.nnodes") * get("trainer.n_gpus_per_node")
     actor = "actor_rollout_ref.actor"
     if get(f"{actor}.strategy") == "megatron":
         parts = (
@@ -171,8 +179,8 @@ def _check_parallelism(get: Callable[..., Any], err: Callable[[str, str], None])
             err(f"{rollout}.{part}", "must be a positive integer")
             return
     replica = rollout_replica_size({"actor_rollout_ref": {"rollout": get(rollout)}})
-    per_node = _int(get("rollout.n_gpus_per_node")) or 0
-    r_world = (_int(get("rollout.nnodes")) or 0) * per_node
+    per_node = get("rollout.n_gpus_per_node")
+    r_world = get("rollout.nnodes") * per_node
     if r_world % replica:
         err(
             f"{rollout}.tensor_model_parallel_size",
