@@ -18,8 +18,9 @@ from service.recipes.verl import hydra_check
 from service.recipes.verl.command import hydra_value, spec_keys
 from service.settings import Settings
 
-REFERENCE = Path("/work/shared/verl/geo3k_qwen3vl_8b_fsdp2_16_16_npu.json")
 DATA = Path(__file__).parent / "data"
+# The reference launch configuration: every Hydra override of verl's geo3k Qwen3-VL-8B NPU script.
+REFERENCE = DATA / "geo3k_qwen3vl_8b_fsdp2_16_16_npu.json"
 EXAMPLES = sorted((DATA / "verl_examples").glob("*.json"))
 PRESET = {"recipe": "verl-fully-async", "preset": "geo3k-qwen3vl-8b-npu"}
 SETTINGS = Settings(
