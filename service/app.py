@@ -14,7 +14,7 @@ from fastapi import FastAPI
 
 from service import dashboard
 from service import db as dbmod
-from service.api import health, runs
+from service.api import health, runs, script
 from service.deps import Services
 from service.errors import install_handlers
 from service.local_ray import LocalRayCluster
@@ -33,7 +33,7 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
     services = Services(
         settings=settings,
         db=dbmod.Database(settings.database_url),
-        registry=registry or default_registry(settings.recipe_plugins),
+        registry=registry or default_registry(settings.recipe_plugins, settings),
     )
 
     @asynccontextmanager
@@ -95,5 +95,6 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
     install_handlers(app)
     app.include_router(health.router)
     app.include_router(runs.router)
+    app.include_router(script.router)
     dashboard.install(app)
     return app

@@ -53,3 +53,22 @@ class Settings(BaseSettings):
     @property
     def uses_local_ray(self) -> bool:
         return self.ray_address == "local"
+
+    # verl fully async recipe: absolute dirs on the cluster nodes for data, models and
+    # checkpoints (each run gets <root>/<run id>), and the logger backends needing credentials
+    # (e.g. "wandb,mlflow") that the cluster has set up; others are left out of presets.
+    verl_data_dir: str = "/data"
+    verl_model_dir: str = "/models"
+    verl_checkpoint_root: str = "/checkpoints"
+    verl_loggers_configured: str = ""
+
+    @field_validator("verl_data_dir", "verl_model_dir", "verl_checkpoint_root")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("expected an absolute path on the cluster nodes")
+        return value.rstrip("/") or "/"
+
+    @property
+    def verl_credentialed_loggers(self) -> list[str]:
+        return [p.strip() for p in self.verl_loggers_configured.split(",") if p.strip()]

@@ -9,6 +9,8 @@ from pydantic import ValidationError
 
 from service.errors import InvalidSpec, field_error, invalid_from_pydantic
 from service.recipes.base import Launch, LaunchContext, Recipe, RunSpec
+from service.recipes.verl import VerlFullyAsyncRecipe
+from service.settings import Settings
 
 
 class RecipeRegistry:
@@ -46,9 +48,10 @@ class RecipeRegistry:
         return spec, recipe.build(spec, ctx)
 
 
-def default_registry(plugins: str = "") -> RecipeRegistry:
+def default_registry(plugins: str = "", settings: Settings | None = None) -> RecipeRegistry:
     """The recipes rlrun ships, plus any ``module:function`` plugins that register more."""
     registry = RecipeRegistry()
+    registry.register(VerlFullyAsyncRecipe(settings or Settings()))
     for entry in filter(None, (p.strip() for p in plugins.split(","))):
         module, _, func = entry.partition(":")
         getattr(importlib.import_module(module), func or "register")(registry)

@@ -1,0 +1,71 @@
+"""``GET /runs/{id}/script``: a bash script that submits a stored run's job by hand.
+
+Built from the run's stored launch (any recipe): the same argv, runtime env, entrypoint
+resources and submission id (the run id) that the service sends to Ray. The service also ships
+the ``jobs`` package with every job (runtime env ``py_modules``); the script adds the directory
+of the ``jobs`` package installed where it runs, found with Python, not a fixed path.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import PlainTextResponse
+
+from service.api.runs import load_run
+from service.deps import SessionDep
+
+router = APIRouter(prefix="/runs", tags=["runs"])
+
+ADD_JOBS_MODULE = (
+    "import json, os, sys, jobs; env = json.loads(sys.argv[1]); "
+    "env.setdefault('py_modules', []).append(os.path.dirname(jobs.__file__)); "
+    "print(json.dumps(env))"
+)
+
+
+@router.get(
+    "/{run_id}/script",
+    response_class=PlainTextResponse,
+    responses={200: {"content": {"text/x-shellscript": {}}}, 404: {}},
+)
+def run_script(session: SessionDep, run_id: str) -> PlainTextResponse:
+    """A bash script that submits this run's job with ``ray job submit``."""
+    run = load_run(session, run_id)
+    return PlainTextResponse(
+        render_script(run.id, run.name, run.launch), media_type="text/x-shellscript"
+    )
+
+
+def render_script(run_id: str, name: str, launch: dict[str, Any]) -> str:
+    q = shlex.quote
+    submit = [
+        "ray job submit",
+        '--address "$RAY_ADDRESS"',
+        f"--submission-id {q(run_id)}",
+        '--runtime-env-json "$RUNTIME_ENV_JSON"',
+        f"--metadata-json {q(json.dumps({'rlrun_run_id': run_id}))}",
+    ]
+    if launch.get("entrypoint_num_cpus"):
+        submit.append(f"--entrypoint-num-cpus {q(str(launch['entrypoint_num_cpus']))}")
+    if launch.get("entrypoint_resources"):
+        submit.append(f"--entrypoint-resources {q(json.dumps(launch['entrypoint_resources']))}")
+    submit.append("--")
+    submit.extend(q(arg) for arg in launch["argv"])
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# Submits run {run_id} ({json.dumps(name)}) by hand, as the service would.",
+        "# Needs: the `ray` CLI and the `jobs` package (pip install rlrun) where this runs.",
+        "# Ray's submission id is the run id: the job can be submitted once.",
+        "set -euo pipefail",
+        'RAY_ADDRESS="${RAY_ADDRESS:-http://127.0.0.1:8265}"',
+        f"RUNTIME_ENV={q(json.dumps(launch['runtime_env'], sort_keys=True))}",
+        "# The service ships the jobs package as py_modules; add the installed one here.",
+        f'RUNTIME_ENV_JSON="$(python3 -c {q(ADD_JOBS_MODULE)} "$RUNTIME_ENV")"',
+        " \\\n    ".join(submit),
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,208 @@
+"""A resolved spec as verl sees it: the Hydra overrides (each with the spec field it came from),
+the argv of verl's fully async entry point, the job's runtime env, and what it holds on Ray."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from service.recipes.base import Group, ResourceShape
+from service.recipes.verl.hydra_check import parse, select
+from service.recipes.verl.spec import Block, VerlFullyAsyncSpec
+
+MODULE = "verl.experimental.fully_async_policy.fully_async_main"
+CONFIG_NAMES = {"megatron": "fully_async_ppo_megatron_trainer"}
+DEFAULT_CONFIG = "fully_async_ppo_trainer"
+
+# verl's CPU-only actors: task runner 1, trainer 10, rollouter 10, message queue 2.
+DRIVER_CPUS = 1 + 10 + 10 + 2
+CPUS_PER_TRAINER_ACCELERATOR = 3
+CPUS_PER_ROLLOUT_ACCELERATOR = 2
+
+# Keys the ``resources`` block owns: an override may not contradict what the run holds.
+RESOURCE_KEYS = {
+    "trainer.nnodes": "n_nodes_train",
+    "trainer.n_gpus_per_node": "n_gpus_training",
+    "rollout.nnodes": "n_nodes_rollout",
+    "rollout.n_gpus_per_node": "n_gpus_rollout",
+    "trainer.device": "accelerator",
+}
+DEVICE = {"npu": "npu", "gpu": "cuda"}
+BASE_ENV = {
+    "npu": {"VERL_PLATFORM": "huawei", "VLLM_USE_V1": "1"},
+    "gpu": {"VLLM_USE_V1": "1"},
+}
+COMMON_ENV = {"HYDRA_FULL_ERROR": "1", "RAY_DEDUP_LOGS": "0"}
+PLAIN = re.compile(r"[A-Za-z0-9_./-][A-Za-z0-9_./:+-]*")
+
+Loc = tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class Item:
+    """One Hydra override and the spec field (``loc``) that produced it."""
+
+    text: str
+    loc: Loc
+
+
+class Unexpressible(ValueError):
+    def __init__(self, loc: Loc, message: str) -> None:
+        super().__init__(message)
+        self.loc = loc
+
+
+def config_name(spec: VerlFullyAsyncSpec) -> str:
+    return CONFIG_NAMES.get(spec.actor.strategy, DEFAULT_CONFIG)
+
+
+def overrides(spec: VerlFullyAsyncSpec, checkpoint_dir: str) -> list[Item]:
+    """Every override the spec sets, in the launch script's block order, then ``overrides``."""
+    items: list[Item] = []
+    for block in spec.BLOCKS:
+        model = getattr(spec, block)
+        _walk(model, type(model).prefix, (block,), items)
+        if block == "trainer":
+            res = spec.resources
+            for key, value, field in (
+                ("trainer.nnodes", res.n_nodes_train, "n_nodes_train"),
+                ("trainer.n_gpus_per_node", res.n_gpus_training, "n_gpus_training"),
+                ("rollout.nnodes", res.n_nodes_rollout, "n_nodes_rollout"),
+                ("rollout.n_gpus_per_node", res.n_gpus_rollout, "n_gpus_rollout"),
+                ("trainer.device", DEVICE[res.accelerator], "accelerator"),
+            ):
+                items.append(
+                    Item(f"{key}={hydra_value(value, ('resources', field))}", ("resources", field))
+                )
+            if spec.trainer.default_local_dir is None:  # unset or null: the run's own dir
+                loc: Loc = ("trainer", "default_local_dir")
+                items = [item for item in items if item.loc != loc]
+                items.append(
+                    Item(f"trainer.default_local_dir={hydra_value(checkpoint_dir, loc)}", loc)
+                )
+    items.extend(Item(text, ("overrides", i)) for i, text in enumerate(spec.overrides))
+    return items
+
+
+def _walk(model: BaseModel, prefix: str, loc: Loc, out: list[Item]) -> None:
+    for name, info in type(model).model_fields.items():
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        key = str(extra.get("verl_key") or f"{prefix}.{name}")
+        value = getattr(model, name)
+        chosen = name in model.model_fields_set or bool(extra.get("always"))
+        if isinstance(value, Block):
+            if chosen:
+                _walk(value, key, (*loc, name), out)
+        elif chosen:
+            out.append(Item(f"{key}={hydra_value(value, (*loc, name))}", (*loc, name)))
+
+
+def hydra_value(value: Any, loc: Loc) -> str:
+    """``value`` in Hydra's override grammar, checked to parse back to the same value."""
+    if value is None:
+        text = "null"
+    elif isinstance(value, bool):
+        text = "True" if value else "False"
+    elif isinstance(value, int | float):
+        text = repr(value)
+    elif isinstance(value, str):
+        if "${" in value:
+            raise Unexpressible(loc, "interpolations ('${') are not allowed here; use overrides")
+        text = value if PLAIN.fullmatch(value) else _quote(value)
+        if parse(f"k={text}").value != value:
+            text = _quote(value)
+    elif isinstance(value, list):
+        text = "[" + ",".join(hydra_value(v, (*loc, i)) for i, v in enumerate(value)) + "]"
+    else:
+        raise Unexpressible(loc, f"cannot pass a {type(value).__name__} to verl")
+    try:
+        back = parse(f"k={text}").value
+    except ValueError as exc:
+        raise Unexpressible(loc, f"cannot be written as a Hydra value: {exc}") from exc
+    if back != value:
+        raise Unexpressible(loc, "cannot be written as a Hydra value unchanged")
+    return text
+
+
+def _quote(value: str) -> str:
+    quote = "'" if "'" not in value else '"'
+    escaped = value.replace("\\", "\\\\").replace(quote, "\\" + quote)
+    return f"{quote}{escaped}{quote}"
+
+
+def argv(spec: VerlFullyAsyncSpec, items: list[Item]) -> list[str]:
+    return [
+        "python3",
+        "-m",
+        MODULE,
+        "--config-path=config",
+        f"--config-name={config_name(spec)}.yaml",
+        *(item.text for item in items),
+    ]
+
+
+def runtime_env(spec: VerlFullyAsyncSpec, stop_grace_s: int) -> dict[str, Any]:
+    env = {
+        **BASE_ENV[spec.resources.accelerator],
+        **COMMON_ENV,
+        "RAY_JOB_STOP_WAIT_TIME_S": str(stop_grace_s),
+        **spec.runtime_env.env_vars,
+    }
+    out: dict[str, Any] = {"env_vars": env}
+    if spec.runtime_env.pip:
+        out["pip"] = list(spec.runtime_env.pip)
+    return out
+
+
+def rollout_replica_size(cfg: dict[str, Any]) -> int:
+    size = 1
+    for part in (
+        "tensor_model_parallel_size",
+        "data_parallel_size",
+        "pipeline_model_parallel_size",
+    ):
+        size *= int(select(cfg, f"actor_rollout_ref.rollout.{part}", 1) or 1)
+    return size
+
+
+def shape(cfg: dict[str, Any], accelerator: str) -> ResourceShape:
+    """What the run holds: one trainer group per node, one rollout group per replica."""
+    t_nodes, t_per = int(select(cfg, "trainer.nnodes")), int(select(cfg, "trainer.n_gpus_per_node"))
+    r_nodes, r_per = int(select(cfg, "rollout.nnodes")), int(select(cfg, "rollout.n_gpus_per_node"))
+    trainer = [Group("trainer", t_per, float(CPUS_PER_TRAINER_ACCELERATOR * t_per))] * t_nodes
+    size = rollout_replica_size(cfg)
+    if size <= r_per:
+        count, per_group = r_nodes * r_per // size, size
+    else:  # replicas that span whole nodes: what each node must hold
+        count, per_group = r_nodes, r_per
+    rollout = [Group("rollout", per_group, float(CPUS_PER_ROLLOUT_ACCELERATOR * per_group))] * count
+    return ResourceShape(
+        accelerator="NPU" if accelerator == "npu" else "GPU",
+        groups=(*trainer, *rollout),
+        driver_cpus=float(DRIVER_CPUS),
+    )
+
+
+def spec_keys() -> dict[str, Loc]:
+    """Every verl key a spec field maps to, with that field's path."""
+    out: dict[str, Loc] = {f"{k}": ("resources", f) for k, f in RESOURCE_KEYS.items()}
+
+    def walk(model: type[BaseModel], prefix: str, loc: Loc) -> None:
+        for name, info in model.model_fields.items():
+            extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+            key = str(extra.get("verl_key") or f"{prefix}.{name}")
+            sub = info.annotation
+            if isinstance(sub, type) and issubclass(sub, Block):
+                walk(sub, key, (*loc, name))
+            else:
+                out[key] = (*loc, name)
+
+    for block in VerlFullyAsyncSpec.BLOCKS:
+        model = VerlFullyAsyncSpec.model_fields[block].annotation
+        assert isinstance(model, type)
+        assert issubclass(model, Block)
+        walk(model, model.prefix, (block,))
+    return out

@@ -1,0 +1,258 @@
+"""verl's own Hydra config, without importing verl: compose once, apply overrides per spec.
+
+The YAML trees ship in the ``verl`` wheel; ``importlib.util.find_spec`` finds them without
+running verl's ``__init__`` (which needs torch). The base config of each entry config is composed
+once with hydra-core and kept as a plain container. A spec's overrides are parsed with Hydra's
+own override parser (cached per string) and applied to a copy of that container with the rules
+Hydra applies in struct mode: a plain ``key=value`` must name an existing key, ``+key`` must not
+(unless it is null), ``++key`` may, ``~key`` deletes. Overrides that change the defaults list
+(config groups such as ``model_engine=megatron``) cannot be applied that way; those lists, and
+any list this shortcut refuses, are composed with Hydra in full (cached per override tuple), so
+Hydra decides every refusal.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from service.errors import Unavailable
+
+FULLY_ASYNC_CONFIG = "experimental/fully_async_policy/config"
+TRAINER_CONFIG = "trainer/config"
+MISSING = object()
+
+
+class VerlNotInstalled(Unavailable):
+    title = "verl config unavailable"
+
+
+class OverrideError(Exception):
+    """Overrides Hydra would refuse: ``(index in the list or -1, message)`` pairs."""
+
+    def __init__(self, problems: list[tuple[int, str]]) -> None:
+        super().__init__("; ".join(msg for _, msg in problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """One parsed override: its kind (``""``, ``+``, ``++``, ``~``), dotted key and value."""
+
+    kind: str
+    key: str
+    value: Any
+    group: bool
+
+
+def verl_root() -> Path:
+    """The installed ``verl`` package directory (found, not imported)."""
+    try:
+        spec = importlib.util.find_spec("verl")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        raise VerlNotInstalled(
+            "verl is not installed next to the service, so run specs cannot be checked against "
+            "verl's Hydra config; install it with `pip install --no-deps verl==0.9.1`"
+        )
+    root = Path(next(iter(spec.submodule_search_locations)))
+    if not (root / FULLY_ASYNC_CONFIG / "fully_async_ppo_trainer.yaml").is_file():
+        raise VerlNotInstalled(f"verl at {root} does not ship the fully async config YAML")
+    return root
+
+
+_lock = threading.Lock()
+
+
+def _compose(config_name: str, overrides: tuple[str, ...]) -> dict[str, Any]:
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    root = verl_root()
+    searchpath = f"hydra.searchpath=[file://{root / TRAINER_CONFIG}]"
+    # Hydra's global state is process-wide: one composition at a time.
+    with (
+        _lock,
+        initialize_config_dir(config_dir=str(root / FULLY_ASYNC_CONFIG), version_base=None),
+    ):
+        try:
+            cfg = compose(config_name, overrides=[searchpath, *overrides])
+        except (HydraException, OmegaConfBaseException, ValueError, TypeError, KeyError) as exc:
+            # Hydra reports some bad group overrides as plain ValueError/TypeError.
+            raise OverrideError([(-1, str(exc).splitlines()[0])]) from exc
+    out: dict[str, Any] = OmegaConf.to_container(cfg, resolve=False)  # type: ignore[assignment]
+    return out
+
+
+@functools.cache
+def base_config(config_name: str) -> dict[str, Any]:
+    """The entry config with no overrides, as a plain container (interpolations unresolved)."""
+    return _compose(config_name, ())
+
+
+@functools.lru_cache(maxsize=64)
+def _composed_with_groups(config_name: str, overrides: tuple[str, ...]) -> dict[str, Any]:
+    return _compose(config_name, overrides)
+
+
+@functools.lru_cache(maxsize=1)
+def _config_groups() -> frozenset[str]:
+    root = verl_root()
+    return frozenset(
+        p.name
+        for base in (root / TRAINER_CONFIG, root / FULLY_ASYNC_CONFIG)
+        for p in base.iterdir()
+        if p.is_dir() and not p.name.startswith("_")
+    )
+
+
+@functools.lru_cache(maxsize=8192)
+def parse(text: str) -> Parsed:
+    """Parse one override with Hydra's grammar; ``ValueError`` with Hydra's message if bad."""
+    from hydra.errors import HydraException
+
+    try:
+        override = _parser().parse_override(text)
+    except HydraException as exc:
+        raise ValueError(str(exc).splitlines()[0]) from exc
+    if override.is_sweep_override():
+        raise ValueError("sweeps (several values) are not a single run")
+    kind = "~" if override.is_delete() else "++" if override.is_force_add() else ""
+    kind = "+" if override.is_add() else kind
+    key = override.key_or_group
+    group = (
+        override.package is not None or "/" in key or ("." not in key and key in _config_groups())
+    )
+    return Parsed(kind, key, override.value(), group)
+
+
+@functools.cache
+def _parser() -> Any:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create()
+
+
+def compose(config_name: str, overrides: list[str]) -> dict[str, Any]:
+    """verl's config with ``overrides`` applied, as Hydra would compose it (a fresh container).
+
+    Raises ``OverrideError`` naming each override Hydra would refuse.
+    """
+    parsed: list[Parsed] = []
+    problems: list[tuple[int, str]] = []
+    for i, text in enumerate(overrides):
+        try:
+            parsed.append(parse(text))
+        except ValueError as exc:
+            problems.append((i, str(exc)))
+    if problems:
+        raise OverrideError(problems)
+    if any(p.group for p in parsed):
+        try:
+            composed: dict[str, Any] = copy_tree(
+                _composed_with_groups(config_name, tuple(overrides))
+            )
+            return composed
+        except OverrideError as exc:
+            message = exc.problems[0][1]
+            raise OverrideError([(_culprit(parsed, message), message)]) from exc
+    cfg: dict[str, Any] = copy_tree(base_config(config_name))
+    for i, p in enumerate(parsed):
+        try:
+            _apply(cfg, p)
+        except KeyError as exc:
+            problems.append((i, str(exc.args[0])))
+    if problems:
+        # Hydra has the last word on a refusal (and the odd form, like a list index, it takes).
+        try:
+            hydra_composed: dict[str, Any] = _composed_with_groups(config_name, tuple(overrides))
+        except OverrideError:
+            raise OverrideError(problems) from None
+        cfg = copy_tree(hydra_composed)
+    return cfg
+
+
+def _culprit(parsed: list[Parsed], message: str) -> int:
+    for i, p in enumerate(parsed):
+        if f"'{p.key}'" in message:
+            return i
+    return -1
+
+
+def copy_tree(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: copy_tree(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [copy_tree(v) for v in node]
+    return node
+
+
+def _apply(cfg: dict[str, Any], p: Parsed) -> None:
+    """Hydra's rules for one override (``ConfigLoaderImpl._apply_overrides_to_config``)."""
+    *parents, leaf = p.key.split(".")
+    node: Any = cfg
+    for depth, part in enumerate(parents):
+        if part not in node:
+            if p.kind not in ("+", "++"):
+                raise KeyError(_not_in_struct(p.key, ".".join(parents[: depth + 1])))
+            node[part] = {}
+        elif not isinstance(node[part], dict):
+            node[part] = {}  # OmegaConf.update replaces a leaf on the way with a mapping
+        node = node[part]
+    current = node.get(leaf)
+    if p.kind == "~":
+        if current is None:
+            raise KeyError(f"Could not delete '{p.key}': it is not in verl's config")
+        if p.value is not None and current != p.value:
+            raise KeyError(f"Could not delete '{p.key}': its value is not {p.value!r}")
+        del node[leaf]
+        return
+    if p.kind == "+" and current is not None and not isinstance(p.value, dict | list):
+        raise KeyError(
+            f"Could not append to config. An item is already at '{p.key}'; "
+            f"override it with {p.key}=... instead"
+        )
+    if p.kind == "" and leaf not in node:
+        raise KeyError(_not_in_struct(p.key, p.key))
+    if isinstance(p.value, dict) and isinstance(current, dict):
+        _merge(current, copy_tree(p.value), p.key, struct=p.kind == "")
+    else:
+        node[leaf] = copy_tree(p.value)
+
+
+def _merge(dst: dict[str, Any], src: dict[str, Any], key: str, struct: bool) -> None:
+    for k, v in src.items():
+        if struct and k not in dst:
+            raise KeyError(_not_in_struct(f"{key}.{k}", f"{key}.{k}"))
+        if isinstance(v, dict) and isinstance(dst.get(k), dict):
+            _merge(dst[k], v, f"{key}.{k}", struct)
+        else:
+            dst[k] = v
+
+
+def _not_in_struct(key: str, missing: str) -> str:
+    return (
+        f"Could not override '{key}': key '{missing}' is not in verl's config. "
+        f"To add a new key write +{key}=..."
+    )
+
+
+def select(cfg: dict[str, Any], key: str, default: Any = None) -> Any:
+    """The value at a dotted key, following plain ``${a.b}`` interpolations; else ``default``."""
+    node: Any = cfg
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    if isinstance(node, str) and node.startswith("${") and node.endswith("}"):
+        inner = node[2:-1]
+        if ":" not in inner and "${" not in inner and inner != key:
+            return select(cfg, inner, default)
+    return node

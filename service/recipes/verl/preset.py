@@ -1,0 +1,140 @@
+"""Presets: named spec bodies that a request starts from; fields in the request replace theirs.
+
+``geo3k-qwen3vl-8b-npu`` is verl's fully async GRPO example for Qwen3-VL-8B on geo3k on Ascend
+NPU (``geo3k_qwen3vl_8b_fsdp2_16_16_npu.sh``), override for override. Deliberate differences:
+data and model paths come from settings (not ``$HOME``), the checkpoint dir is per run and
+absolute (the recipe sets it), ``trainer.device=npu`` (from ``resources``), and the logger list
+keeps ``console`` and only those credentialed backends the deployment has configured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import PurePosixPath
+from typing import Any
+
+from service.settings import Settings
+
+Preset = Callable[[Settings], dict[str, Any]]
+
+
+def geo3k_qwen3vl_8b_npu(settings: Settings) -> dict[str, Any]:
+    data_dir = PurePosixPath(settings.verl_data_dir)
+    configured = set(settings.verl_credentialed_loggers)
+    return {
+        "data": {
+            "train_files": str(data_dir / "geo3k" / "train.parquet"),
+            "val_files": str(data_dir / "geo3k" / "test.parquet"),
+            "train_batch_size": 0,
+            "gen_batch_size": 1,
+            "max_prompt_length": 1024,
+            "max_response_length": 2048,
+            "filter_overlong_prompts": True,
+            "truncation": "error",
+            "image_key": "images",
+            "shuffle": False,
+            "return_raw_chat": True,
+        },
+        "model": {
+            "path": str(PurePosixPath(settings.verl_model_dir) / "Qwen3-VL-8B-Instruct"),
+            "use_remove_padding": True,
+            "use_fused_kernels": False,
+            "enable_gradient_checkpointing": True,
+            "enable_activation_offload": False,
+        },
+        "actor": {
+            "hybrid_engine": False,
+            "optim": {"lr": 1e-6},
+            "ppo_mini_batch_size": 64,
+            "use_dynamic_bsz": True,
+            "ppo_max_token_len_per_gpu": 16384,
+            "ppo_micro_batch_size_per_gpu": 1,
+            "strategy": "fsdp2",
+            "use_kl_loss": True,
+            "kl_loss_coef": 0.01,
+            "kl_loss_type": "low_var_kl",
+            "entropy_coeff": 0,
+            "entropy_from_logits_with_chunking": True,
+            "fsdp_config": {
+                "reshard_after_forward": True,
+                "entropy_checkpointing": True,
+                "param_offload": False,
+                "optimizer_offload": False,
+                "forward_prefetch": True,
+            },
+        },
+        "ref": {
+            "fsdp_config": {
+                "reshard_after_forward": True,
+                "forward_prefetch": True,
+                "param_offload": False,
+            },
+            "log_prob_micro_batch_size_per_gpu": 1,
+            "log_prob_use_dynamic_bsz": True,
+            "log_prob_max_token_len_per_gpu": 16384,
+        },
+        "rollout": {
+            "name": "vllm",
+            "mode": "async",
+            "tensor_model_parallel_size": 1,
+            "gpu_memory_utilization": 0.8,
+            "n": 4,
+            "calculate_log_probs": True,
+            "log_prob_micro_batch_size_per_gpu": 1,
+            "log_prob_use_dynamic_bsz": True,
+            "log_prob_max_token_len_per_gpu": 16384,
+            "max_model_len": 32768,
+            "max_num_batched_tokens": 32768,
+            "total_rollout_steps": 512 * 100,
+        },
+        "algorithm": {
+            "adv_estimator": "grpo",
+            "use_kl_in_reward": False,
+            "rollout_correction": {
+                "rollout_is": "sequence",
+                "rollout_is_threshold": 2.0,
+                "rollout_is_batch_normalize": True,
+                "rollout_rs": "token_k1",
+                "rollout_rs_threshold": "0.6_1.6",
+            },
+        },
+        "trainer": {
+            "critic_warmup": 0,
+            "logger": ["console", *(b for b in ["wandb"] if b in configured)],
+            "project_name": "verl_grpo_example_geo3k",
+            "experiment_name": "qwen3_vl_8b_fsdp2_async",
+            "resume_mode": "auto",
+            "val_before_train": False,
+            "save_freq": -1,
+            "test_freq": 5,
+            "total_epochs": 200,
+        },
+        "async_training": {
+            "staleness_threshold": 0.1,
+            "trigger_parameter_sync_step": 4,
+            "require_batches": 2,
+            "partial_rollout": True,
+        },
+        "resources": {
+            "accelerator": "npu",
+            "n_gpus_training": 16,
+            "n_nodes_train": 1,
+            "n_gpus_rollout": 16,
+            "n_nodes_rollout": 1,
+        },
+        "runtime_env": {"env_vars": {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "VLLM_USE_V1": "1"}},
+    }
+
+
+PRESETS: dict[str, Preset] = {"geo3k-qwen3vl-8b-npu": geo3k_qwen3vl_8b_npu}
+
+
+def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``top``'s values in their place; mappings merge, everything else replaces."""
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out

@@ -1,0 +1,78 @@
+"""The ``verl-fully-async`` recipe: preset + request -> overrides -> verl's config -> launch."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import PurePosixPath
+from typing import Any, ClassVar
+
+from pydantic import ValidationError
+
+from service.errors import InvalidSpec, field_error, invalid_from_pydantic
+from service.recipes.base import Launch, LaunchContext, RunSpec
+from service.recipes.verl import command, rules
+from service.recipes.verl.hydra_check import OverrideError, compose
+from service.recipes.verl.preset import PRESETS, deep_merge
+from service.recipes.verl.spec import VerlFullyAsyncSpec
+from service.settings import Settings
+
+
+class VerlFullyAsyncRecipe:
+    """verl's fully async GRPO trainer, checked against verl's own Hydra config at submit time."""
+
+    name: ClassVar[str] = "verl-fully-async"
+    spec_model: ClassVar[type[RunSpec]] = VerlFullyAsyncSpec
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def resolve(self, spec: VerlFullyAsyncSpec) -> VerlFullyAsyncSpec:
+        """The request on top of its preset: the spec the launch is built from."""
+        if spec.preset is None:
+            return spec
+        if spec.preset not in PRESETS:
+            msg = f"unknown preset {spec.preset!r}; known: {', '.join(sorted(PRESETS))}"
+            raise InvalidSpec(msg, [field_error(["preset"], msg, "unknown_preset")])
+        body = deep_merge(
+            PRESETS[spec.preset](self.settings), spec.model_dump(mode="json", exclude_unset=True)
+        )
+        try:
+            return VerlFullyAsyncSpec.model_validate(body)
+        except ValidationError as exc:
+            raise invalid_from_pydantic(exc) from exc
+
+    def checkpoint_dir(self, run_id: str) -> str:
+        return str(PurePosixPath(self.settings.verl_checkpoint_root) / run_id)
+
+    def build(self, spec: Any, ctx: LaunchContext) -> Launch:
+        assert isinstance(spec, VerlFullyAsyncSpec)
+        full = self.resolve(spec)
+        try:
+            items = command.overrides(full, self.checkpoint_dir(ctx.run_id))
+        except command.Unexpressible as exc:
+            raise InvalidSpec(str(exc), [field_error(exc.loc, str(exc))]) from exc
+        try:
+            cfg = compose(command.config_name(full), [item.text for item in items])
+        except OverrideError as exc:
+            errors = [
+                field_error(items[i].loc if i >= 0 else ("overrides",), msg, "verl_config")
+                for i, msg in exc.problems
+            ]
+            raise InvalidSpec(f"verl's config refuses: {exc}", errors) from exc
+        where = rules.Locator(items, _spec_keys())
+        errors, warnings = rules.check(cfg, full, where, self.settings.verl_credentialed_loggers)
+        if errors:
+            raise InvalidSpec(
+                f"{len(errors)} verl rule(s) broken, first: {errors[0]['field']}", errors
+            )
+        return Launch(
+            argv=command.argv(full, items),
+            runtime_env=command.runtime_env(full, ctx.stop_grace_s),
+            shape=command.shape(cfg, full.resources.accelerator),
+            warnings=warnings,
+        )
+
+
+@functools.cache
+def _spec_keys() -> dict[str, command.Loc]:
+    return command.spec_keys()

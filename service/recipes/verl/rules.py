@@ -1,0 +1,340 @@
+"""The rules verl enforces at run time, checked on the composed config at submit time, and the
+traps that deserve a warning. Each error names the spec field that set the offending key."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from service.errors import field_error
+from service.recipes.verl.command import DEVICE, RESOURCE_KEYS, Item, Loc, rollout_replica_size
+from service.recipes.verl.hydra_check import parse, select
+from service.recipes.verl.spec import VerlFullyAsyncSpec
+
+LOGGERS = {
+    "console", "wandb", "mlflow", "swanlab", "vemlp_wandb", "tensorboard", "clearml", "trackio",
+    "file", "rl_insight",
+}  # fmt: skip
+CREDENTIAL_FREE_LOGGERS = {"console", "tensorboard", "file"}
+RS_OPTIONS = {
+    "token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
+    "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3",
+}  # fmt: skip
+ROLLOUT_ENGINES = {"npu": {"vllm"}, "gpu": {"vllm", "sglang", "trtllm"}}
+RC = "algorithm.rollout_correction"
+
+
+class Locator:
+    """Maps a verl key to the spec field that set it last (or that would set it)."""
+
+    def __init__(self, items: list[Item], spec_keys: dict[str, Loc]) -> None:
+        self.items = items
+        self.spec_keys = spec_keys
+        self.keys = [_key(item.text) for item in items]
+
+    def set_by(self, key: str) -> Loc | None:
+        for item, k in zip(reversed(self.items), reversed(self.keys), strict=True):
+            if k is not None and (k == key or key.startswith(k + ".")):
+                return item.loc
+        return None
+
+    def __call__(self, key: str) -> Loc:
+        return self.set_by(key) or self.spec_keys.get(key) or ("overrides",)
+
+
+def _key(text: str) -> str | None:
+    try:
+        return parse(text).key
+    except ValueError:
+        return None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def check(
+    cfg: dict[str, Any], spec: VerlFullyAsyncSpec, where: Locator, configured_loggers: list[str]
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Errors (422 entries) and warnings for a composed config."""
+    errors: list[dict[str, Any]] = []
+    accel = spec.resources.accelerator
+
+    def get(key: str, default: Any = None) -> Any:
+        return select(cfg, key, default)
+
+    def err(key: str, msg: str) -> None:
+        errors.append(field_error(where(key), f"{key}: {msg}", "verl_rule"))
+
+    def need(key: str, ok: Callable[[Any], bool], msg: str) -> None:
+        if not ok(get(key)):
+            err(key, f"{msg} (got {get(key)!r})")
+
+    for item in where.items:
+        key = _key(item.text)
+        if item.loc[0] == "overrides" and key is not None:
+            owned = [k for k in RESOURCE_KEYS if k == key or k.startswith(key + ".")]
+            if owned:
+                fields = ", ".join(f"resources.{RESOURCE_KEYS[k]}" for k in owned)
+                errors.append(field_error(item.loc, f"{key} is set by {fields}", "verl_rule"))
+            if key == "hydra" or key.startswith("hydra."):
+                errors.append(field_error(item.loc, "Hydra's own settings are fixed", "verl_rule"))
+
+    need("data.train_batch_size", lambda v: v == 0, "fully async requires 0")
+    need("data.gen_batch_size", lambda v: v == 1, "fully async requires 1")
+    need("actor_rollout_ref.hybrid_engine", lambda v: v is False, "fully async requires False")
+    need("actor_rollout_ref.rollout.mode", lambda v: v == "async", "fully async requires async")
+    need("actor_rollout_ref.rollout.calculate_log_probs", lambda v: v is True, "must be True")
+    engines = ROLLOUT_ENGINES[accel]
+    need(
+        "actor_rollout_ref.rollout.name",
+        lambda v: v in engines,
+        f"on {accel} one of {sorted(engines)}",
+    )
+    need(
+        "async_training.staleness_threshold",
+        lambda v: _num(v) is not None and v >= 0,
+        "must be >= 0",
+    )
+    need(
+        "async_training.trigger_parameter_sync_step", lambda v: (_int(v) or 0) >= 1, "must be >= 1"
+    )
+    need("async_training.require_batches", lambda v: (_int(v) or 0) >= 1, "must be >= 1")
+    need("ray_kwargs.ray_init", lambda v: isinstance(v, dict), "must be a mapping")
+    need("ray_kwargs.ray_init.num_cpus", lambda v: v is None, "must stay null inside a Ray job")
+    need("trainer.device", lambda v: v == DEVICE[accel], f"must be {DEVICE[accel]} on {accel}")
+    for key in ("data.train_files", "data.val_files", "actor_rollout_ref.model.path"):
+        if where.set_by(key) is None:
+            err(key, "must be set (verl's default is a placeholder path)")
+    if where.set_by("rollout.total_rollout_steps") is None:
+        err("rollout.total_rollout_steps", "must be set (the total number of prompts to roll out)")
+    else:
+        need("rollout.total_rollout_steps", lambda v: (_int(v) or 0) >= 1, "must be a count >= 1")
+    _check_parallelism(get, err)
+    _check_rollout_correction(get, err)
+    _check_logger(get, err)
+    if errors:
+        return errors, []
+    return [], _warnings(get, spec, configured_loggers, where.items)
+
+
+def _check_parallelism(get: Callable[..., Any], err: Callable[[str, str], None]) -> None:
+    for key in (
+        "trainer.nnodes",
+        "trainer.n_gpus_per_node",
+        "rollout.nnodes",
+        "rollout.n_gpus_per_node",
+    ):
+        if (_int(get(key)) or 0) < 1:
+            err(key, f"must be a positive integer (got {get(key)!r})")
+            return
+    world = get("trainer.nnodes") * get("trainer.n_gpus_per_node")
+    actor = "actor_rollout_ref.actor"
+    if get(f"{actor}.strategy") == "megatron":
+        parts = (
+            "tensor_model_parallel_size",
+            "pipeline_model_parallel_size",
+            "context_parallel_size",
+        )
+        keys = [f"{actor}.megatron.{p}" for p in parts]
+    else:
+        keys = [f"{actor}.ulysses_sequence_parallel_size"]
+    model_parallel = 1
+    for key in keys:
+        size = _int(get(key, 1))
+        if size is None or size < 1:
+            err(key, f"must be a positive integer (got {get(key)!r})")
+            return
+        model_parallel *= size
+    if world % model_parallel:
+        err(
+            keys[0],
+            f"model-parallel size {model_parallel} does not divide {world} trainer accelerators",
+        )
+        return
+    dp = world // model_parallel
+    mini, n = _int(get(f"{actor}.ppo_mini_batch_size")), _int(get("actor_rollout_ref.rollout.n"))
+    if mini is None or n is None or mini < 1 or n < 1:
+        err(
+            f"{actor}.ppo_mini_batch_size",
+            "ppo_mini_batch_size and rollout.n must be positive integers",
+        )
+    elif (mini * n) % dp:
+        err(
+            f"{actor}.ppo_mini_batch_size",
+            f"ppo_mini_batch_size x rollout.n = {mini * n} is not divisible by the trainer's "
+            f"data-parallel size {dp}",
+        )
+    rollout = "actor_rollout_ref.rollout"
+    for part in (
+        "tensor_model_parallel_size",
+        "data_parallel_size",
+        "pipeline_model_parallel_size",
+    ):
+        if (_int(get(f"{rollout}.{part}", 1)) or 0) < 1:
+            err(f"{rollout}.{part}", "must be a positive integer")
+            return
+    replica = rollout_replica_size({"actor_rollout_ref": {"rollout": get(rollout)}})
+    per_node = get("rollout.n_gpus_per_node")
+    r_world = get("rollout.nnodes") * per_node
+    if r_world % replica:
+        err(
+            f"{rollout}.tensor_model_parallel_size",
+            f"a rollout replica of {replica} accelerators (TP x DP x PP) does not divide the "
+            f"{r_world} rollout accelerators",
+        )
+    elif per_node % replica if replica <= per_node else replica % per_node:
+        err(
+            f"{rollout}.tensor_model_parallel_size",
+            f"rollout replicas of {replica} accelerators (TP x DP x PP) do not tile nodes of "
+            f"{per_node}: a replica must divide a node's share, or span whole nodes",
+        )
+
+
+def _check_rollout_correction(get: Callable[..., Any], err: Callable[[str, str], None]) -> None:
+    rollout_is = get(f"{RC}.rollout_is")
+    if rollout_is not in (None, "token", "sequence"):
+        err(f"{RC}.rollout_is", f"must be null, token or sequence (got {rollout_is!r})")
+    if rollout_is is not None and not _threshold_ok(get(f"{RC}.rollout_is_threshold"), pair=True):
+        err(f"{RC}.rollout_is_threshold", "must be a positive number or 'lower_upper'")
+    rs = get(f"{RC}.rollout_rs")
+    if rs is None:
+        return
+    options = [o.strip() for o in rs.split(",") if o.strip()] if isinstance(rs, str) else []
+    bad = [o for o in options if o not in RS_OPTIONS]
+    if not options or bad:
+        err(
+            f"{RC}.rollout_rs",
+            f"must be a comma-separated subset of {sorted(RS_OPTIONS)} (got {rs!r}); "
+            "geometric rejection sampling is seq_mean_k1",
+        )
+        return
+    spec = get(f"{RC}.rollout_rs_threshold")
+    raw = (
+        [str(spec)]
+        if _num(spec) is not None
+        else ([p.strip() for p in spec.split(",") if p.strip()] if isinstance(spec, str) else [])
+    )
+    if not raw or len(raw) not in (1, len(options)):
+        err(
+            f"{RC}.rollout_rs_threshold",
+            f"needs one threshold, or one per rollout_rs option ({len(options)}), got {spec!r}",
+        )
+        return
+    for option, text in zip(options, raw * len(options) if len(raw) == 1 else raw, strict=False):
+        if not _threshold_ok(text, pair=option.endswith("k1")):
+            form = (
+                "'lower_upper' or one positive number"
+                if option.endswith("k1")
+                else "one positive number"
+            )
+            err(f"{RC}.rollout_rs_threshold", f"{option} needs {form}, got {text!r}")
+            return
+
+
+def _threshold_ok(spec: Any, pair: bool) -> bool:
+    if _num(spec) is not None:
+        return float(spec) > 0
+    if not isinstance(spec, str):
+        return False
+    parts = spec.split("_", 1) if pair else [spec]
+    if not pair and "_" in spec:
+        return False
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        return False
+    return all(v > 0 for v in values) and (len(values) == 1 or values[0] <= values[1])
+
+
+def _check_logger(get: Callable[..., Any], err: Callable[[str, str], None]) -> None:
+    logger = get("trainer.logger")
+    names = [logger] if isinstance(logger, str) else logger if isinstance(logger, list) else None
+    if names is None or not all(isinstance(n, str) for n in names):
+        err("trainer.logger", f"must be a list of backend names (got {logger!r})")
+        return
+    unknown = sorted(set(names) - LOGGERS)
+    if unknown:
+        err("trainer.logger", f"unknown backend(s) {unknown}; known: {sorted(LOGGERS)}")
+    elif "console" not in names:
+        err(
+            "trainer.logger", "must include console: the service reads metrics from the console log"
+        )
+
+
+def _warnings(
+    get: Callable[..., Any],
+    spec: VerlFullyAsyncSpec,
+    configured_loggers: list[str],
+    where_items: list[Item],
+) -> list[str]:
+    out: list[str] = []
+    if (
+        get(f"{RC}.rollout_is") is not None
+        and get(f"{RC}.bypass_mode") is True
+        and get(f"{RC}.loss_type") == "ppo_clip"
+    ):
+        out.append(
+            "algorithm.rollout_correction: with bypass_mode=True and loss_type=ppo_clip the "
+            "rollout_is weights are only reported as metrics, not applied to the loss; set "
+            "bypass_mode=False or loss_type=reinforce to train with them"
+        )
+    ckpt = get("trainer.default_local_dir")
+    if get("trainer.resume_mode") == "auto" and not (isinstance(ckpt, str) and _absolute(ckpt)):
+        out.append(
+            f"trainer.default_local_dir {ckpt!r} is not absolute and resume_mode=auto: the run "
+            "may resume another run's checkpoint; leave it unset to get a per-run directory"
+        )
+    platform = spec.runtime_env.env_vars.get("VERL_PLATFORM", "huawei")
+    if spec.resources.accelerator == "npu" and platform != "huawei":
+        out.append(
+            f"runtime_env.env_vars.VERL_PLATFORM={platform!r} on NPU: verl's CPU-only actors "
+            "then detect CUDA and the job waits for GPUs forever; use VERL_PLATFORM=huawei"
+        )
+    sync = _int(get("async_training.trigger_parameter_sync_step")) or 1
+    optim = "actor_rollout_ref.actor.optim"
+    scheduled = (
+        (_num(get(f"{optim}.lr_warmup_steps")) or 0) > 0
+        or (_num(get(f"{optim}.lr_warmup_steps_ratio")) or 0) > 0
+        or get(f"{optim}.lr_scheduler_type", "constant") not in (None, "constant")
+        or get(f"{optim}.lr_decay_style", "constant") not in (None, "constant")
+    )
+    if sync > 1 and scheduled:
+        out.append(
+            f"actor.optim: a learning-rate warmup/decay schedule advances {sync}x too fast under "
+            f"trigger_parameter_sync_step={sync} (its length counts weight syncs, it steps every "
+            "trainer step); scale its steps or use a constant rate"
+        )
+    logger = get("trainer.logger")
+    missing = sorted(
+        n
+        for n in (logger if isinstance(logger, list) else [logger])
+        if n not in CREDENTIAL_FREE_LOGGERS and n not in configured_loggers
+    )
+    if missing:
+        out.append(
+            f"trainer.logger: {missing} need credentials this deployment has not configured; "
+            "give them in runtime_env.env_vars (e.g. WANDB_API_KEY) or the run may fail at start"
+        )
+    if any(_key(item.text) == "rollout.n" for item in where_items):
+        out.append(
+            "rollout.n (top level) is unused by verl; responses per prompt are "
+            "actor_rollout_ref.rollout.n (the spec's rollout.n)"
+        )
+    unchecked = [
+        f"{k}={get(k)!r}"
+        for k in ("data.train_files", "data.val_files", "actor_rollout_ref.model.path")
+    ]
+    out.append(
+        "the service cannot see the cluster's files; make sure these exist on every node: "
+        + ", ".join(unchecked)
+    )
+    return out
+
+
+def _absolute(path: str) -> bool:
+    return path.startswith("/") or "://" in path
