@@ -10,6 +10,7 @@ from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
 from service.db import Database
+from service.inventory import InventoryCache
 from service.loops.base import Loop
 from service.ray_jobs import RayJobs
 from service.recipes.registry import RecipeRegistry
@@ -22,6 +23,7 @@ class Services:
     db: Database
     registry: RecipeRegistry
     ray: RayJobs | None = None
+    inventory: InventoryCache | None = None
     loops: dict[str, Loop] = field(default_factory=dict)
 
     def wake(self, name: str) -> None:

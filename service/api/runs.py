@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from typing import Annotated, Any
 
 from fastapi import APIRouter, BackgroundTasks, Body, Header, Query, Response
@@ -12,14 +13,20 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from service.deps import ServicesDep, SessionDep
+from service import queue
+from service.admission import QueuedRun
+from service.deps import Services, ServicesDep, SessionDep
 from service.errors import Conflict, NotFound
 from service.ids import new_run_id
+from service.inventory import Inventory
 from service.models import Run, RunEvent, utcnow
+from service.ray_jobs import RayRejected, RayUnavailable
 from service.recipes.base import PRIORITIES, LaunchContext
 from service.schemas import RunOut, RunPage, run_out, run_summary
+from service.shape_check import check_fits_ever
 from service.status import ACTIVE, TERMINAL, RunStatus, transition
 
+log = logging.getLogger(__name__)
 router = APIRouter(prefix="/runs", tags=["runs"])
 
 SPEC_EXAMPLE = {"recipe": "tiny-grpo", "name": "my-first-run", "team": "default"}
@@ -68,8 +75,18 @@ def create_run(
     run_id = new_run_id()
     ctx = LaunchContext(run_id=run_id, stop_grace_s=services.settings.stop_grace_s)
     spec, launch = services.registry.build(body, ctx)
+    quotas = queue.quotas(services.settings)
+    inventory = _inventory(services)
+    if inventory is not None:
+        check_fits_ever(launch.shape, inventory, spec.team, quotas.of(spec.team))
     if dry_run:
-        plan = {"dry_run": True, "spec": spec.model_dump(mode="json"), **launch.as_dict()}
+        candidate = QueuedRun(run_id, spec.team, PRIORITIES[spec.priority], launch.shape)
+        plan = {
+            "dry_run": True,
+            "spec": spec.model_dump(mode="json"),
+            **launch.as_dict(),
+            "plan": queue.plan(session, inventory, candidate, quotas, utcnow()),
+        }
         return JSONResponse(plan)
     run = Run(
         id=run_id,
@@ -107,6 +124,17 @@ def create_run(
     # After the response, so the submitter sees the committed row.
     background.add_task(services.wake, "submitter")
     return run_out(run, events_of(session, run.id))
+
+
+def _inventory(services: Services) -> Inventory | None:
+    """The cached cluster inventory, or None while Ray cannot be read (the run still queues)."""
+    if services.inventory is None:
+        return None
+    try:
+        return services.inventory.get()
+    except (RayUnavailable, RayRejected) as exc:
+        log.warning("cluster inventory unavailable; shapes are checked at admission: %s", exc)
+        return None
 
 
 def _replay(session: Session, run: Run, digest: str, response: Response) -> RunOut:
@@ -160,6 +188,8 @@ def cancel_run(
         raise Conflict(f"run {run_id} is already {run.status}", status_of_run=run.status)
     if run.status == RunStatus.QUEUED:
         transition(session, run, RunStatus.CANCELLED, "cancelled before submission")
+        # Its place in the queue is free: let the runs behind it move up now.
+        background.add_task(services.wake, "submitter")
     elif run.status in ACTIVE and run.stop_requested_at is None:
         run.stop_requested_at = utcnow()
         session.add(
