@@ -1,10 +1,10 @@
 """Which queued runs go to Ray now, in what order the rest wait, and why each one waits.
 
 - **Gang admission.** A run is admitted only when all of its groups pack onto the nodes at
-  once. Two views must both agree: the service's own account (node totals minus everything it
-  has admitted and not yet seen end, so Ray's lagging "available" cannot fool it) and Ray's
-  reported available resources minus the admitted runs Ray may not show yet (so resources
-  used outside the service are respected too).
+  once. The free resources per node are what Ray reports available (so usage outside the
+  service counts too) minus the runs admitted recently enough that Ray may not show them yet
+  ("unsettled"; Ray's "available" lags). On top, the service's own account must agree: the
+  cluster's totals minus everything admitted and not yet ended, whatever Ray says.
 - **Order.** Priority class first (high, normal, low); within a class, teams take turns by how
   far below their share they are (accelerators held, plus those of runs already ahead in the
   queue, divided by the team's quota or, without one, the cluster's accelerators); each team's
@@ -25,10 +25,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from service.inventory import Inventory
-from service.placement import Placement, Pool, pack
+from service.placement import EPS, Placement, Pool, pack
 from service.recipes.base import PRIORITIES, ResourceShape
 
 PRIORITY_NAMES = {v: k for k, v in PRIORITIES.items()}
+# Resources the service's own account keeps cluster-wide.
+ACCOUNTED = ("NPU", "GPU", "CPU")
 
 
 @dataclass(frozen=True)
@@ -76,14 +78,14 @@ def decide(
 ) -> Decision:
     """Decide one round. ``queued`` is first in, first out; ``held`` in admission order."""
     totals = Pool.of(inventory.totals())
-    ours = totals.copy()
-    ray = Pool.of(inventory.available())
+    free = Pool.of(inventory.available())
+    account = {r: inventory.sum(r) for r in ACCOUNTED}
     team_used: dict[str, int] = defaultdict(int)
     for h in held:
         team_used[h.team] += h.shape.accelerators
-        _take_somewhere(ours, h.shape)
+        _charge(account, h.shape)
         if not h.settled:
-            _take_somewhere(ray, h.shape)
+            _take_somewhere(free, h.shape)
 
     share = max(1.0, inventory.sum("NPU") + inventory.sum("GPU"))
     order = _fair_order(queued, team_used, quotas, share)
@@ -106,34 +108,46 @@ def decide(
                 f"this run needs {shape.accelerators}"
             )
             continue
-        mine = pack(shape, ours)
-        theirs = pack(shape, ray) if mine is not None else None
-        if mine is not None and theirs is not None:
+        placed = pack(shape, free)
+        in_account = all(account[r] + EPS >= n for r, n in _demand(shape).items())
+        if placed is not None and in_account:
             if limit is not None and len(decision.admit) >= limit:
                 decision.reasons[run.id] = "next in line"
                 continue
-            ours.take(mine)
-            ray.take(theirs)
+            free.take(placed)
             if unreserved is not None:
-                unreserved.take(mine)
+                unreserved.take(placed)
+            _charge(account, shape)
             team_used[run.team] += shape.accelerators
             decision.admit.append(run.id)
-            decision.placements[run.id] = mine
+            decision.placements[run.id] = placed
             continue
         if head is None:
             head = run
-            decision.reasons[run.id] = _capacity_reason(shape, ours, ray, mine is not None)
+            decision.reasons[run.id] = _capacity_reason(shape, free, inventory, account)
             # Reserve the nodes the head will use (the freest first), so backfill cannot delay it.
-            unreserved = ours.copy()
-            freest = totals.ordered([-r.get(shape.accelerator, 0.0) for r in ours.free])
+            unreserved = free.copy()
+            freest = totals.ordered([-r.get(shape.accelerator, 0.0) for r in free.free])
             reservation = pack(shape, freest)
             if reservation is not None:
-                ours.take(reservation)
-        elif mine is None and unreserved is not None and pack(shape, unreserved) is not None:
+                free.take(reservation)
+        elif in_account and unreserved is not None and pack(shape, unreserved) is not None:
             decision.reasons[run.id] = _behind(head, run)
         else:
-            decision.reasons[run.id] = _capacity_reason(shape, ours, ray, mine is not None)
+            decision.reasons[run.id] = _capacity_reason(shape, free, inventory, account)
     return decision
+
+
+def _demand(shape: ResourceShape) -> dict[str, float]:
+    need = {r: 0.0 for r in ACCOUNTED}
+    need[shape.accelerator] += shape.accelerators
+    need["CPU"] += sum(g.cpus for g in shape.groups) + shape.driver_cpus
+    return need
+
+
+def _charge(account: dict[str, float], shape: ResourceShape) -> None:
+    for r, n in _demand(shape).items():
+        account[r] -= n
 
 
 def _take_somewhere(pool: Pool, shape: ResourceShape) -> None:
@@ -184,14 +198,17 @@ def _behind(head: QueuedRun, run: QueuedRun) -> str:
     return f"behind run {head.id}, which waits for capacity (backfill would delay it)"
 
 
-def _capacity_reason(shape: ResourceShape, ours: Pool, ray: Pool, ours_fits: bool) -> str:
+def _capacity_reason(
+    shape: ResourceShape, free: Pool, inventory: Inventory, account: dict[str, float]
+) -> str:
     acc = shape.accelerator
-    if ours_fits:
-        return f"capacity: Ray still reports the {acc}s this run needs in use"
-    sizes = sorted((g.accelerators for g in shape.groups), reverse=True)
-    need = describe_groups(sizes, acc)
-    free = ours.largest(acc)
-    return f"capacity: needs {need}; largest free: {free:g} {acc} on one node"
+    need = describe_groups(sorted((g.accelerators for g in shape.groups), reverse=True), acc)
+    short = [r for r, n in _demand(shape).items() if account[r] + EPS < n]
+    if short:
+        r = short[0]
+        held = inventory.sum(r) - account[r]
+        return f"capacity: needs {need}; admitted runs hold {held:g} of {inventory.sum(r):g} {r}"
+    return f"capacity: needs {need}; largest free: {free.largest(acc):g} {acc} on one node"
 
 
 def describe_groups(sizes: Sequence[int], accelerator: str) -> str:
