@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from service.inventory import Inventory
-from service.placement import EPS, Placement, Pool, pack
+from service.placement import EPS, Fitter, Placement, Pool, pack
 from service.recipes.base import PRIORITIES, ResourceShape
 
 PRIORITY_NAMES = {v: k for k, v in PRIORITIES.items()}
@@ -89,15 +89,13 @@ def decide(
 
     share = max(1.0, inventory.sum("NPU") + inventory.sum("GPU"))
     order = _fair_order(queued, team_used, quotas, share)
-    never: dict[ResourceShape, bool] = {}
     decision = Decision([r.id for r in order], [], {}, {}, team_used)
+    ever, now = Fitter(totals), Fitter(free)
     head: QueuedRun | None = None
-    unreserved: Pool | None = None
+    unreserved: Fitter | None = None
     for run in order:
         shape = run.shape
-        if shape not in never:
-            never[shape] = pack(shape, totals) is None
-        if never[shape]:
+        if ever.fit(shape) is None:
             decision.reasons[run.id] = "capacity: can never fit this cluster's nodes"
             continue
         quota = quotas.of(run.team)
@@ -108,13 +106,13 @@ def decide(
                 f"this run needs {shape.accelerators}"
             )
             continue
-        placed = pack(shape, free)
+        placed = now.fit(shape)
         in_account = all(account[r] + EPS >= n for r, n in _demand(shape).items())
         if placed is not None and in_account:
             if limit is not None and len(decision.admit) >= limit:
                 decision.reasons[run.id] = "next in line"
                 continue
-            free.take(placed)
+            now.take(placed)
             if unreserved is not None:
                 unreserved.take(placed)
             _charge(account, shape)
@@ -126,12 +124,12 @@ def decide(
             head = run
             decision.reasons[run.id] = _capacity_reason(shape, free, inventory, account)
             # Reserve the nodes the head will use (the freest first), so backfill cannot delay it.
-            unreserved = free.copy()
+            unreserved = Fitter(free.copy())
             freest = totals.ordered([-r.get(shape.accelerator, 0.0) for r in free.free])
             reservation = pack(shape, freest)
             if reservation is not None:
-                free.take(reservation)
-        elif in_account and unreserved is not None and pack(shape, unreserved) is not None:
+                now.take(reservation)
+        elif in_account and unreserved is not None and unreserved.fit(shape) is not None:
             decision.reasons[run.id] = _behind(head, run)
         else:
             decision.reasons[run.id] = _capacity_reason(shape, free, inventory, account)

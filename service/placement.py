@@ -152,3 +152,30 @@ def _spread_driver(cpus: float, free_cpus: list[float]) -> list[tuple[int, float
             slots.append((node, share))
             remaining -= share
     return slots
+
+
+class Fitter:
+    """``pack`` on a pool that only shrinks, remembering answers until the pool next changes.
+
+    A shape that did not fit never fits later; one that fitted fits again until ``take``.
+    """
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+        self._misses: set[ResourceShape] = set()
+        self._hits: dict[ResourceShape, Placement] = {}
+
+    def fit(self, shape: ResourceShape) -> Placement | None:
+        if shape in self._misses:
+            return None
+        if shape not in self._hits:
+            placed = pack(shape, self.pool)
+            if placed is None:
+                self._misses.add(shape)
+                return None
+            self._hits[shape] = placed
+        return self._hits[shape]
+
+    def take(self, placement: Placement) -> None:
+        self.pool.take(placement)
+        self._hits.clear()
