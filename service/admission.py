@@ -66,7 +66,6 @@ class Decision:
     admit: list[str]
     reasons: dict[str, str]
     placements: dict[str, Placement]
-    team_used: dict[str, int]
 
 
 def decide(
@@ -80,16 +79,15 @@ def decide(
     totals = Pool.of(inventory.totals())
     free = Pool.of(inventory.available())
     account = {r: inventory.sum(r) for r in ACCOUNTED}
-    team_used: dict[str, int] = defaultdict(int)
+    team_used = held_by_team(held)
     for h in held:
-        team_used[h.team] += h.shape.accelerators
         _charge(account, h.shape)
         if not h.settled:
             _take_somewhere(free, h.shape)
 
     share = max(1.0, inventory.sum("NPU") + inventory.sum("GPU"))
     order = _fair_order(queued, team_used, quotas, share)
-    decision = Decision([r.id for r in order], [], {}, {}, team_used)
+    decision = Decision([r.id for r in order], [], {}, {})
     ever, now = Fitter(totals), Fitter(free)
     head: QueuedRun | None = None
     unreserved: Fitter | None = None
@@ -134,6 +132,14 @@ def decide(
         else:
             decision.reasons[run.id] = _capacity_reason(shape, free, inventory, account)
     return decision
+
+
+def held_by_team(held: Sequence[HeldRun]) -> dict[str, int]:
+    """Accelerators each team's admitted, unfinished runs hold."""
+    used: dict[str, int] = defaultdict(int)
+    for h in held:
+        used[h.team] += h.shape.accelerators
+    return used
 
 
 def _demand(shape: ResourceShape) -> dict[str, float]:

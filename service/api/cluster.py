@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from sqlalchemy import select
 
 from service import queue
-from service.admission import PRIORITY_NAMES, decide
+from service.admission import PRIORITY_NAMES, decide, held_by_team
 from service.deps import ServicesDep, SessionDep
 from service.inventory import Inventory
 from service.models import Run, utcnow
@@ -41,7 +41,7 @@ def get_cluster(services: ServicesDep, session: SessionDep) -> dict[str, Any]:
     ).all()
     teams = {
         team: {"accelerators": used, "quota": quotas.of(team)}
-        for team, used in sorted(decision.team_used.items())
+        for team, used in sorted(held_by_team(held).items())
     }
     return {
         "ray": {"ok": ray_error is None, "error": ray_error},
