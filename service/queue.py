@@ -17,9 +17,11 @@ from service.recipes.base import ResourceShape
 from service.settings import Settings
 from service.status import ACTIVE, RunStatus
 
-# Ray's numbers are taken to show a run this long after it started RUNNING (until then the
-# service subtracts the run from Ray's "available" itself).
-SETTLE_S = 5.0
+# Ray's per-node usage (``/api/cluster_status``) is refreshed about every 5 s. Until a run has
+# been RUNNING this long, the service subtracts it from Ray's "available" itself (counting it
+# twice at worst, which only delays admissions). Groups a recipe creates later than this are
+# still covered by the service's own cluster-wide account.
+SETTLE_S = 10.0
 # One admission decision at a time across service replicas sharing PostgreSQL.
 _ADMISSION_LOCK = 0x726C72756E
 
