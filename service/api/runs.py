@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 from typing import Annotated, Any
 
 from fastapi import APIRouter, BackgroundTasks, Body, Header, Query, Response
@@ -15,18 +14,15 @@ from sqlalchemy.orm import Session
 
 from service import queue
 from service.admission import QueuedRun
-from service.deps import Services, ServicesDep, SessionDep
+from service.deps import InventoryDep, ServicesDep, SessionDep
 from service.errors import Conflict, NotFound
 from service.ids import new_run_id
-from service.inventory import Inventory
 from service.models import Run, RunEvent, utcnow
-from service.ray_jobs import RayRejected, RayUnavailable
 from service.recipes.base import PRIORITIES, LaunchContext
 from service.schemas import RunOut, RunPage, run_out, run_summary
 from service.shape_check import check_fits_ever
 from service.status import ACTIVE, TERMINAL, RunStatus, transition
 
-log = logging.getLogger(__name__)
 router = APIRouter(prefix="/runs", tags=["runs"])
 
 SPEC_EXAMPLE = {"recipe": "tiny-grpo", "name": "my-first-run", "team": "default"}
@@ -59,6 +55,7 @@ def events_of(session: Session, run_id: str) -> list[RunEvent]:
 )
 def create_run(
     services: ServicesDep,
+    inventory: InventoryDep,
     session: SessionDep,
     response: Response,
     background: BackgroundTasks,
@@ -76,7 +73,6 @@ def create_run(
     ctx = LaunchContext(run_id=run_id, stop_grace_s=services.settings.stop_grace_s)
     spec, launch = services.registry.build(body, ctx)
     quotas = queue.quotas(services.settings)
-    inventory = _inventory(services)
     if inventory is not None:
         check_fits_ever(launch.shape, inventory, spec.team, quotas.of(spec.team))
     if dry_run:
@@ -124,17 +120,6 @@ def create_run(
     # After the response, so the submitter sees the committed row.
     background.add_task(services.wake, "submitter")
     return run_out(run, events_of(session, run.id))
-
-
-def _inventory(services: Services) -> Inventory | None:
-    """The cached cluster inventory, or None while Ray cannot be read (the run still queues)."""
-    if services.inventory is None:
-        return None
-    try:
-        return services.inventory.get()
-    except (RayUnavailable, RayRejected) as exc:
-        log.warning("cluster inventory unavailable; shapes are checked at admission: %s", exc)
-        return None
 
 
 def _replay(session: Session, run: Run, digest: str, response: Response) -> RunOut:
