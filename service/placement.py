@@ -38,9 +38,6 @@ class Pool:
         order = sorted(range(len(self.free)), key=lambda i: keys[i])
         return Pool([self.node_ids[i] for i in order], [dict(self.free[i]) for i in order])
 
-    def total(self, resource: str) -> float:
-        return sum(r.get(resource, 0.0) for r in self.free)
-
     def largest(self, resource: str) -> float:
         return max((r.get(resource, 0.0) for r in self.free), default=0.0)
 

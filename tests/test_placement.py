@@ -170,7 +170,7 @@ def test_taking_a_placement_leaves_the_rest_free() -> None:
     placed = pack(verl_like(1, 8), nodes)
     assert placed is not None
     nodes.take(placed)
-    assert nodes.total("NPU") == 8 and pack(verl_like(2, 8), nodes) is None
+    assert sum(r["NPU"] for r in nodes.free) == 8 and pack(verl_like(2, 8), nodes) is None
     assert pack(verl_like(1, 8), nodes) is not None
 
 
