@@ -17,17 +17,17 @@ from service.placement import Pool, pack
 from service.recipes.base import Group, ResourceShape
 
 
-def check_fits_ever(
+def never_fits(
     shape: ResourceShape, inventory: Inventory, team: str, quota: int | None
-) -> None:
-    """Raise a 422 ``InvalidSpec`` when ``shape`` can never be admitted here."""
+) -> InvalidSpec | None:
+    """The 422 for a ``shape`` that can never be admitted here, or None when it can be."""
     acc = shape.accelerator
     if quota is not None and shape.accelerators > quota:
         msg = f"needs {shape.accelerators} {acc}s but team {team}'s quota is {quota}"
-        raise InvalidSpec(msg, [field_error(_loc(f, "team"), msg) for f in _size_fields(shape)])
+        return InvalidSpec(msg, [field_error(_loc(f, "team"), msg) for f in _size_fields(shape)])
     totals = Pool.of(inventory.totals())
     if not inventory.nodes or pack(shape, totals) is not None:
-        return
+        return None
     node_acc, node_cpu = totals.largest(acc), totals.largest("CPU")
     errors = []
     for group in _distinct(shape.groups):
@@ -55,7 +55,7 @@ def check_fits_ever(
     exc = InvalidSpec(detail, errors)
     if suggestion:
         exc.extra["suggestion"] = suggestion
-    raise exc
+    return exc
 
 
 def suggest(shape: ResourceShape, totals: Pool) -> dict[str, int]:

@@ -46,6 +46,9 @@ def test_the_sixteen_per_node_shape_is_refused_with_the_two_by_eight_suggestion(
         problem = refused.json()
         assert [e["field"] for e in problem["errors"]] == ["groups[0].accelerators"]
         assert problem["suggestion"] == {"groups[0].count": 2, "groups[0].accelerators": 8}
+        dry = client.post("/runs", params={"dry_run": True}, json=body)
+        assert dry.status_code == 200 and dry.json()["plan"]["feasible_ever"] is False
+        assert dry.json()["plan"]["suggestion"] == problem["suggestion"]
         plan = client.post(
             "/runs",
             params={"dry_run": True},

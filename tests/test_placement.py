@@ -13,7 +13,7 @@ from service.errors import InvalidSpec
 from service.inventory import Inventory, Node
 from service.placement import Placement, Pool, pack
 from service.recipes.base import Group, ResourceShape
-from service.shape_check import check_fits_ever, suggest
+from service.shape_check import never_fits, suggest
 
 
 def pool(*nodes: tuple[float, float]) -> Pool:
@@ -202,24 +202,23 @@ def test_suggestion_splits_an_oversized_group_into_nodes_that_fit(
 
 
 def test_a_shape_that_never_fits_is_a_422_naming_the_field_with_the_suggestion() -> None:
-    with pytest.raises(InvalidSpec) as info:
-        check_fits_ever(verl_like(1, 16, (2, 4)), inventory((8, 64), (8, 64), (8, 64)), "t", None)
-    body = info.value.body()
+    refusal = never_fits(verl_like(1, 16, (2, 4)), inventory((8, 64), (8, 64), (8, 64)), "t", None)
+    assert isinstance(refusal, InvalidSpec) and refusal.status == 422
+    body = refusal.body()
     assert [e["field"] for e in body["errors"]] == ["resources.n_gpus_training"]
     assert body["suggestion"] == {"resources.n_nodes_train": 2, "resources.n_gpus_training": 8}
     assert "resources.n_nodes_train=2, resources.n_gpus_training=8" in body["detail"]
 
 
 def test_a_shape_larger_than_the_cluster_names_its_count_field() -> None:
-    with pytest.raises(InvalidSpec) as info:
-        check_fits_ever(verl_like(3, 8), inventory((8, 64), (8, 64)), "t", None)
-    assert [e["field"] for e in info.value.body()["errors"]] == ["resources.n_nodes_train"]
+    refusal = never_fits(verl_like(3, 8), inventory((8, 64), (8, 64)), "t", None)
+    assert refusal is not None
+    assert [e["field"] for e in refusal.body()["errors"]] == ["resources.n_nodes_train"]
 
 
 def test_a_shape_over_its_team_quota_is_refused_and_one_that_fits_passes() -> None:
     inv = inventory((8, 64), (8, 64))
-    with pytest.raises(InvalidSpec) as info:
-        check_fits_ever(verl_like(2, 8), inv, "vision", 8)
-    assert "quota" in info.value.detail
-    check_fits_ever(verl_like(2, 8), inv, "vision", 16)
-    check_fits_ever(verl_like(2, 8), Inventory(()), "vision", None)  # unknown cluster: no verdict
+    refusal = never_fits(verl_like(2, 8), inv, "vision", 8)
+    assert refusal is not None and "quota" in refusal.detail
+    assert never_fits(verl_like(2, 8), inv, "vision", 16) is None
+    assert never_fits(verl_like(2, 8), Inventory(()), "vision", None) is None  # unknown cluster

@@ -20,7 +20,7 @@ from service.ids import new_run_id
 from service.models import Run, RunEvent, utcnow
 from service.recipes.base import PRIORITIES, LaunchContext
 from service.schemas import RunOut, RunPage, run_out, run_summary
-from service.shape_check import check_fits_ever
+from service.shape_check import never_fits
 from service.status import ACTIVE, TERMINAL, RunStatus, transition
 
 router = APIRouter(prefix="/runs", tags=["runs"])
@@ -73,17 +73,23 @@ def create_run(
     ctx = LaunchContext(run_id=run_id, stop_grace_s=services.settings.stop_grace_s)
     spec, launch = services.registry.build(body, ctx)
     quotas = queue.quotas(services.settings)
+    refusal = None
     if inventory is not None:
-        check_fits_ever(launch.shape, inventory, spec.team, quotas.of(spec.team))
+        refusal = never_fits(launch.shape, inventory, spec.team, quotas.of(spec.team))
+    if refusal and not dry_run:
+        raise refusal
     if dry_run:
         candidate = QueuedRun(run_id, spec.team, PRIORITIES[spec.priority], launch.shape)
-        plan = {
-            "dry_run": True,
-            "spec": spec.model_dump(mode="json"),
-            **launch.as_dict(),
-            "plan": queue.plan(session, inventory, candidate, quotas, utcnow()),
-        }
-        return JSONResponse(plan)
+        plan = queue.plan(session, inventory, candidate, quotas, utcnow())
+        if refusal:
+            plan |= {
+                "feasible_ever": False,
+                "reasons": [e["msg"] for e in refusal.extra["errors"]],
+                "errors": refusal.extra["errors"],
+                "suggestion": refusal.extra.get("suggestion"),
+            }
+        body = {"dry_run": True, "spec": spec.model_dump(mode="json"), **launch.as_dict()}
+        return JSONResponse(body | {"plan": plan})
     run = Run(
         id=run_id,
         name=spec.name or f"{spec.recipe}-{run_id[-8:]}",
