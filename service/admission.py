@@ -1,67 +1,230 @@
-"""Which queued runs may go to Ray now: gang admission against the cluster's accelerators.
+"""Which queued runs go to Ray now, in what order the rest wait, and why each one waits.
 
-Runs are taken in queue order (priority, then FIFO). A run is admitted only when its whole
-shape fits in what the cluster has minus what the service already admitted (Ray's own
-"available" lags, so the service counts what it sent until those runs end).
+- **Gang admission.** A run is admitted only when all of its groups pack onto the nodes at
+  once. The free resources per node are what Ray reports available (so usage outside the
+  service counts too) minus the runs admitted recently enough that Ray may not show them yet
+  ("unsettled"; Ray's "available" lags). On top, the service's own account must agree: the
+  cluster's totals minus everything admitted and not yet ended, whatever Ray says.
+- **Order.** Priority class first (high, normal, low); within a class, teams take turns by how
+  far below their share they are (accelerators held, plus those of runs already ahead in the
+  queue, divided by the team's quota or, without one, the cluster's accelerators); each team's
+  own runs stay first in, first out.
+- **Quotas.** A team's accelerators held by active and admitted runs never exceed its quota; a
+  run that would go over waits with the reason "quota" and does not block anyone else.
+- **No head-of-line blocking, no starvation.** The first run that waits for capacity reserves
+  the nodes it will use (packed onto node totals, preferring the freest nodes). Later, smaller
+  runs may start meanwhile (backfill) only on what is left outside that reservation, so they
+  can never delay it. Nothing running is ever preempted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import heapq
+from collections import defaultdict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from service.recipes.base import ResourceShape
+from service.inventory import Inventory
+from service.placement import EPS, Fitter, Placement, Pool, pack
+from service.recipes.base import PRIORITIES, ResourceShape
+
+PRIORITY_NAMES = {v: k for k, v in PRIORITIES.items()}
+# Resources the service's own account keeps cluster-wide.
+ACCOUNTED = ("NPU", "GPU", "CPU")
 
 
 @dataclass(frozen=True)
-class Inventory:
-    """Cluster totals per resource name (e.g. ``{"NPU": 16, "CPU": 32}``) and per node."""
-
-    totals: dict[str, float]
-    nodes: dict[str, dict[str, float]] = field(default_factory=dict)
-
-    @classmethod
-    def from_cluster_status(cls, status: dict[str, Any]) -> Inventory:
-        usage = status["data"]["clusterStatus"]["loadMetricsReport"]["usageByNode"]
-        nodes = {
-            node: {res: float(pair[1]) for res, pair in resources.items()}
-            for node, resources in usage.items()
-        }
-        totals: dict[str, float] = {}
-        for resources in nodes.values():
-            for res, amount in resources.items():
-                totals[res] = totals.get(res, 0.0) + amount
-        return cls(totals=totals, nodes=nodes)
+class QueuedRun:
+    id: str
+    team: str
+    priority: int
+    shape: ResourceShape
 
 
-def demand(shape: ResourceShape) -> dict[str, float]:
-    need = {"CPU": shape.driver_cpus, shape.accelerator: 0.0}
-    for g in shape.groups:
-        need[shape.accelerator] += g.accelerators
-        need["CPU"] += g.cpus
+@dataclass(frozen=True)
+class HeldRun:
+    """An admitted run that has not ended; ``settled`` when Ray's numbers already show it."""
+
+    id: str
+    team: str
+    shape: ResourceShape
+    settled: bool = False
+
+
+@dataclass(frozen=True)
+class Quotas:
+    teams: dict[str, int] = field(default_factory=dict)
+    default: int | None = None
+
+    def of(self, team: str) -> int | None:
+        return self.teams.get(team, self.default)
+
+
+@dataclass
+class Decision:
+    order: list[str]
+    admit: list[str]
+    reasons: dict[str, str]
+    placements: dict[str, Placement]
+
+
+def decide(
+    queued: Sequence[QueuedRun],
+    held: Sequence[HeldRun],
+    inventory: Inventory,
+    quotas: Quotas,
+    limit: int | None = None,
+) -> Decision:
+    """Decide one round. ``queued`` is first in, first out; ``held`` in admission order."""
+    totals = Pool.of(inventory.totals())
+    free = Pool.of(inventory.available())
+    account = {r: inventory.sum(r) for r in ACCOUNTED}
+    team_used = held_by_team(held)
+    for h in held:
+        _charge(account, h.shape)
+        if not h.settled:
+            _take_somewhere(free, h.shape)
+
+    share = max(1.0, inventory.sum("NPU") + inventory.sum("GPU"))
+    order = _fair_order(queued, team_used, quotas, share)
+    decision = Decision([r.id for r in order], [], {}, {})
+    ever, now = Fitter(totals), Fitter(free)
+    head: QueuedRun | None = None
+    unreserved: Fitter | None = None
+    for run in order:
+        shape = run.shape
+        if ever.fit(shape) is None:
+            decision.reasons[run.id] = "capacity: can never fit this cluster's nodes"
+            continue
+        quota = quotas.of(run.team)
+        used = team_used[run.team]
+        if quota is not None and used + shape.accelerators > quota:
+            decision.reasons[run.id] = (
+                f"quota: team {run.team} holds {used} of its {quota} accelerators; "
+                f"this run needs {shape.accelerators}"
+            )
+            continue
+        placed = now.fit(shape)
+        in_account = all(account[r] + EPS >= n for r, n in _demand(shape).items())
+        if placed is not None and in_account:
+            if limit is not None and len(decision.admit) >= limit:
+                decision.reasons[run.id] = "next in line"
+                continue
+            now.take(placed)
+            if unreserved is not None:
+                unreserved.take(placed)
+            _charge(account, shape)
+            team_used[run.team] += shape.accelerators
+            decision.admit.append(run.id)
+            decision.placements[run.id] = placed
+            continue
+        if head is None:
+            head = run
+            decision.reasons[run.id] = _capacity_reason(shape, free, inventory, account)
+            # Reserve the nodes the head will use (the freest first), so backfill cannot delay it.
+            unreserved = Fitter(free.copy())
+            freest = totals.ordered([-r.get(shape.accelerator, 0.0) for r in free.free])
+            reservation = pack(shape, freest)
+            if reservation is not None:
+                now.take(reservation)
+        elif in_account and unreserved is not None and unreserved.fit(shape) is not None:
+            decision.reasons[run.id] = _behind(head, run)
+        else:
+            decision.reasons[run.id] = _capacity_reason(shape, free, inventory, account)
+    return decision
+
+
+def held_by_team(held: Sequence[HeldRun]) -> dict[str, int]:
+    """Accelerators each team's admitted, unfinished runs hold."""
+    used: dict[str, int] = defaultdict(int)
+    for h in held:
+        used[h.team] += h.shape.accelerators
+    return used
+
+
+def _demand(shape: ResourceShape) -> dict[str, float]:
+    need = {r: 0.0 for r in ACCOUNTED}
+    need[shape.accelerator] += shape.accelerators
+    need["CPU"] += sum(g.cpus for g in shape.groups) + shape.driver_cpus
     return need
 
 
-def admit(
-    queued: Sequence[tuple[str, ResourceShape]],
-    held: Iterable[ResourceShape],
-    inventory: Inventory,
-) -> list[str]:
-    """Ids of queued runs (already in queue order) to submit now, strictly in order."""
-    free = dict(inventory.totals)
-    for shape in held:
-        _take(free, demand(shape))
-    chosen: list[str] = []
-    for run_id, shape in queued:
-        need = demand(shape)
-        if any(free.get(res, 0.0) < amount for res, amount in need.items()):
-            break
-        _take(free, need)
-        chosen.append(run_id)
-    return chosen
+def _charge(account: dict[str, float], shape: ResourceShape) -> None:
+    for r, n in _demand(shape).items():
+        account[r] -= n
 
 
-def _take(free: dict[str, float], need: dict[str, float]) -> None:
-    for res, amount in need.items():
-        free[res] = free.get(res, 0.0) - amount
+def _take_somewhere(pool: Pool, shape: ResourceShape) -> None:
+    """Account for a run wherever it fits; if it fits nowhere (the cluster shrank), anywhere."""
+    placement = pack(shape, pool)
+    if placement is None:
+        placement = pack(shape, Pool(pool.node_ids, [dict(_BIG) for _ in pool.free]))
+    if placement is not None:
+        pool.take(placement)
+
+
+_BIG = {"NPU": 1e12, "GPU": 1e12, "CPU": 1e12}
+
+
+def _fair_order(
+    queued: Sequence[QueuedRun], used: dict[str, int], quotas: Quotas, share: float
+) -> list[QueuedRun]:
+    """Priority classes, then teams by projected share used, each team first in, first out."""
+    classes: dict[int, dict[str, deque[tuple[int, QueuedRun]]]] = defaultdict(
+        lambda: defaultdict(deque)
+    )
+    for index, run in enumerate(queued):
+        classes[run.priority][run.team].append((index, run))
+    projected = dict(used)
+
+    def key(team: str, runs: deque[tuple[int, QueuedRun]]) -> tuple[float, int, str]:
+        weight = float(quotas.of(team) or share)
+        return (projected.get(team, 0) / weight, runs[0][0], team)
+
+    order: list[QueuedRun] = []
+    for priority in sorted(classes, reverse=True):
+        teams = classes[priority]
+        heap = [key(team, runs) for team, runs in teams.items()]
+        heapq.heapify(heap)
+        while heap:
+            team = heapq.heappop(heap)[2]
+            _, run = teams[team].popleft()
+            order.append(run)
+            projected[team] = projected.get(team, 0) + run.shape.accelerators
+            if teams[team]:
+                heapq.heappush(heap, key(team, teams[team]))
+    return order
+
+
+def _behind(head: QueuedRun, run: QueuedRun) -> str:
+    if head.priority > run.priority:
+        return f"behind higher-priority run {head.id}"
+    return f"behind run {head.id}, which waits for capacity (backfill would delay it)"
+
+
+def _capacity_reason(
+    shape: ResourceShape, free: Pool, inventory: Inventory, account: dict[str, float]
+) -> str:
+    acc = shape.accelerator
+    need = describe_groups(sorted((g.accelerators for g in shape.groups), reverse=True), acc)
+    short = [r for r, n in _demand(shape).items() if account[r] + EPS < n]
+    if short:
+        r = short[0]
+        held = inventory.sum(r) - account[r]
+        return f"capacity: needs {need}; admitted runs hold {held:g} of {inventory.sum(r):g} {r}"
+    return f"capacity: needs {need}; largest free: {free.largest(acc):g} {acc} on one node"
+
+
+def describe_groups(sizes: Sequence[int], accelerator: str) -> str:
+    if not sizes:
+        return "CPUs only"
+    counts: dict[int, int] = defaultdict(int)
+    for size in sizes:
+        counts[size] += 1
+    parts = [
+        f"{n} x {size} {accelerator}, each on one node"
+        if n > 1
+        else f"{size} {accelerator} on one node"
+        for size, n in sorted(counts.items(), reverse=True)
+    ]
+    return ", ".join(parts)

@@ -12,15 +12,18 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from service import dashboard
+from service import dashboard, queue
 from service import db as dbmod
+from service.api import cluster as cluster_api
 from service.api import health, runs, script
 from service.deps import Services
 from service.errors import install_handlers
+from service.inventory import InventoryCache
 from service.local_ray import LocalRayCluster
 from service.loops.base import Loop
 from service.loops.reconciler import Reconciler
 from service.loops.submitter import Submitter
+from service.loops.watchdog import Watchdog
 from service.ray_jobs import RayJobs
 from service.recipes.registry import RecipeRegistry, default_registry
 from service.settings import Settings
@@ -54,14 +57,30 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
             await asyncio.to_thread(cluster.start)
             address = cluster.address
         services.ray = RayJobs(address, settings.ray_token, settings.ray_timeout_s)
+        services.inventory = InventoryCache(services.ray, settings.inventory_ttl_s)
         stop = asyncio.Event()
         tasks: list[asyncio.Task[None]] = []
         if settings.run_loops:
             owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
             submitter = Submitter(
-                services.db, services.ray, owner, settings.claim_ttl_s, settings.submit_batch
+                services.db,
+                services.ray,
+                services.inventory,
+                queue.quotas(settings),
+                owner,
+                settings.claim_ttl_s,
+                settings.submit_batch,
             )
-            reconciler = Reconciler(services.db, services.ray)
+            reconciler = Reconciler(
+                services.db, services.ray, on_end=lambda: services.wake("submitter")
+            )
+            watchdog = Watchdog(
+                services.db,
+                settings.stuck_submitted_s,
+                settings.stuck_silent_s,
+                settings.stop_stuck,
+                on_stop=lambda: services.wake("reconciler"),
+            )
             services.loops = {
                 "submitter": Loop(
                     "submitter", submitter.tick, settings.submit_interval_s, settings.max_backoff_s
@@ -71,6 +90,9 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
                     reconciler.tick,
                     settings.reconcile_interval_s,
                     settings.max_backoff_s,
+                ),
+                "watchdog": Loop(
+                    "watchdog", watchdog.tick, settings.watchdog_interval_s, settings.max_backoff_s
                 ),
             }
             tasks = [asyncio.create_task(loop.run(stop)) for loop in services.loops.values()]
@@ -96,5 +118,6 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
     app.include_router(health.router)
     app.include_router(runs.router)
     app.include_router(script.router)
+    app.include_router(cluster_api.router)
     dashboard.install(app)
     return app

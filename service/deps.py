@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Annotated
@@ -10,10 +11,13 @@ from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
 from service.db import Database
+from service.inventory import Inventory, InventoryCache
 from service.loops.base import Loop
-from service.ray_jobs import RayJobs
+from service.ray_jobs import RayJobs, RayRejected, RayUnavailable
 from service.recipes.registry import RecipeRegistry
 from service.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -22,6 +26,7 @@ class Services:
     db: Database
     registry: RecipeRegistry
     ray: RayJobs | None = None
+    inventory: InventoryCache | None = None
     loops: dict[str, Loop] = field(default_factory=dict)
 
     def wake(self, name: str) -> None:
@@ -41,5 +46,22 @@ def get_session(services: Annotated[Services, Depends(get_services)]) -> Iterato
 
 
 ServicesDep = Annotated[Services, Depends(get_services)]
+
+
+def get_inventory(services: ServicesDep) -> Inventory | None:
+    """The cached cluster inventory, or None while Ray cannot be read.
+
+    Declare it before the session in a route, so the Ray call never runs inside a transaction.
+    """
+    if services.inventory is None:
+        return None
+    try:
+        return services.inventory.get()
+    except (RayUnavailable, RayRejected) as exc:
+        log.warning("cluster inventory unavailable: %s", exc)
+        return None
+
+
+InventoryDep = Annotated[Inventory | None, Depends(get_inventory)]
 # scope="function": the transaction commits before the response is sent (durable first).
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]

@@ -67,6 +67,9 @@ class LocalRayCluster:
         # Job drivers inherit this PATH, so `python3` in an entrypoint is this environment's.
         env["PATH"] = f"{ray.parent}{os.pathsep}{env.get('PATH', '')}"
         env.setdefault("RAY_DEDUP_LOGS", "0")
+        # Per-node usage in /api/cluster_status (what admission reads) refreshes at this period
+        # (Ray's default: 5 s); a freed node is then seen within about a second.
+        env.setdefault("AUTOSCALER_UPDATE_INTERVAL_S", "1")
         log = open(self.base_dir / f"node{index}.log", "wb")  # noqa: SIM115 - owned by the child
         proc = subprocess.Popen(
             [str(ray), "start", *args],

@@ -67,6 +67,8 @@ class Run(Base):
     claim_owner: Mapped[str | None] = mapped_column(String(120))
     claim_expires_at: Mapped[datetime | None]
     stop_requested_at: Mapped[datetime | None]
+    # Why a queued run waits ("quota: ...", "capacity: ...", "behind ..."), kept by the submitter.
+    queue_reason: Mapped[str | None] = mapped_column(Text)
     # When the job last printed anything (set by whoever follows its log; read by health checks).
     last_output_at: Mapped[datetime | None]
 

@@ -51,6 +51,7 @@ class RunSummary(BaseModel):
     priority: str
     status: str
     health: HealthOut
+    queue_reason: str | None = None
     created_at: datetime
     submitted_at: datetime | None
     started_at: datetime | None
@@ -86,6 +87,7 @@ def summary_fields(run: Run) -> dict[str, Any]:
         "priority": PRIORITY_NAMES.get(run.priority, str(run.priority)),
         "status": run.status,
         "health": HealthOut(status=run.health, reason=run.health_reason),
+        "queue_reason": run.queue_reason if run.status == "QUEUED" else None,
         "created_at": run.created_at,
         "submitted_at": run.submitted_at,
         "started_at": run.started_at,

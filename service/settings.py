@@ -72,3 +72,15 @@ class Settings(BaseSettings):
     @property
     def verl_credentialed_loggers(self) -> list[str]:
         return [p.strip() for p in self.verl_loggers_configured.split(",") if p.strip()]
+
+    # Admission and stuck runs. Quotas cap the accelerators a team holds at once, e.g.
+    # RLRUN_TEAM_QUOTAS='{"vision": 16}'; teams not listed get the default (None: unlimited).
+    team_quotas: dict[str, int] = Field(default_factory=dict)
+    default_team_quota: int | None = None
+    # How long the cluster inventory read from Ray is reused by the API.
+    inventory_ttl_s: float = 3.0
+    # A submitted run not RUNNING after this long, or a RUNNING one silent this long, is stuck.
+    stuck_submitted_s: float = 600.0
+    stuck_silent_s: float = 1800.0
+    stop_stuck: bool = False
+    watchdog_interval_s: float = 10.0

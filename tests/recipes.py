@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from service.recipes.base import Group, Launch, LaunchContext, ResourceShape, RunSpec
 from service.recipes.registry import RecipeRegistry
@@ -23,12 +24,42 @@ sys.exit(code)
 """
 
 
+# With `groups`: the job also holds one placement group with a bundle per group until it ends.
+PG_SCRIPT = """
+import json, sys, time
+import ray
+from ray.util.placement_group import placement_group
+name, seconds, code, message = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+bundles = json.loads(sys.argv[5])
+ray.init()
+pg = placement_group(bundles, strategy="PACK")
+ray.get(pg.ready())
+print("script run", name, "placed", len(bundles), "groups", flush=True)
+deadline = time.time() + seconds
+while time.time() < deadline:
+    time.sleep(0.2)
+if message:
+    print(message, flush=True)
+sys.exit(code)
+"""
+
+
+class GroupSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: str = Field(default="job", pattern=r"^[a-z][a-z0-9_-]{0,31}$")
+    accelerators: int = Field(ge=1, le=64)
+    cpus: float = Field(default=1.0, ge=0, le=64)
+    count: int = Field(default=1, ge=1, le=16)
+
+
 class ScriptSpec(RunSpec):
     recipe: Literal["test-script"] = "test-script"
     seconds: float = Field(default=0.0, ge=0, le=3600)
     exit_code: int = Field(default=0, ge=0, le=255)
     message: str = ""
     npus: int = Field(default=0, ge=0, le=64)
+    groups: list[GroupSpec] = Field(default_factory=list, max_length=8)
 
 
 class ScriptRecipe:
@@ -40,14 +71,40 @@ class ScriptRecipe:
     def build(self, spec: Any, ctx: LaunchContext) -> Launch:
         assert isinstance(spec, ScriptSpec)
         name = spec.name or ctx.run_id
-        argv = ["python3", "-c", SCRIPT, name, str(spec.seconds), str(spec.exit_code), spec.message]
-        groups = (Group("job", spec.npus, 0.0),) if spec.npus else ()
+        args = [name, str(spec.seconds), str(spec.exit_code), spec.message]
+        if spec.groups:
+            return self._with_groups(spec, args)
+        argv = ["python3", "-c", SCRIPT, *args]
+        groups = (Group("job", spec.npus, 0.0, size_field="npus"),) if spec.npus else ()
         return Launch(
             argv=argv,
             runtime_env={"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "2"}},
             shape=ResourceShape(accelerator="NPU", groups=groups, driver_cpus=0.1),
             entrypoint_num_cpus=0.1,
             entrypoint_resources={"NPU": float(spec.npus)} if spec.npus else {},
+        )
+
+    @staticmethod
+    def _with_groups(spec: ScriptSpec, args: list[str]) -> Launch:
+        groups = tuple(
+            Group(
+                g.role,
+                g.accelerators,
+                g.cpus,
+                size_field=f"groups[{i}].accelerators",
+                count_field=f"groups[{i}].count",
+            )
+            for i, g in enumerate(spec.groups)
+            for _ in range(g.count)
+        )
+        bundles = [
+            {k: v for k, v in (("NPU", g.accelerators), ("CPU", g.cpus)) if v} for g in groups
+        ]
+        return Launch(
+            argv=["python3", "-c", PG_SCRIPT, *args, json.dumps(bundles)],
+            runtime_env={"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "2"}},
+            shape=ResourceShape(accelerator="NPU", groups=groups, driver_cpus=0.1),
+            entrypoint_num_cpus=0.1,
         )
 
 

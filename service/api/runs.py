@@ -12,12 +12,15 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from service.deps import ServicesDep, SessionDep
+from service import queue
+from service.admission import QueuedRun
+from service.deps import InventoryDep, ServicesDep, SessionDep
 from service.errors import Conflict, NotFound
 from service.ids import new_run_id
 from service.models import Run, RunEvent, utcnow
 from service.recipes.base import PRIORITIES, LaunchContext
 from service.schemas import RunOut, RunPage, run_out, run_summary
+from service.shape_check import never_fits
 from service.status import ACTIVE, TERMINAL, RunStatus, transition
 
 router = APIRouter(prefix="/runs", tags=["runs"])
@@ -52,6 +55,7 @@ def events_of(session: Session, run_id: str) -> list[RunEvent]:
 )
 def create_run(
     services: ServicesDep,
+    inventory: InventoryDep,
     session: SessionDep,
     response: Response,
     background: BackgroundTasks,
@@ -68,9 +72,24 @@ def create_run(
     run_id = new_run_id()
     ctx = LaunchContext(run_id=run_id, stop_grace_s=services.settings.stop_grace_s)
     spec, launch = services.registry.build(body, ctx)
+    quotas = queue.quotas(services.settings)
+    refusal = None
+    if inventory is not None:
+        refusal = never_fits(launch.shape, inventory, spec.team, quotas.of(spec.team))
+    if refusal and not dry_run:
+        raise refusal
     if dry_run:
-        plan = {"dry_run": True, "spec": spec.model_dump(mode="json"), **launch.as_dict()}
-        return JSONResponse(plan)
+        candidate = QueuedRun(run_id, spec.team, PRIORITIES[spec.priority], launch.shape)
+        plan = queue.plan(session, inventory, candidate, quotas, utcnow())
+        if refusal:
+            plan |= {
+                "feasible_ever": False,
+                "reasons": [e["msg"] for e in refusal.extra["errors"]],
+                "errors": refusal.extra["errors"],
+                "suggestion": refusal.extra.get("suggestion"),
+            }
+        body = {"dry_run": True, "spec": spec.model_dump(mode="json"), **launch.as_dict()}
+        return JSONResponse(body | {"plan": plan})
     run = Run(
         id=run_id,
         name=spec.name or f"{spec.recipe}-{run_id[-8:]}",
@@ -160,6 +179,8 @@ def cancel_run(
         raise Conflict(f"run {run_id} is already {run.status}", status_of_run=run.status)
     if run.status == RunStatus.QUEUED:
         transition(session, run, RunStatus.CANCELLED, "cancelled before submission")
+        # Its place in the queue is free: let the runs behind it move up now.
+        background.add_task(services.wake, "submitter")
     elif run.status in ACTIVE and run.stop_requested_at is None:
         run.stop_requested_at = utcnow()
         session.add(

@@ -6,13 +6,15 @@ state, so after a head restart our database is the only record of it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.db import Database
 from service.models import Run
 from service.ray_jobs import JobInfo, RayJobs
-from service.status import ACTIVE, RunStatus, transition
+from service.status import ACTIVE, TERMINAL, RunStatus, transition
 
 _RAY_TO_RUN = {
     "RUNNING": RunStatus.RUNNING,
@@ -23,9 +25,13 @@ _RAY_TO_RUN = {
 
 
 class Reconciler:
-    def __init__(self, db: Database, ray: RayJobs) -> None:
+    def __init__(
+        self, db: Database, ray: RayJobs, on_end: Callable[[], None] = lambda: None
+    ) -> None:
         self.db = db
         self.ray = ray
+        # Called after a round in which some run ended (its resources are free for the queue).
+        self.on_end = on_end
 
     def tick(self) -> None:
         with self.db.transaction() as session:
@@ -37,12 +43,16 @@ class Reconciler:
             if stop_requested_at is not None:
                 self.ray.stop(run_id)
             observed[run_id] = self.ray.get(run_id)
+        ended = False
         if observed:
             with self.db.transaction() as session:
                 for run_id, info in observed.items():
                     run = session.get(Run, run_id, with_for_update=True)
                     if run is not None and run.status in ACTIVE:
                         apply(session, run, info)
+                        ended = ended or run.status in TERMINAL
+        if ended:
+            self.on_end()
 
 
 def apply(session: Session, run: Run, info: JobInfo | None) -> None:

@@ -1,4 +1,4 @@
-"""The submitter: claims queued runs that fit and submits each to Ray exactly once.
+"""The submitter: claims the queued runs admission lets through and submits each to Ray once.
 
 The run id is Ray's ``submission_id``; a claim lapses if its replica dies, and the retry that
 follows gets "already exists" from Ray, which counts as submitted. No DB transaction is held
@@ -13,15 +13,17 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import update
+from sqlalchemy.orm import Session
 
 import jobs
-from service.admission import Inventory, admit
+from service import queue
+from service.admission import Quotas, decide
 from service.db import Database
+from service.inventory import Inventory, InventoryCache
 from service.models import Run, utcnow
 from service.ray_jobs import RayJobs, RayRejected, RayUnavailable
-from service.recipes.base import ResourceShape
-from service.status import ACTIVE, RunStatus, transition
+from service.status import RunStatus, transition
 
 log = logging.getLogger(__name__)
 JOBS_DIR = Path(jobs.__file__).parent
@@ -35,50 +37,63 @@ class Claimed:
 
 class Submitter:
     def __init__(
-        self, db: Database, ray: RayJobs, owner: str, claim_ttl_s: float, batch: int
+        self,
+        db: Database,
+        ray: RayJobs,
+        inventory: InventoryCache,
+        quotas: Quotas,
+        owner: str,
+        claim_ttl_s: float,
+        batch: int,
     ) -> None:
         self.db = db
         self.ray = ray
+        self.inventory = inventory
+        self.quotas = quotas
         self.owner = owner
         self.claim_ttl = timedelta(seconds=claim_ttl_s)
         self.batch = batch
 
     def tick(self) -> None:
-        inventory = Inventory.from_cluster_status(self.ray.cluster_status())
+        # Always a fresh read: a run that just ended must not wait for a cache to expire.
+        inventory = self.inventory.get(max_age_s=0.0)
         with self.db.transaction() as session:
             claimed = self._claim(session, inventory)
         for run in claimed:
             self._submit(run)
 
-    def _claim(self, session: Any, inventory: Inventory) -> list[Claimed]:
-        now = utcnow()
-        unclaimed = or_(Run.claim_expires_at.is_(None), Run.claim_expires_at < now)
-        query = (
-            select(Run)
-            .where(Run.status == RunStatus.QUEUED, unclaimed)
-            .order_by(Run.priority.desc(), Run.id)
-            .limit(self.batch)
-        )
-        if self.db.is_postgres:
-            query = query.with_for_update(skip_locked=True)
-        queued = list(session.scalars(query))
-        if not queued:
+    def _claim(self, session: Session, inventory: Inventory) -> list[Claimed]:
+        """Decide the round, claim the admitted runs and record why the others wait."""
+        if not queue.lock_admission(session):
             return []
-        # What the service holds: active runs, and queued runs other replicas are submitting.
-        held_rows = session.scalars(
-            select(Run.launch).where(
-                or_(Run.status.in_(ACTIVE), (Run.status == RunStatus.QUEUED) & ~unclaimed)
-            )
-        )
-        held = [ResourceShape.from_dict(launch["shape"]) for launch in held_rows]
-        order = [(r.id, ResourceShape.from_dict(r.launch["shape"])) for r in queued]
-        chosen = set(admit(order, held, inventory))
+        now = utcnow()
+        rows = queue.queued(session, now, claim=True)
+        if not rows:
+            return []
+        held = queue.held(session, now, inventory.fetched_at)
+        decision = decide([r.run for r in rows], held, inventory, self.quotas, self.batch)
+        admitted = set(decision.admit)
         out = []
-        for run in queued:
-            if run.id in chosen:
-                run.claim_owner = self.owner
-                run.claim_expires_at = now + self.claim_ttl
-                out.append(Claimed(run.id, run.launch))
+        for row in rows:
+            run_id = row.run.id
+            if run_id in admitted:
+                claim = (
+                    update(Run)
+                    .where(Run.id == run_id, Run.status == RunStatus.QUEUED, queue.unclaimed(now))
+                    .values(
+                        claim_owner=self.owner,
+                        claim_expires_at=now + self.claim_ttl,
+                        queue_reason=None,
+                    )
+                )
+                if session.execute(claim).rowcount:  # type: ignore[attr-defined]
+                    out.append(Claimed(run_id, row.launch))
+            elif decision.reasons.get(run_id) != row.queue_reason:
+                session.execute(
+                    update(Run)
+                    .where(Run.id == run_id)
+                    .values(queue_reason=decision.reasons.get(run_id))
+                )
         return out
 
     def _submit(self, run: Claimed) -> None:

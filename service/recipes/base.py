@@ -24,11 +24,18 @@ class RunSpec(BaseModel):
 
 @dataclass(frozen=True)
 class Group:
-    """Accelerators and CPUs that must sit together on one node (one placement group)."""
+    """Accelerators and CPUs that must sit together on one node (one placement group).
+
+    ``size_field`` and ``count_field`` name the spec fields (dotted paths) that set this group's
+    accelerators and how many groups of its role there are, so a shape that can never fit is
+    refused naming them, with a suggestion of values that fit the cluster.
+    """
 
     role: str
     accelerators: int
     cpus: float
+    size_field: str | None = None
+    count_field: str | None = None
 
 
 @dataclass(frozen=True)

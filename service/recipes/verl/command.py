@@ -172,13 +172,30 @@ def shape(cfg: dict[str, Any], accelerator: str) -> ResourceShape:
     """What the run holds: one trainer group per node, one rollout group per replica."""
     t_nodes, t_per = int(select(cfg, "trainer.nnodes")), int(select(cfg, "trainer.n_gpus_per_node"))
     r_nodes, r_per = int(select(cfg, "rollout.nnodes")), int(select(cfg, "rollout.n_gpus_per_node"))
-    trainer = [Group("trainer", t_per, float(CPUS_PER_TRAINER_ACCELERATOR * t_per))] * t_nodes
+    # size_field/count_field name the spec fields behind a group, so that admission can say
+    # which field to change (and to what) when a shape can never fit the cluster.
+    trainer = [
+        Group(
+            "trainer",
+            t_per,
+            float(CPUS_PER_TRAINER_ACCELERATOR * t_per),
+            size_field="resources.n_gpus_training",
+            count_field="resources.n_nodes_train",
+        )
+    ] * t_nodes
     size = rollout_replica_size(cfg)
-    if size <= r_per:
-        count, per_group = r_nodes * r_per // size, size
+    if size <= r_per:  # one group per replica, wherever it fits
+        replica = Group("rollout", size, float(CPUS_PER_ROLLOUT_ACCELERATOR * size))
+        rollout = [replica] * (r_nodes * r_per // size)
     else:  # replicas that span whole nodes: what each node must hold
-        count, per_group = r_nodes, r_per
-    rollout = [Group("rollout", per_group, float(CPUS_PER_ROLLOUT_ACCELERATOR * per_group))] * count
+        per_node = Group(
+            "rollout",
+            r_per,
+            float(CPUS_PER_ROLLOUT_ACCELERATOR * r_per),
+            size_field="resources.n_gpus_rollout",
+            count_field="resources.n_nodes_rollout",
+        )
+        rollout = [per_node] * r_nodes
     return ResourceShape(
         accelerator="NPU" if accelerator == "npu" else "GPU",
         groups=(*trainer, *rollout),

@@ -1,0 +1,71 @@
+"""``GET /cluster``: nodes, what each active run holds, teams against quotas, the queue in order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from sqlalchemy import select
+
+from service import queue
+from service.admission import PRIORITY_NAMES, decide, held_by_team
+from service.deps import InventoryDep, ServicesDep, SessionDep
+from service.inventory import Inventory
+from service.models import Run, utcnow
+
+router = APIRouter(tags=["cluster"])
+
+
+@router.get("/cluster")
+def get_cluster(
+    services: ServicesDep, inventory: InventoryDep, session: SessionDep
+) -> dict[str, Any]:
+    """The queue order and reasons are admission's own decision on the current inventory."""
+    now = utcnow()
+    quotas = queue.quotas(services.settings)
+    rows = queue.queued(session, now)
+    held = queue.held(session, now, inventory.fetched_at if inventory else now.timestamp())
+    decision = decide([r.run for r in rows], held, inventory or Inventory(()), quotas)
+    by_id = {r.run.id: r for r in rows}
+    active = session.execute(
+        select(Run.id, Run.name, Run.team, Run.status, Run.priority, Run.launch)
+        .where(queue.is_held(now))
+        .order_by(Run.id)
+    ).all()
+    teams = {
+        team: {"accelerators": used, "quota": quotas.of(team)}
+        for team, used in sorted(held_by_team(held).items())
+    }
+    return {
+        "ray": {"ok": inventory is not None},
+        "nodes": [n.as_dict() for n in inventory.nodes] if inventory else [],
+        "active": [
+            {
+                "id": r.id,
+                "name": r.name,
+                "team": r.team,
+                "status": r.status,
+                "priority": PRIORITY_NAMES.get(r.priority, str(r.priority)),
+                "accelerators": r.launch["shape"]["accelerators"],
+                "shape": r.launch["shape"],
+            }
+            for r in active
+        ],
+        "teams": teams,
+        "queue": [
+            {
+                "position": position,
+                "id": run_id,
+                "name": by_id[run_id].name,
+                "team": by_id[run_id].run.team,
+                "priority": PRIORITY_NAMES.get(by_id[run_id].run.priority, "normal"),
+                "accelerators": by_id[run_id].run.shape.accelerators,
+                "reason": (
+                    decision.reasons.get(run_id, "admitted in the next round")
+                    if inventory
+                    else by_id[run_id].queue_reason
+                ),
+            }
+            for position, run_id in enumerate(decision.order)
+        ],
+    }

@@ -1,0 +1,83 @@
+"""The cluster's nodes with total and available resources, read from Ray and cached briefly."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from service.ray_jobs import RayJobs, RayRejected, RayUnavailable
+
+# Resources shown and planned with; Ray also reports per-node labels such as "node:<ip>".
+SHOWN = ("NPU", "GPU", "CPU", "memory")
+
+
+@dataclass(frozen=True)
+class Node:
+    id: str
+    total: dict[str, float]
+    available: dict[str, float]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "total": self.total, "available": self.available}
+
+
+@dataclass(frozen=True)
+class Inventory:
+    nodes: tuple[Node, ...]
+    fetched_at: float = field(default_factory=time.time)
+
+    @classmethod
+    def from_cluster_status(cls, status: dict[str, Any]) -> Inventory:
+        """From ``GET /api/cluster_status``: usageByNode maps node -> resource -> [used, total]."""
+        usage = status["data"]["clusterStatus"]["loadMetricsReport"]["usageByNode"]
+        nodes = []
+        for node_id, resources in sorted(usage.items()):
+            total = {r: float(p[1]) for r, p in resources.items() if r in SHOWN}
+            available = {
+                r: max(0.0, float(p[1]) - float(p[0])) for r, p in resources.items() if r in SHOWN
+            }
+            nodes.append(Node(node_id, total, available))
+        return cls(tuple(nodes))
+
+    def totals(self) -> dict[str, dict[str, float]]:
+        return {n.id: n.total for n in self.nodes}
+
+    def available(self) -> dict[str, dict[str, float]]:
+        return {n.id: n.available for n in self.nodes}
+
+    def sum(self, resource: str) -> float:
+        return sum(n.total.get(resource, 0.0) for n in self.nodes)
+
+
+class InventoryCache:
+    """One inventory shared by the API and the loops, re-read from Ray when older than ``ttl_s``.
+
+    Calls block on Ray (with the client's timeout): use them from threads, never the event loop.
+    """
+
+    def __init__(self, ray: RayJobs, ttl_s: float) -> None:
+        self.ray = ray
+        self.ttl_s = ttl_s
+        self._lock = threading.Lock()
+        self._value: Inventory | None = None
+        # A failed read is remembered as long, so a Ray outage does not stall every caller.
+        self._failure: tuple[float, RayUnavailable | RayRejected] | None = None
+
+    def get(self, max_age_s: float | None = None) -> Inventory:
+        """The cached inventory, refreshed first if older than ``max_age_s`` (default ttl)."""
+        limit = self.ttl_s if max_age_s is None else max_age_s
+        with self._lock:
+            now = time.time()
+            if self._value is not None and now - self._value.fetched_at <= limit:
+                return self._value
+            if self._failure is not None and now - self._failure[0] <= limit:
+                raise self._failure[1]
+            try:
+                self._value = Inventory.from_cluster_status(self.ray.cluster_status())
+            except (RayUnavailable, RayRejected) as exc:
+                self._failure = (now, exc)
+                raise
+            self._failure = None
+            return self._value
