@@ -13,13 +13,16 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from service import db as dbmod
-from service.api import health, runs
+from service.api import health, metrics, runs
 from service.deps import Services
 from service.errors import install_handlers
 from service.local_ray import LocalRayCluster
 from service.loops.base import Loop
+from service.loops.follower import Follower
 from service.loops.reconciler import Reconciler
 from service.loops.submitter import Submitter
+from service.metrics.broker import Broker
+from service.metrics.health_checks import HealthRules
 from service.ray_jobs import RayJobs
 from service.recipes.registry import RecipeRegistry, default_registry
 from service.settings import Settings
@@ -29,10 +32,12 @@ log = logging.getLogger(__name__)
 
 def create_app(settings: Settings | None = None, registry: RecipeRegistry | None = None) -> FastAPI:
     settings = settings or Settings()
+    db = dbmod.Database(settings.database_url)
     services = Services(
         settings=settings,
-        db=dbmod.Database(settings.database_url),
+        db=db,
         registry=registry or default_registry(settings.recipe_plugins),
+        broker=Broker(db, settings.events_poll_s),
     )
 
     @asynccontextmanager
@@ -55,12 +60,27 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
         services.ray = RayJobs(address, settings.ray_token, settings.ray_timeout_s)
         stop = asyncio.Event()
         tasks: list[asyncio.Task[None]] = []
+        follower: Follower | None = None
         if settings.run_loops:
             owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
             submitter = Submitter(
                 services.db, services.ray, owner, settings.claim_ttl_s, settings.submit_batch
             )
             reconciler = Reconciler(services.db, services.ray)
+            follower = Follower(
+                services.db,
+                services.ray,
+                owner,
+                settings.follower_lease_s,
+                settings.log_keep_chars,
+                HealthRules(
+                    stall_after_s=settings.stall_after_s,
+                    collapse_window=settings.collapse_window,
+                    collapse_patience=settings.collapse_patience,
+                    collapse_drop=settings.collapse_drop,
+                ),
+                services.broker.notify,
+            )
             services.loops = {
                 "submitter": Loop(
                     "submitter", submitter.tick, settings.submit_interval_s, settings.max_backoff_s
@@ -71,6 +91,9 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
                     settings.reconcile_interval_s,
                     settings.max_backoff_s,
                 ),
+                "follower": Loop(
+                    "follower", follower.tick, settings.follow_interval_s, settings.max_backoff_s
+                ),
             }
             tasks = [asyncio.create_task(loop.run(stop)) for loop in services.loops.values()]
         try:
@@ -78,6 +101,10 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
         finally:
             stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await services.broker.close()
+            if follower is not None:
+                # Hand this replica's followers over at once rather than when the lease lapses.
+                await asyncio.to_thread(follower.release)
             services.ray.close()
             services.db.dispose()
             if cluster is not None:
@@ -94,4 +121,5 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
     install_handlers(app)
     app.include_router(health.router)
     app.include_router(runs.router)
+    app.include_router(metrics.router)
     return app

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from service.db import Database
 from service.loops.base import Loop
+from service.metrics.broker import Broker
 from service.ray_jobs import RayJobs
 from service.recipes.registry import RecipeRegistry
 from service.settings import Settings
@@ -21,6 +22,7 @@ class Services:
     settings: Settings
     db: Database
     registry: RecipeRegistry
+    broker: Broker
     ray: RayJobs | None = None
     loops: dict[str, Loop] = field(default_factory=dict)
 
