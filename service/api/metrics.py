@@ -95,6 +95,7 @@ async def run_events(
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> AsyncIterator[ServerSentEvent]:
     """``status`` and ``metrics`` events: everything after ``Last-Event-ID`` (or from the
-    start), then live ones until the run has ended and its log is read to the end."""
+    start), then live ones; a last ``end`` event once the run has ended and its log is read
+    to the end. Event ids are ``<status event id>-<log offset>`` (resume is exact for both)."""
     async for item, cursor in services.broker.subscribe(run_id, Cursor.parse(last_event_id)):
         yield ServerSentEvent(event=item.kind, data=item.data, id=cursor.encode())

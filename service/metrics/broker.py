@@ -134,7 +134,8 @@ def head(session: Session, run_id: str) -> Cursor:
 
 @dataclass
 class _Topic:
-    cursor: Cursor
+    cursor: Cursor = field(default_factory=Cursor)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     queues: set[asyncio.Queue[Item]] = field(default_factory=set)
     task: asyncio.Task[None] | None = None
@@ -166,30 +167,31 @@ class Broker:
             return head(session, run_id)
 
     async def subscribe(self, run_id: str, cursor: Cursor) -> AsyncIterator[tuple[Item, Cursor]]:
-        """Items past ``cursor``: first the stored ones, then live ones, until the run's end."""
+        """Items past ``cursor``: first the stored ones, then live ones; last an ``end`` item once
+        the run has ended and its log has been read to the end."""
         self._loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Item] = asyncio.Queue()
         topic = self._topics.get(run_id)
         if topic is None:
-            topic = _Topic(await asyncio.to_thread(self._head, run_id))
-            self._topics[run_id] = topic
+            topic = self._topics[run_id] = _Topic()
             topic.task = asyncio.create_task(self._upstream(run_id, topic))
         topic.queues.add(queue)
         try:
+            # Once the upstream has its starting point, it delivers everything after it: the
+            # replay below then overlaps the queue rather than leaving a hole.
+            await topic.ready.wait()
             items, complete = await asyncio.to_thread(self._read, run_id, cursor)
             for item in items:
                 if item.after(cursor):
                     cursor = item.advance(cursor)
                     yield item, cursor
-            if complete:
-                return
-            while True:
+            while not complete:
                 item = await queue.get()
-                if item.kind == "end":
-                    return
-                if item.after(cursor):
+                complete = item.kind == "end"
+                if not complete and item.after(cursor):
                     cursor = item.advance(cursor)
                     yield item, cursor
+            yield Item("end", 0, {}), cursor
         finally:
             topic.queues.discard(queue)
             if not topic.queues and self._topics.get(run_id) is topic:
@@ -198,6 +200,8 @@ class Broker:
                     topic.task.cancel()
 
     async def _upstream(self, run_id: str, topic: _Topic) -> None:
+        topic.cursor = await asyncio.to_thread(self._head, run_id)
+        topic.ready.set()
         while True:
             topic.wake.clear()
             items, complete = await asyncio.to_thread(self._read, run_id, topic.cursor)

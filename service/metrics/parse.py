@@ -9,7 +9,6 @@ line only when every item parses; anything else (``timing_s/param_sync: 7.41 sec
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 
@@ -34,8 +33,8 @@ def parse_value(text: str) -> float | None:
     numpy = _NUMPY.match(text)
     if numpy:
         text = numpy.group(1).strip()
-    if text in ("True", "False"):
-        return 1.0 if text == "True" else 0.0
+    if text in ("True", "False", "np.True_", "np.False_"):
+        return 1.0 if "True" in text else 0.0
     if not _NUMBER.match(text):
         return None
     return float(text)
@@ -63,7 +62,3 @@ def parse_line(line: str) -> MetricLine | None:
     if not values:
         return None
     return MetricLine(step=int(match.group(1)), values=values)
-
-
-def is_nan(value: float | None) -> bool:
-    return value is not None and math.isnan(value)

@@ -151,7 +151,7 @@ def series(
         .group_by(bucket)
         .subquery()
     )
-    rows = session.execute(
+    buckets: Sequence[Any] = session.execute(
         select(agg.c.last, MetricPoint.value, agg.c.lo, agg.c.hi)
         .join(
             agg,
@@ -162,8 +162,8 @@ def series(
             ),
         )
         .order_by(agg.c.last)
-    )
-    return [Point(r[0], _read(r[1]), _read(r[2]), _read(r[3])) for r in rows]
+    ).all()
+    return [Point(r[0], _read(r[1]), _read(r[2]), _read(r[3])) for r in buckets]
 
 
 def lines_after(

@@ -9,6 +9,7 @@ from pydantic import ValidationError
 
 from service.errors import InvalidSpec, field_error, invalid_from_pydantic
 from service.recipes.base import Launch, LaunchContext, Recipe, RunSpec
+from service.recipes.tiny_grpo import TinyGrpoRecipe
 
 
 class RecipeRegistry:
@@ -49,6 +50,7 @@ class RecipeRegistry:
 def default_registry(plugins: str = "") -> RecipeRegistry:
     """The recipes rlrun ships, plus any ``module:function`` plugins that register more."""
     registry = RecipeRegistry()
+    registry.register(TinyGrpoRecipe())
     for entry in filter(None, (p.strip() for p in plugins.split(","))):
         module, _, func = entry.partition(":")
         getattr(importlib.import_module(module), func or "register")(registry)
