@@ -140,7 +140,7 @@ def series(
         )
         return [Point(s, _read(v), _read(v), _read(v)) for s, v in rows]
     width = -(-(hi - lo + 1) // max_points)
-    bucket = ((MetricPoint.step - lo) / width).label("bucket")
+    bucket = ((MetricPoint.step - lo) // width).label("bucket")
     agg = (
         select(
             func.max(MetricPoint.step).label("last"),
