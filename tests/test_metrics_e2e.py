@@ -9,8 +9,10 @@ from typing import Any
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
 from service.app import create_app
+from service.cli import app as cli
 from service.local_ray import LocalRayCluster
 from service.metrics.broker import json_value
 from service.metrics.parse import parse_line
@@ -58,6 +60,7 @@ def test_tiny_grpo_metrics_stream_live_and_match_the_log_across_a_service_restar
             assert client.ended.wait(60)
         series = http.get(f"/runs/{run_id}/metrics", params={"max_points": 10_000}).json()
         tail = http.get(f"/runs/{run_id}/logs", params={"tail": 3}).text
+        followed = CliRunner().invoke(cli, ["status", run_id, "--follow", "--server", url])
     assert run["status"] == "SUCCEEDED", run
     log = ray.logs(run_id) or ""
     if os.environ.get("RLRUN_CAPTURE_TINY_GRPO_LOG"):
@@ -86,3 +89,6 @@ def test_tiny_grpo_metrics_stream_live_and_match_the_log_across_a_service_restar
     assert run["progress"]["trainer_step"] == 40
     assert run["metrics"]["latest"]["critic/score/mean"] == rewards[-1]
     assert tail.splitlines()[-1] == log.rstrip("\n").splitlines()[-1]
+    assert followed.exit_code == 0, followed.output
+    assert "SUCCEEDED" in followed.output
+    assert f"step 20: reward mean={rewards[-1]}" in followed.output
