@@ -32,7 +32,6 @@ LATEST_KEYS = (
     "training/global_step",
 )
 LATEST_PATTERNS = ("val-core/%/acc/mean@%",)
-INSERT_BATCH = 2000
 
 
 @dataclass(frozen=True)
@@ -69,10 +68,11 @@ def add_lines(session: Session, run_id: str, lines: Iterable[tuple[int, MetricLi
         for offset, line in lines
         for key, value in line.values.items()
     ]
-    insert = _insert(session)
-    for i in range(0, len(rows), INSERT_BATCH):
-        stmt = insert(MetricPoint).values(rows[i : i + INSERT_BATCH])
-        session.execute(stmt.on_conflict_do_nothing(index_elements=["run_id", "key", "step"]))
+    if rows:
+        stmt = _insert(session)(MetricPoint).on_conflict_do_nothing(
+            index_elements=["run_id", "key", "step"]
+        )
+        session.execute(stmt, rows)  # one compiled statement, sent as multi-row batches
     return len(rows)
 
 
@@ -140,28 +140,25 @@ def series(
         )
         return [Point(s, _read(v), _read(v), _read(v)) for s, v in rows]
     width = -(-(hi - lo + 1) // max_points)
-    bucket = ((MetricPoint.step - lo) // width).label("bucket")
-    agg = (
+    bucket = (MetricPoint.step - lo) // width
+    ranked = (
         select(
-            func.max(MetricPoint.step).label("last"),
-            func.min(MetricPoint.value).label("lo"),
-            func.max(MetricPoint.value).label("hi"),
+            MetricPoint.step,
+            MetricPoint.value,
+            func.row_number()
+            .over(partition_by=bucket, order_by=MetricPoint.step.desc())
+            .label("rank"),
+            func.min(MetricPoint.value).over(partition_by=bucket).label("lo"),
+            func.max(MetricPoint.value).over(partition_by=bucket).label("hi"),
         )
         .where(*where)
-        .group_by(bucket)
         .subquery()
     )
+    # One pass with window functions: each bucket's last row, with the bucket's min and max.
     buckets: Sequence[Any] = session.execute(
-        select(agg.c.last, MetricPoint.value, agg.c.lo, agg.c.hi)
-        .join(
-            agg,
-            and_(
-                MetricPoint.run_id == run_id,
-                MetricPoint.key == key,
-                MetricPoint.step == agg.c.last,
-            ),
-        )
-        .order_by(agg.c.last)
+        select(ranked.c.step, ranked.c.value, ranked.c.lo, ranked.c.hi)
+        .where(ranked.c.rank == 1)
+        .order_by(ranked.c.step)
     ).all()
     return [Point(r[0], _read(r[1]), _read(r[2]), _read(r[3])) for r in buckets]
 
