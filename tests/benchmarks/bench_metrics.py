@@ -89,9 +89,9 @@ def bench_ingest(urls: list[tuple[str, str]]) -> None:
         add_run(db, run_id)
         step = 0
         started = time.perf_counter()
-        for c in range(commits):
+        for _ in range(commits):
             batch = []
-            for _ in range(lines_per_commit):
+            for _line in range(lines_per_commit):
                 step += 1
                 batch.append(
                     (step * 100, MetricLine(step, {f"k/{k}": step * 0.1 + k for k in range(KEYS)}))
@@ -101,8 +101,8 @@ def bench_ingest(urls: list[tuple[str, str]]) -> None:
         elapsed = time.perf_counter() - started
         total = step * KEYS
         print(
-            f"ingest {label:8s}: {total} points in {elapsed:.2f} s = {total / elapsed:,.0f} points/s "
-            f"({lines_per_commit} lines x {KEYS} keys per commit)"
+            f"ingest {label:8s}: {total} points in {elapsed:.2f} s = "
+            f"{total / elapsed:,.0f} points/s ({lines_per_commit} lines x {KEYS} keys per commit)"
         )
         db.dispose()
 
@@ -126,7 +126,7 @@ def bench_query(urls: list[tuple[str, str]]) -> None:
         db.dispose()
         settings = Settings(database_url=url, ray_address="http://127.0.0.1:9", run_loops=False)
         with TestClient(create_app(settings)) as client:
-            params = {"keys": "critic/score/mean", "max_points": 1000}
+            params: dict[str, str | int] = {"keys": "critic/score/mean", "max_points": 1000}
             assert (
                 len(
                     client.get(f"/runs/{run_id}/metrics", params=params).json()["series"][
@@ -154,7 +154,8 @@ ray.init()
 class Printer:
     def run(self, lines, every):
         for step in range(1, lines + 1):
-            print(f"step:{step} - bench/printed_at:{time.time()!r} - critic/score/mean:0.5", flush=True)
+            now = time.time()
+            print(f"step:{step} - bench/printed_at:{now!r} - critic/score/mean:0.5", flush=True)
             time.sleep(every)
 p = Printer.remote()
 ray.get(p.run.remote(int(sys.argv[1]), float(sys.argv[2])))
@@ -205,7 +206,7 @@ def bench_latency(tmp: Path) -> None:
                 delays: list[float] = []
                 orig = client._deliver
 
-                def deliver(event: Any, orig: Any = orig) -> None:
+                def deliver(event: Any, orig: Any = orig, delays: list[float] = delays) -> None:
                     if event.kind == "metrics":
                         delays.append(time.time() - event.data["values"]["bench/printed_at"])
                     orig(event)
@@ -216,7 +217,8 @@ def bench_latency(tmp: Path) -> None:
             delays.sort()
             print(
                 f"print -> SSE (follow interval {follow_s} s, {len(delays)} lines): "
-                f"p50 {statistics.median(delays) * 1000:.0f} ms, p95 {delays[int(len(delays) * 0.95)] * 1000:.0f} ms"
+                f"p50 {statistics.median(delays) * 1000:.0f} ms, "
+                f"p95 {delays[int(len(delays) * 0.95)] * 1000:.0f} ms"
             )
     finally:
         cluster.cleanup()
@@ -236,13 +238,16 @@ class SyntheticRay:
     def logs(self, run_id):
         n = int(time.time() - t0)
         return "".join(
-            f"(FullyAsyncTrainer pid=1, ip=10.0.0.1) step:{i} - " + " - ".join(f"k/{k}:{i * 0.1 + k}" for k in range(50)) + "\\n"
+            f"(FullyAsyncTrainer pid=1, ip=10.0.0.1) step:{i} - "
+            + " - ".join(f"k/{k}:{i * 0.1 + k}" for k in range(50)) + "\\n"
             for i in range(1, n + 1)
         )
 
 app = create_app(Settings(database_url=url, ray_address="http://127.0.0.1:9", run_loops=False))
 services = app.state.services
-follower = Follower(services.db, SyntheticRay(), "bench", 15, 8_000_000, HealthRules(), services.broker.notify)
+follower = Follower(
+    services.db, SyntheticRay(), "bench", 15, 8_000_000, HealthRules(), services.broker.notify
+)
 def loop():
     while True:
         follower.tick()
@@ -304,8 +309,9 @@ def bench_cpu(tmp: Path, runs: int = 50, seconds: float = 30.0) -> None:
         proc.terminate()
         proc.wait(10)
     print(
-        f"service CPU, {runs} runs streaming (simulated followers over synthetic logs, 1 line x 50 keys "
-        f"per run per second, {runs} SSE clients, SQLite): {cpu / wall * 100:.0f}% of one core "
+        f"service CPU, {runs} runs streaming (simulated followers over synthetic logs, "
+        f"1 line x 50 keys per run per second, {runs} SSE clients, SQLite): "
+        f"{cpu / wall * 100:.0f}% of one core "
         f"({received} metric events delivered)"
     )
 
