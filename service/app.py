@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from service import db as dbmod
-from service.api import health, metrics, runs
+from service.api import health, metrics, prometheus, runs
 from service.deps import Services
 from service.errors import install_handlers
 from service.local_ray import LocalRayCluster
@@ -81,6 +81,7 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
                 ),
                 services.broker.notify,
             )
+            services.follower = follower
             services.loops = {
                 "submitter": Loop(
                     "submitter", submitter.tick, settings.submit_interval_s, settings.max_backoff_s
@@ -122,4 +123,5 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
     app.include_router(health.router)
     app.include_router(runs.router)
     app.include_router(metrics.router)
+    app.include_router(prometheus.router)
     return app

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from service.db import Database
 from service.loops.base import Loop
+from service.loops.follower import Follower
 from service.metrics.broker import Broker
 from service.ray_jobs import RayJobs
 from service.recipes.registry import RecipeRegistry
@@ -25,6 +26,7 @@ class Services:
     broker: Broker
     ray: RayJobs | None = None
     loops: dict[str, Loop] = field(default_factory=dict)
+    follower: Follower | None = None
 
     def wake(self, name: str) -> None:
         if name in self.loops:

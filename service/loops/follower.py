@@ -11,7 +11,7 @@ of the log (even an unterminated last line) and the run's follower is finished.
 
 from __future__ import annotations
 
-import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -26,8 +26,6 @@ from service.metrics.parse import MetricLine, parse_line
 from service.models import Run, RunLog, utcnow
 from service.ray_jobs import RayJobs
 from service.status import ACTIVE, TERMINAL, RunStatus
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -67,10 +65,16 @@ class Follower:
         self.keep_chars = keep_chars
         self.rules = rules
         self.notify = notify
+        # For /metrics: points this replica stored, and when each run it holds was last read.
+        self.points_ingested = 0
+        self.last_read: dict[str, float] = {}
 
     def tick(self) -> None:
-        for held in self._claim():
-            self.follow(held)
+        held = self._claim()
+        now = time.time()
+        self.last_read = {r.run_id: self.last_read.get(r.run_id, now) for r in held}
+        for run in held:
+            self.follow(run)
 
     def _claim(self) -> list[Held]:
         now = utcnow()
@@ -135,6 +139,7 @@ class Follower:
                 runlog.finished_at = now
                 runlog.lease_owner = None
                 runlog.lease_expires_at = None
+        self.last_read[held.run_id] = time.time()
         if new or final:
             self.notify(held.run_id)
 
@@ -152,7 +157,7 @@ class Follower:
             runlog.log_offset += len(new)
             run.last_output_at = now
         if parsed:
-            store.add_lines(session, run.id, parsed)
+            self.points_ingested += store.add_lines(session, run.id, parsed)
             top = max(m.step for _, m in parsed)
             if runlog.last_step is None or top > runlog.last_step:
                 runlog.last_step = top
