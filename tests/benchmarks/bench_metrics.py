@@ -1,6 +1,6 @@
 """Metrics benchmarks; prints figures. Run from the repo root:
 
-    PYTHONPATH=$PWD python tests/benchmarks/bench_metrics.py [ingest] [query] [latency] [cpu]
+    PYTHONPATH=$PWD python tests/benchmarks/bench_metrics.py [ingest] [query] [latency] [cpu] [tiny]
 
 - ingest: metric points stored per second (follower-sized batches) on SQLite and PostgreSQL.
 - query: ``GET /runs/{id}/metrics`` for one key with 100,000 steps downsampled to 1,000 points.
@@ -8,6 +8,7 @@
   forwarding is included) to an SSE client, on a local Ray head.
 - cpu: service CPU with 50 active runs streaming, each followed over a synthetic growing log
   (simulated: 50 real Ray jobs do not fit 2 cores), with one SSE client per run.
+- tiny: the default tiny-grpo run: time until its mean reward is above 0.8.
 """
 
 from __future__ import annotations
@@ -224,6 +225,44 @@ def bench_latency(tmp: Path) -> None:
         cluster.cleanup()
 
 
+def bench_tiny_grpo(tmp: Path) -> None:
+    """Default tiny-grpo on a local head: seconds from POST to a mean reward above 0.8."""
+    from service.local_ray import LocalRayCluster
+    from tests.live import ServerThread, SseClient
+
+    cluster = LocalRayCluster(
+        [8, 8], cpus_per_node=8, port=RAY_PORT, dashboard_port=RAY_PORT + 2000
+    ).start()
+    try:
+        settings = Settings(
+            database_url=f"sqlite:///{tmp}/tiny.db",
+            ray_address=cluster.address,
+            submit_interval_s=0.3,
+            reconcile_interval_s=0.5,
+        )
+        with ServerThread(create_app(settings)) as url:
+            posted = time.monotonic()
+            run_id = httpx.post(f"{url}/runs", json={"recipe": "tiny-grpo"}).json()["id"]
+            client = SseClient(run_id, url).start()
+            client.wait(lambda c: "RUNNING" in c.statuses(), 120)
+            running = time.monotonic()
+            client.wait(
+                lambda c: any(v.get("critic/score/mean", 0) > 0.8 for _, v in c.metrics()), 120
+            )
+            above = time.monotonic()
+            assert client.ended.wait(120)
+            ended = time.monotonic()
+        rewards = [v["critic/score/mean"] for _, v in client.metrics() if "critic/score/mean" in v]
+        print(
+            f"tiny-grpo (defaults, 2 cores): first reward {rewards[0]:.3f}, "
+            f"last {rewards[-1]:.3f}; "
+            f"reward > 0.8 seen by an SSE client {above - posted:.1f} s after POST "
+            f"({above - running:.1f} s after RUNNING); whole run {ended - posted:.1f} s"
+        )
+    finally:
+        cluster.cleanup()
+
+
 SERVER = """
 import sys, time, threading, uvicorn
 from service.app import create_app
@@ -317,7 +356,7 @@ def bench_cpu(tmp: Path, runs: int = 50, seconds: float = 30.0) -> None:
 
 
 def main() -> None:
-    parts = set(sys.argv[1:]) or {"ingest", "query", "latency", "cpu"}
+    parts = set(sys.argv[1:]) or {"ingest", "query", "latency", "cpu", "tiny"}
     tmp = Path(f"/tmp/rlrun-bench-{uuid.uuid4().hex[:6]}")
     tmp.mkdir()
     with databases(tmp) as urls:
@@ -329,6 +368,8 @@ def main() -> None:
         bench_latency(tmp)
     if "cpu" in parts:
         bench_cpu(tmp)
+    if "tiny" in parts:
+        bench_tiny_grpo(tmp)
 
 
 if __name__ == "__main__":
