@@ -85,9 +85,12 @@ class Follower:
                     ~exists().where(RunLog.run_id == Run.id),
                 )
             ).all()
-            for run_id in untracked:
-                session.merge(RunLog(run_id=run_id, log_offset=0))
-            session.flush()
+            if untracked:
+                # Another replica may add the same rows at the same time: the first one wins.
+                session.execute(
+                    store.dialect_insert(session)(RunLog).on_conflict_do_nothing(),
+                    [{"run_id": run_id, "log_offset": 0} for run_id in untracked],
+                )
             free = or_(
                 RunLog.lease_owner == self.owner,
                 RunLog.lease_expires_at.is_(None),

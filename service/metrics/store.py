@@ -50,7 +50,8 @@ def _read(value: float | None) -> float:
     return math.nan if value is None else value
 
 
-def _insert(session: Session) -> Any:
+def dialect_insert(session: Session) -> Any:
+    """The backend's INSERT (it has ``on_conflict_do_nothing`` on SQLite and PostgreSQL)."""
     dialect = session.get_bind().dialect.name
     return postgresql.insert if dialect == "postgresql" else sqlite.insert
 
@@ -69,7 +70,7 @@ def add_lines(session: Session, run_id: str, lines: Iterable[tuple[int, MetricLi
         for key, value in line.values.items()
     ]
     if rows:
-        stmt = _insert(session)(MetricPoint).on_conflict_do_nothing(
+        stmt = dialect_insert(session)(MetricPoint).on_conflict_do_nothing(
             index_elements=["run_id", "key", "step"]
         )
         session.execute(stmt, rows)  # one compiled statement, sent as multi-row batches
