@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Any
 
@@ -145,8 +146,8 @@ def run_out(
 
 def progress_of(launch: dict[str, Any], latest: dict[str, tuple[int, float]]) -> ProgressOut:
     def count(key: str) -> int | None:
-        value = latest.get(key, (0, float("nan")))[1]
-        return int(value) if value == value and abs(value) != float("inf") else None
+        value = latest.get(key, (0, math.nan))[1]
+        return int(value) if math.isfinite(value) else None
 
     return ProgressOut(
         step=count("fully_async/count/current_param_version"),

@@ -111,17 +111,15 @@ def _more_lines(session: Session, run_id: str, last: int) -> bool:
 
 
 def _ended(session: Session, run_id: str) -> bool:
-    status = session.scalar(select(Run.status).where(Run.id == run_id))
+    status, submitted_at, finished_at = session.execute(
+        select(Run.status, Run.submitted_at, RunLog.finished_at)
+        .outerjoin(RunLog, RunLog.run_id == Run.id)
+        .where(Run.id == run_id)
+    ).one()
     if status not in TERMINAL:
         return False
-    tracked = session.execute(
-        select(RunLog.finished_at).where(RunLog.run_id == run_id)
-    ).one_or_none()
     # A run that never reached Ray has no log to wait for.
-    submitted = session.scalar(select(Run.submitted_at).where(Run.id == run_id))
-    if tracked is None:
-        return submitted is None
-    return tracked[0] is not None
+    return submitted_at is None or finished_at is not None
 
 
 def head(session: Session, run_id: str) -> Cursor:

@@ -47,7 +47,7 @@ def _nan_loss(lines: Sequence[MetricLine]) -> tuple[str | None, bool]:
 
 
 def _collapse(session: Session, run_id: str, rules: HealthRules) -> str | None:
-    history = [(s, v) for s, v in store.recent(session, run_id, REWARD_KEY, rules.collapse_window)]
+    history = store.recent(session, run_id, REWARD_KEY, rules.collapse_window)
     if len(history) <= rules.collapse_patience:
         return None
     before, last = history[: -rules.collapse_patience], history[-rules.collapse_patience :]
