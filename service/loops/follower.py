@@ -25,7 +25,7 @@ from service.metrics.health_checks import HealthRules, evaluate
 from service.metrics.parse import MetricLine, parse_line
 from service.models import Run, RunLog, utcnow
 from service.ray_jobs import RayJobs
-from service.status import ACTIVE, TERMINAL, RunStatus
+from service.status import TERMINAL, RunStatus
 
 
 @dataclass(frozen=True)
@@ -79,10 +79,10 @@ class Follower:
     def _claim(self) -> list[Held]:
         now = utcnow()
         with self.db.transaction() as session:
+            # Every run that reached Ray gets a follower, even one that ended between two ticks.
             untracked = session.scalars(
                 select(Run.id).where(
-                    or_(Run.status.in_(ACTIVE), Run.submitted_at.is_not(None)),
-                    ~exists().where(RunLog.run_id == Run.id),
+                    Run.submitted_at.is_not(None), ~exists().where(RunLog.run_id == Run.id)
                 )
             ).all()
             if untracked:
