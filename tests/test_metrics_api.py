@@ -119,3 +119,20 @@ def test_prometheus_text_counts_runs_by_status(api: TestClient) -> None:
     text = api.get("/metrics").text
     assert 'rlrun_runs{status="QUEUED"} 1' in text
     assert "rlrun_event_streams 0" in text
+
+
+def test_a_replay_longer_than_one_bounded_read_misses_no_line(api: TestClient, db_url: str) -> None:
+    run_id = queued_run(api)
+    seed(db_url, run_id)
+    db = Database(db_url)
+    lines = [
+        (1000 + i, MetricLine(10 + i, {f"k/{k}": float(k) for k in range(60)})) for i in range(150)
+    ]
+    with db.transaction() as s:
+        store.add_lines(s, run_id, lines)  # 9,000 points: more than one read returns
+    db.dispose()
+    api.post(f"/runs/{run_id}/cancel")
+    events = sse(api.get(f"/runs/{run_id}/events").text)
+    steps = [e["data"]["step"] for e in events if e["event"] == "metrics"]
+    assert steps == [1, 2, 3, *range(10, 160)]
+    assert events[-1]["event"] == "end"

@@ -72,9 +72,19 @@ def json_value(value: float) -> float | str:
     return value
 
 
-def read_after(session: Session, run_id: str, cursor: Cursor) -> tuple[list[Item], bool]:
-    """Everything past ``cursor`` in commit order per kind, and whether the stream is over
-    (checked first, so a True means the items read after it are the last)."""
+@dataclass(frozen=True)
+class Read:
+    items: list[Item]
+    more: bool  # more metric lines are stored past the last item (reads are bounded)
+    ended: bool  # the run has ended and its log is read to the end (checked before the items)
+
+    @property
+    def complete(self) -> bool:
+        return self.ended and not self.more
+
+
+def read_after(session: Session, run_id: str, cursor: Cursor) -> Read:
+    """Items past ``cursor``, in commit order per kind."""
     ended = _ended(session, run_id)
     items = [
         Item(
@@ -100,7 +110,7 @@ def read_after(session: Session, run_id: str, cursor: Cursor) -> tuple[list[Item
         for off, step, vals in lines
     ]
     last = lines[-1][0] if lines else cursor.offset
-    return items, ended and not _more_lines(session, run_id, last)
+    return Read(items, _more_lines(session, run_id, last), ended)
 
 
 def _more_lines(session: Session, run_id: str, last: int) -> bool:
@@ -156,7 +166,7 @@ class Broker:
         if topic is not None and self._loop is not None:
             self._loop.call_soon_threadsafe(topic.wake.set)
 
-    def _read(self, run_id: str, cursor: Cursor) -> tuple[list[Item], bool]:
+    def _read(self, run_id: str, cursor: Cursor) -> Read:
         with self.db.transaction() as session:
             return read_after(session, run_id, cursor)
 
@@ -178,11 +188,15 @@ class Broker:
             # Once the upstream has its starting point, it delivers everything after it: the
             # replay below then overlaps the queue rather than leaving a hole.
             await topic.ready.wait()
-            items, complete = await asyncio.to_thread(self._read, run_id, cursor)
-            for item in items:
-                if item.after(cursor):
-                    cursor = item.advance(cursor)
-                    yield item, cursor
+            while True:
+                read = await asyncio.to_thread(self._read, run_id, cursor)
+                for item in read.items:
+                    if item.after(cursor):
+                        cursor = item.advance(cursor)
+                        yield item, cursor
+                if not read.more:
+                    break
+            complete = read.complete
             while not complete:
                 item = await queue.get()
                 complete = item.kind == "end"
@@ -202,19 +216,20 @@ class Broker:
         topic.ready.set()
         while True:
             topic.wake.clear()
-            items, complete = await asyncio.to_thread(self._read, run_id, topic.cursor)
-            for item in items:
+            read = await asyncio.to_thread(self._read, run_id, topic.cursor)
+            for item in read.items:
                 topic.cursor = item.advance(topic.cursor)
                 for queue in topic.queues:
                     queue.put_nowait(item)
-            if complete:
+            if read.complete:
                 if self._topics.get(run_id) is topic:
                     del self._topics[run_id]
                 for queue in topic.queues:
                     queue.put_nowait(Item("end", 0, {}))
                 return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(topic.wake.wait(), self.poll_s)
+            if not read.more:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(topic.wake.wait(), self.poll_s)
 
     async def close(self) -> None:
         tasks = [t.task for t in self._topics.values() if t.task is not None]
