@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from service.metrics.broker import json_value
+from service.metrics.store import json_value
 from service.models import Run, RunEvent
 from service.recipes.base import PRIORITIES
 

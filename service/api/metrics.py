@@ -14,7 +14,8 @@ from service.api.runs import load_run
 from service.deps import ServicesDep, SessionDep
 from service.errors import InvalidSpec, field_error
 from service.metrics import logcopy, store
-from service.metrics.broker import Cursor, json_value
+from service.metrics.broker import Cursor
+from service.metrics.store import json_value
 
 router = APIRouter(prefix="/runs", tags=["metrics"])
 

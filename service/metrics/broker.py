@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -63,15 +62,6 @@ class Item:
         return cursor
 
 
-def json_value(value: float) -> float | str:
-    """JSON has no NaN/inf: they travel as the strings "NaN", "Infinity", "-Infinity"."""
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "Infinity" if value > 0 else "-Infinity"
-    return value
-
-
 @dataclass(frozen=True)
 class Read:
     items: list[Item]
@@ -106,7 +96,11 @@ def read_after(session: Session, run_id: str, cursor: Cursor) -> Read:
     ]
     lines = store.lines_after(session, run_id, cursor.offset)
     items += [
-        Item("metrics", off, {"step": step, "values": {k: json_value(v) for k, v in vals.items()}})
+        Item(
+            "metrics",
+            off,
+            {"step": step, "values": {k: store.json_value(v) for k, v in vals.items()}},
+        )
         for off, step, vals in lines
     ]
     last = lines[-1][0] if lines else cursor.offset
