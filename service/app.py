@@ -15,15 +15,18 @@ from fastapi import FastAPI
 from service import dashboard, queue
 from service import db as dbmod
 from service.api import cluster as cluster_api
-from service.api import health, runs, script
+from service.api import health, metrics, prometheus, runs, script
 from service.deps import Services
 from service.errors import install_handlers
 from service.inventory import InventoryCache
 from service.local_ray import LocalRayCluster
 from service.loops.base import Loop
+from service.loops.follower import Follower
 from service.loops.reconciler import Reconciler
 from service.loops.submitter import Submitter
 from service.loops.watchdog import Watchdog
+from service.metrics.broker import Broker
+from service.metrics.health_checks import HealthRules
 from service.ray_jobs import RayJobs
 from service.recipes.registry import RecipeRegistry, default_registry
 from service.settings import Settings
@@ -33,10 +36,12 @@ log = logging.getLogger(__name__)
 
 def create_app(settings: Settings | None = None, registry: RecipeRegistry | None = None) -> FastAPI:
     settings = settings or Settings()
+    db = dbmod.Database(settings.database_url)
     services = Services(
         settings=settings,
-        db=dbmod.Database(settings.database_url),
+        db=db,
         registry=registry or default_registry(settings.recipe_plugins, settings),
+        broker=Broker(db, settings.events_poll_s),
     )
 
     @asynccontextmanager
@@ -60,6 +65,7 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
         services.inventory = InventoryCache(services.ray, settings.inventory_ttl_s)
         stop = asyncio.Event()
         tasks: list[asyncio.Task[None]] = []
+        follower: Follower | None = None
         if settings.run_loops:
             owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
             submitter = Submitter(
@@ -81,6 +87,21 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
                 settings.stop_stuck,
                 on_stop=lambda: services.wake("reconciler"),
             )
+            follower = Follower(
+                services.db,
+                services.ray,
+                owner,
+                settings.follower_lease_s,
+                settings.log_keep_chars,
+                HealthRules(
+                    stall_after_s=settings.stall_after_s,
+                    collapse_window=settings.collapse_window,
+                    collapse_patience=settings.collapse_patience,
+                    collapse_drop=settings.collapse_drop,
+                ),
+                services.broker.notify,
+            )
+            services.follower = follower
             services.loops = {
                 "submitter": Loop(
                     "submitter", submitter.tick, settings.submit_interval_s, settings.max_backoff_s
@@ -94,6 +115,9 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
                 "watchdog": Loop(
                     "watchdog", watchdog.tick, settings.watchdog_interval_s, settings.max_backoff_s
                 ),
+                "follower": Loop(
+                    "follower", follower.tick, settings.follow_interval_s, settings.max_backoff_s
+                ),
             }
             tasks = [asyncio.create_task(loop.run(stop)) for loop in services.loops.values()]
         try:
@@ -101,6 +125,10 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
         finally:
             stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await services.broker.close()
+            if follower is not None:
+                # Hand this replica's followers over at once rather than when the lease lapses.
+                await asyncio.to_thread(follower.release)
             services.ray.close()
             services.db.dispose()
             if cluster is not None:
@@ -119,5 +147,7 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
     app.include_router(runs.router)
     app.include_router(script.router)
     app.include_router(cluster_api.router)
+    app.include_router(metrics.router)
+    app.include_router(prometheus.router)
     dashboard.install(app)
     return app

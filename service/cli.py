@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -96,7 +98,13 @@ def list_runs(
 
 
 @app.command()
-def status(run_id: str, server: ServerOpt = DEFAULT_SERVER) -> None:
+def status(
+    run_id: str,
+    server: ServerOpt = DEFAULT_SERVER,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Stream status changes and steps until the end")
+    ] = False,
+) -> None:
     """Show one run: status, Ray's view, progress and latest metrics."""
     run = _call("GET", server, f"/runs/{run_id}")
     console.print(
@@ -104,8 +112,74 @@ def status(run_id: str, server: ServerOpt = DEFAULT_SERVER) -> None:
     )
     if run["ray"]["message"]:
         console.print(f"ray: {run['ray']['status']} {run['ray']['message']}")
+    progress = run["progress"]
+    if progress["step"] is not None:
+        console.print(f"progress: {progress['step']}/{progress['total_steps'] or '?'} syncs")
     for key, value in run["metrics"]["latest"].items():
         console.print(f"  {key} = {value}")
+    if follow:
+        _follow(server, run_id)
+
+
+REWARD_KEYS = ("critic/score/mean", "critic/score/max", "critic/score/min")
+
+
+def _follow(server: str, run_id: str) -> None:
+    """Print each status change and each step's reward from the run's event stream; reconnect
+    with Last-Event-ID when the connection drops, stop at the stream's end."""
+    last_id: str | None = None
+    while True:
+        headers = {"Last-Event-ID": last_id} if last_id else {}
+        try:
+            with httpx.stream(
+                "GET",
+                f"{server}/runs/{run_id}/events",
+                headers=headers,
+                timeout=httpx.Timeout(10, read=60),
+            ) as resp:
+                if resp.status_code >= 400:
+                    console.print_json(resp.read().decode())
+                    raise typer.Exit(1)
+                for kind, data, event_id in _sse(resp.iter_lines()):
+                    last_id = event_id or last_id
+                    if kind == "end":
+                        return
+                    _print_event(kind, data)
+        except httpx.HTTPError as exc:
+            console.print(f"[yellow]stream interrupted ({exc}); reconnecting[/yellow]")
+            time.sleep(1)
+
+
+def _sse(lines: Iterator[str]) -> Iterator[tuple[str, Any, str | None]]:
+    kind, data, event_id = "message", "", None
+    for line in lines:
+        if line.startswith("event: "):
+            kind = line[7:]
+        elif line.startswith("data: "):
+            data += line[6:]
+        elif line.startswith("id: "):
+            event_id = line[4:]
+        elif not line and (data or kind != "message"):
+            yield kind, json.loads(data) if data else None, event_id
+            kind, data, event_id = "message", "", None
+
+
+def _print_event(kind: str, data: Any) -> None:
+    if kind == "status":
+        if data["from_status"] == data["to_status"]:
+            console.print(f"[dim]{data['at']}[/dim] {data['reason']}")
+        else:
+            console.print(
+                f"[dim]{data['at']}[/dim] [bold]{data['to_status']}[/bold] {data['reason']}"
+            )
+    elif kind == "metrics":
+        values = data["values"]
+        shown = [f"{k.rsplit('/', 1)[-1]}={values[k]}" for k in REWARD_KEYS if k in values]
+        if "training/global_step" in values:
+            shown.append(f"trainer_step={values['training/global_step']}")
+        shown += [f"{k}={v}" for k, v in values.items() if k.startswith("val-core/")]
+        if shown:
+            console.print(f"step {data['step']}: reward " + " ".join(shown))
 
 
 @app.command()

@@ -13,6 +13,8 @@ from sqlalchemy.orm import Session
 from service.db import Database
 from service.inventory import Inventory, InventoryCache
 from service.loops.base import Loop
+from service.loops.follower import Follower
+from service.metrics.broker import Broker
 from service.ray_jobs import RayJobs, RayRejected, RayUnavailable
 from service.recipes.registry import RecipeRegistry
 from service.settings import Settings
@@ -25,9 +27,11 @@ class Services:
     settings: Settings
     db: Database
     registry: RecipeRegistry
+    broker: Broker
     ray: RayJobs | None = None
     inventory: InventoryCache | None = None
     loops: dict[str, Loop] = field(default_factory=dict)
+    follower: Follower | None = None
 
     def wake(self, name: str) -> None:
         if name in self.loops:

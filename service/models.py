@@ -5,7 +5,18 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, String, Text, TypeDecorator
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -96,3 +107,44 @@ class RunEvent(Base):
     reason: Mapped[str] = mapped_column(Text)
 
     run: Mapped[Run] = relationship(back_populates="events")
+
+
+class MetricPoint(Base):
+    """One metric value at one step. ``value`` NULL means NaN (SQLite cannot store NaN);
+    ``log_offset`` is where the line that carried it ends in the job log (the replay cursor)."""
+
+    __tablename__ = "metric_points"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    key: Mapped[str] = mapped_column(String(200), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    value: Mapped[float | None] = mapped_column(Float)
+    log_offset: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (Index("ix_metric_points_run_offset", "run_id", "log_offset"),)
+
+
+class RunLog(Base):
+    """How far the service has read a run's job log, and which replica holds its follower."""
+
+    __tablename__ = "run_logs"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    # Characters of the job log consumed so far (always at a line end until the final read).
+    log_offset: Mapped[int] = mapped_column(BigInteger, default=0)
+    lease_owner: Mapped[str | None] = mapped_column(String(120))
+    lease_expires_at: Mapped[datetime | None]
+    last_step: Mapped[int | None] = mapped_column(Integer)
+    last_step_at: Mapped[datetime | None]
+    # Set after the final read of a terminal run: nothing more will come.
+    finished_at: Mapped[datetime | None]
+
+
+class LogChunk(Base):
+    """The service's own bounded copy of a job log, in the pieces it was read in."""
+
+    __tablename__ = "log_chunks"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    start_offset: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    text: Mapped[str] = mapped_column(Text)

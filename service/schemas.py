@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel
 
+from service.metrics.store import json_value
 from service.models import Run, RunEvent
 from service.recipes.base import PRIORITIES
 
@@ -30,12 +32,18 @@ class RayOut(BaseModel):
 
 
 class ProgressOut(BaseModel):
+    """``step`` is the parameter version (weight syncs) of ``total_steps`` planned syncs."""
+
     step: int | None = None
     total_steps: int | None = None
+    trainer_step: int | None = None
 
 
 class MetricsOut(BaseModel):
-    latest: dict[str, float | None] = {}
+    """Key -> value at the newest step it was logged (NaN/inf as "NaN"/"Infinity" strings)."""
+
+    step: int | None = None
+    latest: dict[str, float | str] = {}
 
 
 class HealthOut(BaseModel):
@@ -103,8 +111,11 @@ def run_summary(run: Run) -> RunSummary:
     return RunSummary(**summary_fields(run))
 
 
-def run_out(run: Run, events: list[RunEvent]) -> RunOut:
+def run_out(
+    run: Run, events: list[RunEvent], latest: dict[str, tuple[int, float]] | None = None
+) -> RunOut:
     launch = run.launch
+    latest = latest or {}
     return RunOut(
         **summary_fields(run),
         spec=run.spec,
@@ -121,12 +132,27 @@ def run_out(run: Run, events: list[RunEvent]) -> RunOut:
             exit_code=run.ray_exit_code,
         ),
         stop_requested=run.stop_requested_at is not None,
-        progress=ProgressOut(),
-        metrics=MetricsOut(),
+        progress=progress_of(launch, latest),
+        metrics=MetricsOut(
+            step=max((s for s, _ in latest.values()), default=None),
+            latest={k: json_value(v) for k, (_, v) in sorted(latest.items())},
+        ),
         events=[
             EventOut(
                 id=e.id, at=e.at, from_status=e.from_status, to_status=e.to_status, reason=e.reason
             )
             for e in events
         ],
+    )
+
+
+def progress_of(launch: dict[str, Any], latest: dict[str, tuple[int, float]]) -> ProgressOut:
+    def count(key: str) -> int | None:
+        value = latest.get(key, (0, math.nan))[1]
+        return int(value) if math.isfinite(value) else None
+
+    return ProgressOut(
+        step=count("fully_async/count/current_param_version"),
+        total_steps=launch.get("total_steps"),
+        trainer_step=count("training/global_step"),
     )

@@ -38,6 +38,16 @@ class Settings(BaseSettings):
     stop_grace_s: int = 120
     max_body_bytes: int = 1_000_000
 
+    # Metrics: the log follower, its lease, the kept log copy, health from metrics, live stream.
+    follow_interval_s: float = 1.0
+    follower_lease_s: float = 15.0
+    log_keep_chars: int = 8_000_000
+    stall_after_s: float = 600.0
+    collapse_window: int = 20
+    collapse_patience: int = 3
+    collapse_drop: float = 0.5
+    events_poll_s: float = 1.0
+
     @field_validator("local_npus")
     @classmethod
     def _npus_are_counts(cls, value: str) -> str:

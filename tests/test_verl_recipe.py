@@ -118,6 +118,17 @@ def test_preset_shape_is_trainer_groups_per_node_and_one_rollout_group_per_repli
     assert [g.accelerators for g in tp2.groups if g.role == "rollout"] == [4, 4, 4, 4]
 
 
+def test_progress_is_planned_in_parameter_syncs() -> None:
+    # total_rollout_steps / (ppo_mini_batch_size * require_batches * trigger_parameter_sync_step)
+    assert build(PRESET).total_steps == 51200 // (64 * 2 * 4)
+    shorter = {
+        **PRESET,
+        "rollout": {"total_rollout_steps": 12800},
+        "async_training": {"trigger_parameter_sync_step": 2},
+    }
+    assert build(shorter).total_steps == 12800 // (64 * 2 * 2)
+
+
 def test_gpu_variant_uses_cuda_and_no_npu_platform() -> None:
     launch = build({**PRESET, "resources": {"accelerator": "gpu"}})
     assert as_mapping(launch.argv[5:])["trainer.device"] == "cuda"

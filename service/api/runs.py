@@ -17,6 +17,7 @@ from service.admission import QueuedRun
 from service.deps import InventoryDep, ServicesDep, SessionDep
 from service.errors import Conflict, NotFound
 from service.ids import new_run_id
+from service.metrics import store
 from service.models import Run, RunEvent, utcnow
 from service.recipes.base import PRIORITIES, LaunchContext
 from service.schemas import RunOut, RunPage, run_out, run_summary
@@ -165,8 +166,9 @@ def list_runs(
 
 @router.get("/{run_id}", response_model=RunOut)
 def get_run(session: SessionDep, run_id: str) -> RunOut:
+    """The run with its progress and latest metrics."""
     run = load_run(session, run_id)
-    return run_out(run, events_of(session, run_id))
+    return run_out(run, events_of(session, run_id), store.latest(session, run_id))
 
 
 @router.post("/{run_id}/cancel", response_model=RunOut)

@@ -85,6 +85,8 @@ class Launch:
     entrypoint_num_cpus: float = 0.0
     entrypoint_resources: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    # How many parameter syncs the run plans (progress is the current parameter version of it).
+    total_steps: int | None = None
 
     @property
     def entrypoint(self) -> str:
@@ -99,6 +101,7 @@ class Launch:
             "entrypoint_num_cpus": self.entrypoint_num_cpus,
             "entrypoint_resources": self.entrypoint_resources,
             "warnings": self.warnings,
+            "total_steps": self.total_steps,
         }
 
 

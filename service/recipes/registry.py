@@ -9,6 +9,7 @@ from pydantic import ValidationError
 
 from service.errors import InvalidSpec, field_error, invalid_from_pydantic
 from service.recipes.base import Launch, LaunchContext, Recipe, RunSpec
+from service.recipes.tiny_grpo import TinyGrpoRecipe
 from service.recipes.verl import VerlFullyAsyncRecipe
 from service.settings import Settings
 
@@ -52,6 +53,7 @@ def default_registry(plugins: str = "", settings: Settings | None = None) -> Rec
     """The recipes rlrun ships, plus any ``module:function`` plugins that register more."""
     registry = RecipeRegistry()
     registry.register(VerlFullyAsyncRecipe(settings or Settings()))
+    registry.register(TinyGrpoRecipe())
     for entry in filter(None, (p.strip() for p in plugins.split(","))):
         module, _, func = entry.partition(":")
         getattr(importlib.import_module(module), func or "register")(registry)

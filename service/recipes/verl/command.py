@@ -203,6 +203,25 @@ def shape(cfg: dict[str, Any], accelerator: str) -> ResourceShape:
     )
 
 
+def planned_syncs(cfg: dict[str, Any]) -> int | None:
+    """Parameter syncs the run will make: its progress is the parameter version against this.
+
+    ``total_rollout_steps / (ppo_mini_batch_size * require_batches * trigger_parameter_sync_step)``
+    """
+    per_sync = 1
+    for key in (
+        "actor_rollout_ref.actor.ppo_mini_batch_size",
+        "async_training.require_batches",
+        "async_training.trigger_parameter_sync_step",
+    ):
+        value = select(cfg, key)
+        if not isinstance(value, int) or value < 1:
+            return None
+        per_sync *= value
+    total = select(cfg, "rollout.total_rollout_steps")
+    return total // per_sync if isinstance(total, int) and total > 0 else None
+
+
 def spec_keys() -> dict[str, Loc]:
     """Every verl key a spec field maps to, with that field's path."""
     out: dict[str, Loc] = {f"{k}": ("resources", f) for k, f in RESOURCE_KEYS.items()}

@@ -70,6 +70,7 @@ class VerlFullyAsyncRecipe:
             runtime_env=command.runtime_env(full, ctx.stop_grace_s),
             shape=command.shape(cfg, full.resources.accelerator),
             warnings=warnings,
+            total_steps=command.planned_syncs(cfg),
         )
 
 

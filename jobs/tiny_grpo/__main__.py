@@ -1,0 +1,92 @@
+"""Driver: place the rollout and trainer groups, then run fully async GRPO to the end.
+
+The rollouter always has up to ``1 + ceil(staleness_threshold x trigger_parameter_sync_step)``
+generation calls queued, so it keeps generating with the weights it has while the trainer
+trains (responses are at most that many batches stale); every ``trigger_parameter_sync_step``
+trainer steps the weights are synced and the parameter version goes up by one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from collections import deque
+from typing import Any
+
+import ray
+
+from jobs.tiny_grpo.actors import TinyGrpoRollouter, TinyGrpoTrainer
+from jobs.tiny_grpo.policy import Correction
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python3 -m jobs.tiny_grpo", description=__doc__)
+    p.add_argument("--prompts", type=int, default=16, help="distinct prompts in the dataset")
+    p.add_argument("--batch-prompts", type=int, default=8, help="prompts per trainer step")
+    p.add_argument("--n", type=int, default=8, help="responses per prompt (the GRPO group)")
+    p.add_argument("--total-rollout-steps", type=int, default=480, help="prompts to train on")
+    p.add_argument("--trigger-parameter-sync-step", type=int, default=2)
+    p.add_argument("--staleness-threshold", type=float, default=0.5)
+    p.add_argument("--lr", type=float, default=2.0)
+    p.add_argument("--is-threshold", type=float, default=2.0)
+    p.add_argument("--rs-threshold", default="0.5_2.0", help="seq_mean_k1 bounds lower_upper")
+    p.add_argument("--val-every", type=int, default=5, help="validate every N versions")
+    p.add_argument("--gen-seconds", type=float, default=0.2)
+    p.add_argument("--train-seconds", type=float, default=0.05)
+    p.add_argument("--trainer-npus", type=float, default=1)
+    p.add_argument("--rollout-npus", type=float, default=1)
+    p.add_argument("--actor-cpus", type=float, default=0.25)
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    lower, upper = (float(x) for x in args.rs_threshold.split("_"))
+    ray.init()
+    rollouter: Any = (
+        ray.remote(TinyGrpoRollouter)
+        .options(num_cpus=args.actor_cpus, resources={"NPU": args.rollout_npus}, max_concurrency=2)
+        .remote(args.prompts, args.batch_prompts, args.n, args.seed, args.gen_seconds)
+    )
+    trainer: Any = (
+        ray.remote(TinyGrpoTrainer)
+        .options(num_cpus=args.actor_cpus, resources={"NPU": args.trainer_npus})
+        .remote(
+            args.prompts,
+            args.seed,
+            args.lr,
+            Correction(args.is_threshold, lower, upper),
+            args.train_seconds,
+        )
+    )
+    steps = args.total_rollout_steps // args.batch_prompts
+    trigger = args.trigger_parameter_sync_step
+    depth = 1 + math.ceil(args.staleness_threshold * trigger)
+    print(f"[TinyGrpo] {steps} trainer steps, sync every {trigger}, {depth} batches in flight")
+    inflight = deque(rollouter.generate.remote() for _ in range(depth))
+    version = 0
+    for step in range(1, steps + 1):
+        waited = time.monotonic()
+        ray.wait([inflight[0]])
+        batch = inflight.popleft()
+        if step + len(inflight) <= steps:
+            inflight.append(rollouter.generate.remote())
+        ray.get(trainer.train.remote(batch, time.monotonic() - waited))
+        if step % trigger == 0 or step == steps:
+            version += 1
+            synced = time.monotonic()
+            ray.get(rollouter.set_weights.remote(trainer.weights_for_sync.remote(), version))
+            sync_s = time.monotonic() - synced
+            if version % args.val_every == 0 or step == steps:
+                ray.get(trainer.validate.remote(version))
+            epoch = ray.get(rollouter.epoch.remote())
+            ray.get(trainer.log_sync.remote(version, epoch, sync_s))
+    # Let Ray forward the actors' last lines to this driver's log before it exits.
+    time.sleep(1.5)
+    print("[TinyGrpo] training finished", flush=True)
+
+
+if __name__ == "__main__":
+    main()

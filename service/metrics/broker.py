@@ -1,0 +1,233 @@
+"""The in-process broker: one upstream per run, fanned out to any number of live subscribers.
+
+The upstream reads the database (status events past an event id, metric lines past a log
+offset), so it sees what any replica's follower or reconciler wrote; the local follower wakes it
+at once after each commit. A subscriber's position is a ``Cursor`` of both: the SSE event id
+``"<event id>-<log offset>"``, so resuming with ``Last-Event-ID`` is exact for both kinds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from service.db import Database
+from service.metrics import store
+from service.models import MetricPoint, Run, RunEvent, RunLog
+from service.status import TERMINAL
+
+
+@dataclass(frozen=True, order=True)
+class Cursor:
+    event_id: int = 0
+    offset: int = 0
+
+    def encode(self) -> str:
+        return f"{self.event_id}-{self.offset}"
+
+    @classmethod
+    def parse(cls, text: str | None) -> Cursor:
+        """A Last-Event-ID; anything unreadable means the start."""
+        try:
+            event_id, offset = (int(p) for p in (text or "").split("-"))
+        except ValueError:
+            return cls()
+        return cls(max(event_id, 0), max(offset, 0))
+
+
+@dataclass(frozen=True)
+class Item:
+    kind: Literal["status", "metrics", "end"]
+    position: int  # the event id (status) or the line's end offset (metrics)
+    data: dict[str, Any]
+
+    def after(self, cursor: Cursor) -> bool:
+        if self.kind == "status":
+            return self.position > cursor.event_id
+        if self.kind == "metrics":
+            return self.position > cursor.offset
+        return True
+
+    def advance(self, cursor: Cursor) -> Cursor:
+        if self.kind == "status":
+            return Cursor(self.position, cursor.offset)
+        if self.kind == "metrics":
+            return Cursor(cursor.event_id, self.position)
+        return cursor
+
+
+@dataclass(frozen=True)
+class Read:
+    items: list[Item]
+    more: bool  # more metric lines are stored past the last item (reads are bounded)
+    ended: bool  # the run has ended and its log is read to the end (checked before the items)
+
+    @property
+    def complete(self) -> bool:
+        return self.ended and not self.more
+
+
+def read_after(session: Session, run_id: str, cursor: Cursor) -> Read:
+    """Items past ``cursor``, in commit order per kind."""
+    ended = _ended(session, run_id)
+    items = [
+        Item(
+            "status",
+            e.id,
+            {
+                "id": e.id,
+                "at": e.at.isoformat(),
+                "from_status": e.from_status,
+                "to_status": e.to_status,
+                "reason": e.reason,
+            },
+        )
+        for e in session.scalars(
+            select(RunEvent)
+            .where(RunEvent.run_id == run_id, RunEvent.id > cursor.event_id)
+            .order_by(RunEvent.id)
+        )
+    ]
+    lines = store.lines_after(session, run_id, cursor.offset)
+    items += [
+        Item(
+            "metrics",
+            off,
+            {"step": step, "values": {k: store.json_value(v) for k, v in vals.items()}},
+        )
+        for off, step, vals in lines
+    ]
+    last = lines[-1][0] if lines else cursor.offset
+    return Read(items, _more_lines(session, run_id, last), ended)
+
+
+def _more_lines(session: Session, run_id: str, last: int) -> bool:
+    more = session.scalar(
+        select(func.max(MetricPoint.log_offset)).where(MetricPoint.run_id == run_id)
+    )
+    return more is not None and more > last
+
+
+def _ended(session: Session, run_id: str) -> bool:
+    status, submitted_at, finished_at = session.execute(
+        select(Run.status, Run.submitted_at, RunLog.finished_at)
+        .outerjoin(RunLog, RunLog.run_id == Run.id)
+        .where(Run.id == run_id)
+    ).one()
+    if status not in TERMINAL:
+        return False
+    # A run that never reached Ray has no log to wait for.
+    return submitted_at is None or finished_at is not None
+
+
+def head(session: Session, run_id: str) -> Cursor:
+    event_id = session.scalar(select(func.max(RunEvent.id)).where(RunEvent.run_id == run_id))
+    offset = session.scalar(
+        select(func.max(MetricPoint.log_offset)).where(MetricPoint.run_id == run_id)
+    )
+    return Cursor(event_id or 0, offset or 0)
+
+
+@dataclass
+class _Topic:
+    cursor: Cursor = field(default_factory=Cursor)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    queues: set[asyncio.Queue[Item]] = field(default_factory=set)
+    task: asyncio.Task[None] | None = None
+
+
+class Broker:
+    def __init__(self, db: Database, poll_s: float) -> None:
+        self.db = db
+        self.poll_s = poll_s
+        self._topics: dict[str, _Topic] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def upstreams(self) -> int:
+        return len(self._topics)
+
+    def notify(self, run_id: str) -> None:
+        """New data for ``run_id`` was committed; safe to call from any thread."""
+        topic = self._topics.get(run_id)
+        if topic is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(topic.wake.set)
+
+    def _read(self, run_id: str, cursor: Cursor) -> Read:
+        with self.db.transaction() as session:
+            return read_after(session, run_id, cursor)
+
+    def _head(self, run_id: str) -> Cursor:
+        with self.db.transaction() as session:
+            return head(session, run_id)
+
+    async def subscribe(self, run_id: str, cursor: Cursor) -> AsyncIterator[tuple[Item, Cursor]]:
+        """Items past ``cursor``: first the stored ones, then live ones; last an ``end`` item once
+        the run has ended and its log has been read to the end."""
+        self._loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Item] = asyncio.Queue()
+        topic = self._topics.get(run_id)
+        if topic is None:
+            topic = self._topics[run_id] = _Topic()
+            topic.task = asyncio.create_task(self._upstream(run_id, topic))
+        topic.queues.add(queue)
+        try:
+            # Once the upstream has its starting point, it delivers everything after it: the
+            # replay below then overlaps the queue rather than leaving a hole.
+            await topic.ready.wait()
+            while True:
+                read = await asyncio.to_thread(self._read, run_id, cursor)
+                for item in read.items:
+                    if item.after(cursor):
+                        cursor = item.advance(cursor)
+                        yield item, cursor
+                if not read.more:
+                    break
+            complete = read.complete
+            while not complete:
+                item = await queue.get()
+                complete = item.kind == "end"
+                if not complete and item.after(cursor):
+                    cursor = item.advance(cursor)
+                    yield item, cursor
+            yield Item("end", 0, {}), cursor
+        finally:
+            topic.queues.discard(queue)
+            if not topic.queues and self._topics.get(run_id) is topic:
+                del self._topics[run_id]
+                if topic.task is not None:
+                    topic.task.cancel()
+
+    async def _upstream(self, run_id: str, topic: _Topic) -> None:
+        topic.cursor = await asyncio.to_thread(self._head, run_id)
+        topic.ready.set()
+        while True:
+            topic.wake.clear()
+            read = await asyncio.to_thread(self._read, run_id, topic.cursor)
+            for item in read.items:
+                topic.cursor = item.advance(topic.cursor)
+                for queue in topic.queues:
+                    queue.put_nowait(item)
+            if read.complete:
+                if self._topics.get(run_id) is topic:
+                    del self._topics[run_id]
+                for queue in topic.queues:
+                    queue.put_nowait(Item("end", 0, {}))
+                return
+            if not read.more:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(topic.wake.wait(), self.poll_s)
+
+    async def close(self) -> None:
+        tasks = [t.task for t in self._topics.values() if t.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._topics.clear()

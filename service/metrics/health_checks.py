@@ -1,0 +1,101 @@
+"""Health read from a run's metrics: NaN in a loss, reward collapse, no new step (stalled).
+
+The follower calls ``evaluate`` for every run it holds; the result goes through ``set_health``.
+A health set by another check (e.g. ``stuck``) is left alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy.orm import Session
+
+from service.health import Health, set_health
+from service.metrics import store
+from service.metrics.parse import MetricLine
+from service.models import Run, RunLog
+from service.status import RunStatus
+
+REWARD_KEY = "critic/score/mean"
+OWN: frozenset[str] = frozenset({"ok", "nan", "reward_collapse", "stalled"})
+
+
+@dataclass(frozen=True)
+class HealthRules:
+    stall_after_s: float = 600.0
+    # Collapse: the last ``patience`` rewards all below (1 - drop) x the best of the window.
+    collapse_window: int = 20
+    collapse_patience: int = 3
+    collapse_drop: float = 0.5
+    collapse_min_best: float = 0.1
+
+
+def _nan_loss(lines: Sequence[MetricLine]) -> tuple[str | None, bool]:
+    """(reason if the newest value of some loss is NaN, whether any loss was logged)."""
+    newest: dict[str, tuple[int, float]] = {}
+    for line in lines:
+        for key, value in line.values.items():
+            if "loss" in key:
+                newest[key] = (line.step, value)
+    for key, (step, value) in sorted(newest.items()):
+        if math.isnan(value):
+            return f"{key} is NaN at step {step}", True
+    return None, bool(newest)
+
+
+def _collapse(session: Session, run_id: str, rules: HealthRules) -> str | None:
+    history = store.recent(session, run_id, REWARD_KEY, rules.collapse_window)
+    if len(history) <= rules.collapse_patience:
+        return None
+    before, last = history[: -rules.collapse_patience], history[-rules.collapse_patience :]
+    finite = [(v, s) for s, v in before if math.isfinite(v)]
+    if not finite:
+        return None
+    best, best_step = max(finite)
+    bar = best * (1 - rules.collapse_drop)
+    if best < rules.collapse_min_best or not all(v < bar for _, v in last):
+        return None
+    return (
+        f"{REWARD_KEY} fell from its recent best {best:.3g} (step {best_step}) to "
+        f"{last[-1][1]:.3g} for {rules.collapse_patience} steps"
+    )
+
+
+def evaluate(
+    session: Session,
+    run: Run,
+    runlog: RunLog,
+    lines: Sequence[MetricLine],
+    now: datetime,
+    rules: HealthRules,
+) -> None:
+    if run.health not in OWN:
+        return
+    health: Health = "ok"
+    reason: str | None = None
+    nan_reason, loss_logged = _nan_loss(lines)
+    collapse = _collapse(session, run.id, rules) if lines else None
+    since = runlog.last_step_at or run.started_at
+    if nan_reason:
+        health, reason = "nan", nan_reason
+    elif run.health == "nan" and not loss_logged:
+        health, reason = "nan", run.health_reason
+    elif collapse:
+        health, reason = "reward_collapse", collapse
+    elif run.health == "reward_collapse" and not lines:
+        health, reason = "reward_collapse", run.health_reason
+    elif (
+        run.status == RunStatus.RUNNING
+        and since is not None
+        and (now - since).total_seconds() > rules.stall_after_s
+    ):
+        health = "stalled"
+        reason = f"no new step for {int((now - since).total_seconds())} s" + (
+            f" (last step {runlog.last_step})" if runlog.last_step is not None else ""
+        )
+        if run.health == "stalled":
+            reason = run.health_reason
+    set_health(session, run, health, reason)

@@ -1,0 +1,64 @@
+"""The one parser for verl's console metric lines, as they appear in a Ray job log.
+
+verl's console logger prints ``step:N - key:value - key:value ...`` with each value's ``repr``
+(numpy scalars as ``np.float64(0.41)``, ``nan``, ``inf``, ``True``). Keys hold ``/ @ - _ .`` but
+never ``:`` or spaces, so items split on `` - `` and each item on its last ``:``. Ray prefixes
+actor output with ``(ActorName pid=..., ip=...)`` (possibly coloured). A line counts as a metric
+line only when every item parses; anything else (``timing_s/param_sync: 7.41 seconds``) is not.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_RAY_PREFIX = re.compile(r"^\((?:[^()\s]+ )?pid=\d+(?:, ip=[^)]*)?\)\s*")
+_RAY_REPEAT = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
+_STEP = re.compile(r"^step:(\d+)(?: - |$)")
+_KEY = re.compile(r"^[^\s:]+$")
+_NUMPY = re.compile(r"^(?:np|numpy)\.(?:float|int|uint|bool_?)\d*\((.*)\)$")
+_NUMBER = re.compile(r"^[+-]?(?:\d+\.?\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|nan|inf)$")
+
+
+@dataclass(frozen=True)
+class MetricLine:
+    step: int
+    values: dict[str, float]
+
+
+def parse_value(text: str) -> float | None:
+    """A printed numeric value (plain, numpy repr, bool, nan, inf) or None if it is not one."""
+    text = text.strip()
+    numpy = _NUMPY.match(text)
+    if numpy:
+        text = numpy.group(1).strip()
+    if text in ("True", "False", "np.True_", "np.False_"):
+        return 1.0 if "True" in text else 0.0
+    if not _NUMBER.match(text):
+        return None
+    return float(text)
+
+
+def strip_ray_prefix(line: str) -> str:
+    line = _ANSI.sub("", line).rstrip("\r\n")
+    return _RAY_REPEAT.sub("", _RAY_PREFIX.sub("", line, count=1))
+
+
+def parse_line(line: str) -> MetricLine | None:
+    """One log line to a metric line, or None when it is not one."""
+    body = strip_ray_prefix(line).strip()
+    match = _STEP.match(body)
+    if not match:
+        return None
+    items = body[match.end() :].split(" - ") if match.end() < len(body) else []
+    values: dict[str, float] = {}
+    for item in items:
+        key, sep, raw = item.rpartition(":")
+        value = parse_value(raw) if sep else None
+        if value is None or not _KEY.match(key):
+            return None
+        values[key] = value
+    if not values:
+        return None
+    return MetricLine(step=int(match.group(1)), values=values)

@@ -1,0 +1,109 @@
+"""``tiny-grpo``: a small GRPO trainer on CPU, in the fully async shape (demo and test workload).
+
+It is not a stand-in for verl. It places a rollout group and a trainer group as Ray actors on
+the spec's virtual NPUs, trains a table of logits on toy arithmetic with GRPO, and prints verl's
+console metric lines, so placement, the log follower and the metrics path can be exercised
+without accelerators. The job code is ``jobs/tiny_grpo``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from service.recipes.base import Group, Launch, LaunchContext, ResourceShape, RunSpec
+
+ACTOR_CPUS = 0.25
+DRIVER_CPUS = 0.25
+
+
+class TinyGrpoSpec(RunSpec):
+    recipe: Literal["tiny-grpo"] = "tiny-grpo"
+    prompts: int = Field(default=16, ge=1, le=10_000, description="distinct prompts")
+    batch_prompts: int = Field(default=8, ge=1, le=1024, description="prompts per trainer step")
+    n: int = Field(default=8, ge=2, le=64, description="responses per prompt (GRPO group)")
+    total_rollout_steps: int = Field(default=480, ge=1, le=10_000_000, description="prompts")
+    trigger_parameter_sync_step: int = Field(default=2, ge=1, le=1000)
+    staleness_threshold: float = Field(default=0.5, ge=0, le=10)
+    lr: float = Field(default=2.0, gt=0, le=100)
+    is_threshold: float = Field(default=2.0, gt=0)
+    rs_threshold: str = Field(
+        default="0.5_2.0",
+        pattern=r"^\d+(\.\d+)?_\d+(\.\d+)?$",
+        description="seq_mean_k1 rejection bounds, lower_upper",
+    )
+    val_every: int = Field(default=5, ge=1)
+    gen_seconds: float = Field(default=0.2, ge=0, le=60, description="simulated generation time")
+    train_seconds: float = Field(default=0.05, ge=0, le=60, description="simulated update time")
+    trainer_npus: int = Field(default=1, ge=1, le=64)
+    rollout_npus: int = Field(default=1, ge=1, le=64)
+    seed: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TinyGrpoSpec:
+        lower, upper = (float(x) for x in self.rs_threshold.split("_"))
+        if not lower < 1.0 < upper:
+            raise ValueError("rs_threshold must bracket 1.0, e.g. 0.5_2.0")
+        if self.total_rollout_steps < self.batch_prompts:
+            raise ValueError("total_rollout_steps must cover at least one batch of prompts")
+        return self
+
+    @property
+    def trainer_steps(self) -> int:
+        return self.total_rollout_steps // self.batch_prompts
+
+    @property
+    def total_syncs(self) -> int:
+        return math.ceil(self.trainer_steps / self.trigger_parameter_sync_step)
+
+
+class TinyGrpoRecipe:
+    name: ClassVar[str] = "tiny-grpo"
+    spec_model: ClassVar[type[RunSpec]] = TinyGrpoSpec
+
+    def build(self, spec: Any, ctx: LaunchContext) -> Launch:
+        assert isinstance(spec, TinyGrpoSpec)
+        options: dict[str, Any] = {
+            "prompts": spec.prompts,
+            "batch-prompts": spec.batch_prompts,
+            "n": spec.n,
+            "total-rollout-steps": spec.total_rollout_steps,
+            "trigger-parameter-sync-step": spec.trigger_parameter_sync_step,
+            "staleness-threshold": spec.staleness_threshold,
+            "lr": spec.lr,
+            "is-threshold": spec.is_threshold,
+            "rs-threshold": spec.rs_threshold,
+            "val-every": spec.val_every,
+            "gen-seconds": spec.gen_seconds,
+            "train-seconds": spec.train_seconds,
+            "trainer-npus": spec.trainer_npus,
+            "rollout-npus": spec.rollout_npus,
+            "actor-cpus": ACTOR_CPUS,
+            "seed": spec.seed,
+        }
+        argv = ["python3", "-m", "jobs.tiny_grpo"]
+        for key, value in options.items():
+            argv += [f"--{key}", str(value)]
+        return Launch(
+            argv=argv,
+            runtime_env={
+                "env_vars": {
+                    "RAY_DEDUP_LOGS": "0",
+                    "PYTHONUNBUFFERED": "1",
+                    "RAY_JOB_STOP_WAIT_TIME_S": str(min(ctx.stop_grace_s, 10)),
+                }
+            },
+            shape=ResourceShape(
+                accelerator="NPU",
+                groups=(
+                    Group("trainer", spec.trainer_npus, ACTOR_CPUS),
+                    Group("rollout", spec.rollout_npus, ACTOR_CPUS),
+                ),
+                driver_cpus=DRIVER_CPUS,
+            ),
+            entrypoint_num_cpus=DRIVER_CPUS,
+            total_steps=spec.total_syncs,
+            warnings=["tiny-grpo is a demo and test workload on CPU, not a stand-in for verl"],
+        )

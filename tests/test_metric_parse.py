@@ -1,0 +1,116 @@
+"""The console metric parser on verl's sample log, tiny-grpo's real log, and every quirk."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from service.metrics.parse import parse_line, parse_value
+
+DATA = Path(__file__).parent / "data"
+
+
+def metric_lines(path: Path) -> list[tuple[int, dict[str, float]]]:
+    out = []
+    for line in path.read_text().splitlines():
+        parsed = parse_line(line)
+        if parsed is not None:
+            out.append((parsed.step, parsed.values))
+    return out
+
+
+def test_the_verl_sample_yields_every_metric_line_and_nothing_else() -> None:
+    lines = metric_lines(DATA / "verl_console_log_sample.txt")
+    assert [step for step, _ in lines] == [0, 1, 1, 2, 2, 2, 3, 3]
+    training = lines[2][1]
+    assert training["critic/score/mean"] == 0.475371786659471
+    assert training["training/global_step"] == 4.0
+    assert training["actor/lr"] == 1e-06
+    assert training["timing_s/timing_s/param_sync"] == 8.92876531677876
+    validation = lines[4][1]
+    assert validation["val-core/hiyouga/geometry3k/acc/mean@1"] == 0.5424221531492307
+    assert validation["val-aux/num_turns/min"] == 2.0
+    assert math.isnan(lines[7][1]["actor/grad_norm"])
+    assert not any("timing_s/param_sync" in values for _, values in lines)
+
+
+def test_a_captured_tiny_grpo_log_parses_with_verl_names_and_ray_prefixes() -> None:
+    lines = metric_lines(DATA / "tiny_grpo_job_log.txt")
+    training = [(s, v) for s, v in lines if "training/global_step" in v]
+    assert training, "no training lines"
+    assert [s for s, _ in training] == list(range(1, len(training) + 1))
+    assert all(v["fully_async/count/current_param_version"] == s for s, v in training)
+    assert training[0][1]["critic/score/mean"] < 0.2
+    assert training[-1][1]["critic/score/mean"] > 0.8
+    assert any("val-core/tiny/arith/acc/mean@1" in v for _, v in lines)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("0.5", 0.5),
+        ("-1.5e-06", -1.5e-06),
+        ("3", 3.0),
+        ("np.float64(0.41)", 0.41),
+        ("np.int64(3)", 3.0),
+        ("np.float32(-2.5)", -2.5),
+        ("numpy.float64(1.0)", 1.0),
+        ("True", 1.0),
+        ("False", 0.0),
+        ("np.True_", 1.0),
+        ("inf", math.inf),
+        ("-inf", -math.inf),
+        ("np.float64(inf)", math.inf),
+        ("7.41 seconds", None),
+        ("tensor(0.5)", None),
+        ("", None),
+    ],
+)
+def test_values_parse_as_printed_by_python_and_numpy(text: str, expected: float | None) -> None:
+    assert parse_value(text) == expected
+
+
+def test_nan_parses_in_plain_and_numpy_form() -> None:
+    for text in ("nan", "np.float64(nan)"):
+        value = parse_value(text)
+        assert value is not None and math.isnan(value)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "(FullyAsyncTrainer pid=1, ip=10.0.0.1) step:4 - a/b@1:0.5 - c-d_e:np.int64(2)",
+        "\x1b[36m(TinyGrpoTrainer pid=77)\x1b[0m step:4 - a/b@1:0.5 - c-d_e:np.int64(2)",
+        "(pid=9) step:4 - a/b@1:0.5 - c-d_e:np.int64(2) [repeated 2x across cluster]",
+        "step:4 - a/b@1:0.5 - c-d_e:np.int64(2)\r\n",
+    ],
+)
+def test_ray_prefixes_colours_and_dedup_suffixes_are_stripped(line: str) -> None:
+    parsed = parse_line(line)
+    assert parsed is not None
+    assert parsed.step == 4 and parsed.values == {"a/b@1": 0.5, "c-d_e": 2.0}
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "[FullyAsyncTrainer] _fit_update_weights, timing_s/param_sync: 7.41 seconds",
+        "step:3",
+        "step:x - a:1",
+        "step:3 - timing_s/param_sync: 7.41 seconds",
+        "step:3 - a:1 - note:hello",
+        "step:3 - a b:1",
+        "training step:3 - a:1",
+        "{'step': 3, 'a': 1}",
+    ],
+)
+def test_lines_that_only_look_like_metrics_are_not_metric_lines(line: str) -> None:
+    assert parse_line(line) is None
+
+
+def test_a_key_may_hold_a_colon_free_mix_of_separators_and_splits_on_its_last_colon() -> None:
+    parsed = parse_line("step:12 - val-core/a_b/acc/mean@4:np.float64(0.25) - x:-inf")
+    assert parsed is not None
+    assert parsed.values == {"val-core/a_b/acc/mean@4": 0.25, "x": -math.inf}

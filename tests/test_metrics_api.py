@@ -1,0 +1,138 @@
+"""Metrics reads over HTTP on SQLite and PostgreSQL: history, latest, logs, events, /metrics."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from service.db import Database
+from service.metrics import logcopy, store
+from service.metrics.parse import MetricLine
+from service.models import RunLog, utcnow
+
+
+def queued_run(api: TestClient) -> str:
+    resp = api.post("/runs", json={"recipe": "tiny-grpo", "total_rollout_steps": 160})
+    assert resp.status_code == 201, resp.text
+    run_id: str = resp.json()["id"]
+    return run_id
+
+
+def seed(db_url: str, run_id: str) -> None:
+    db = Database(db_url)
+    lines = [
+        (
+            100 * step,
+            MetricLine(
+                step,
+                {
+                    "critic/score/mean": step / 10,
+                    "fully_async/count/current_param_version": float(step),
+                    "training/global_step": 2.0 * step,
+                    "actor/pg_loss": math.nan if step == 3 else 0.1,
+                },
+            ),
+        )
+        for step in range(1, 4)
+    ]
+    with db.transaction() as s:
+        store.add_lines(s, run_id, lines)
+        logcopy.append(s, run_id, 0, "one\ntwo\nthree\n", 1000)
+        s.add(RunLog(run_id=run_id, log_offset=14, finished_at=utcnow()))
+    db.dispose()
+
+
+def sse(text: str) -> list[dict[str, Any]]:
+    events = []
+    for block in text.strip().split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+        if "event" in fields:
+            events.append({**fields, "data": json.loads(fields["data"])})
+    return events
+
+
+def test_a_run_shows_progress_and_latest_metrics_with_nan_as_a_string(
+    api: TestClient, db_url: str
+) -> None:
+    run_id = queued_run(api)
+    seed(db_url, run_id)
+    run = api.get(f"/runs/{run_id}").json()
+    assert run["progress"] == {"step": 3, "total_steps": 10, "trainer_step": 6}
+    assert run["metrics"]["step"] == 3
+    assert run["metrics"]["latest"]["critic/score/mean"] == 0.3
+    assert "actor/pg_loss" not in run["metrics"]["latest"]
+    series = api.get(f"/runs/{run_id}/metrics", params={"keys": "actor/pg_loss"}).json()
+    assert series["series"]["actor/pg_loss"][-1] == {
+        "step": 3,
+        "value": "NaN",
+        "min": "NaN",
+        "max": "NaN",
+    }
+
+
+def test_history_honours_keys_and_step_range_and_rejects_a_reversed_range(
+    api: TestClient, db_url: str
+) -> None:
+    run_id = queued_run(api)
+    seed(db_url, run_id)
+    params: dict[str, str | int] = {"keys": "critic/score/mean", "from_step": 2, "to_step": 3}
+    got = api.get(f"/runs/{run_id}/metrics", params=params).json()
+    assert [p["step"] for p in got["series"]["critic/score/mean"]] == [2, 3]
+    assert list(got["series"]) == ["critic/score/mean"]
+    bad = api.get(f"/runs/{run_id}/metrics", params={"from_step": 3, "to_step": 1})
+    assert bad.status_code == 422
+    assert bad.json()["errors"][0]["field"] == "query.to_step"
+    assert api.get("/runs/nope/metrics").status_code == 404
+
+
+def test_logs_tail_comes_from_the_services_own_copy(api: TestClient, db_url: str) -> None:
+    run_id = queued_run(api)
+    seed(db_url, run_id)
+    assert api.get(f"/runs/{run_id}/logs", params={"tail": 2}).text == "two\nthree\n"
+    assert api.get(f"/runs/{run_id}/logs").text == "one\ntwo\nthree\n"
+    assert api.get("/runs/nope/logs").status_code == 404
+
+
+def test_the_event_stream_of_an_ended_run_replays_and_resumes_after_last_event_id(
+    api: TestClient, db_url: str
+) -> None:
+    run_id = queued_run(api)
+    seed(db_url, run_id)
+    api.post(f"/runs/{run_id}/cancel")
+    events = sse(api.get(f"/runs/{run_id}/events").text)
+    kinds = [e["event"] for e in events]
+    assert kinds == ["status", "status", "metrics", "metrics", "metrics", "end"]
+    assert [e["data"]["step"] for e in events if e["event"] == "metrics"] == [1, 2, 3]
+    assert events[4]["data"]["values"]["actor/pg_loss"] == "NaN"
+    resumed = sse(
+        api.get(f"/runs/{run_id}/events", headers={"Last-Event-ID": events[2]["id"]}).text
+    )
+    assert resumed == events[3:]
+    assert api.get("/runs/nope/events").status_code == 404
+
+
+def test_prometheus_text_counts_runs_by_status(api: TestClient) -> None:
+    queued_run(api)
+    text = api.get("/metrics").text
+    assert 'rlrun_runs{status="QUEUED"} 1' in text
+    assert "rlrun_event_streams 0" in text
+
+
+def test_a_replay_longer_than_one_bounded_read_misses_no_line(api: TestClient, db_url: str) -> None:
+    run_id = queued_run(api)
+    seed(db_url, run_id)
+    db = Database(db_url)
+    lines = [
+        (1000 + i, MetricLine(10 + i, {f"k/{k}": float(k) for k in range(60)})) for i in range(150)
+    ]
+    with db.transaction() as s:
+        store.add_lines(s, run_id, lines)  # 9,000 points: more than one read returns
+    db.dispose()
+    api.post(f"/runs/{run_id}/cancel")
+    events = sse(api.get(f"/runs/{run_id}/events").text)
+    steps = [e["data"]["step"] for e in events if e["event"] == "metrics"]
+    assert steps == [1, 2, 3, *range(10, 160)]
+    assert events[-1]["event"] == "end"
