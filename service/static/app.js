@@ -4,9 +4,10 @@
 
 const CHARTS = [
   { title: "reward", keys: ["critic/score/mean", "critic/score/max", "critic/score/min"] },
-  { title: "validation accuracy", keys: ["val-core/hiyouga/geometry3k/acc/mean@1", "val-core/toy/acc/mean@1"] },
+  { title: "validation accuracy", keys: ["val-core/hiyouga/geometry3k/acc/mean@1", "val-core/tiny/arith/acc/mean@1"] },
   { title: "idle ratio", keys: ["fully_async/trainer/idle_ratio", "fully_async/rollouter/idle_ratio"] },
 ];
+const TERMINAL = new Set(["SUCCEEDED", "FAILED", "STOPPED", "CANCELLED", "LOST"]);
 const COLORS = ["#1f77b4", "#2ca02c", "#d62728", "#9467bd"];
 let current = null;   // { id, source, plots }
 
@@ -50,6 +51,7 @@ function renderRun(run) {
   const badge = document.getElementById("run-status");
   badge.textContent = run.status;
   badge.className = `badge ${run.status}`;
+  document.getElementById("cancel").hidden = TERMINAL.has(run.status) || run.stop_requested;
   const health = document.getElementById("run-health");
   health.textContent = run.health.status === "ok" ? "healthy" : `${run.health.status}: ${run.health.reason}`;
   health.className = run.health.status === "ok" ? "" : "unhealthy";
@@ -59,7 +61,7 @@ function renderRun(run) {
   document.querySelector("#latest tbody").replaceChildren(
     ...Object.entries(run.metrics.latest).map(([k, v]) => {
       const row = el("tr");
-      row.append(el("td", k), el("td", v === null ? "NaN" : String(+v.toPrecision(6))));
+      row.append(el("td", k), el("td", typeof v === "number" ? String(+v.toPrecision(6)) : String(v)));
       return row;
     }));
   document.getElementById("events").replaceChildren(
@@ -77,7 +79,8 @@ async function refreshCharts() {
     if (!present.length) continue;
     const steps = [...new Set(present.flatMap((k) => data.series[k].map((p) => p.step)))].sort((a, b) => a - b);
     const columns = present.map((k) => {
-      const byStep = new Map(data.series[k].map((p) => [p.step, p.value]));
+      // NaN and infinities arrive as strings: leave a gap in the curve.
+      const byStep = new Map(data.series[k].map((p) => [p.step, typeof p.value === "number" ? p.value : null]));
       return steps.map((s) => (byStep.has(s) ? byStep.get(s) : null));
     });
     const plotData = [steps, ...columns];
@@ -117,6 +120,8 @@ async function openRun(id) {
   const schedule = () => { pending = pending || setTimeout(() => { pending = null; reload(); }, 250); };
   source.addEventListener("status", schedule);
   source.addEventListener("metrics", schedule);
+  // The run has ended and its log is read to the end: nothing more will come.
+  source.addEventListener("end", () => { source.close(); schedule(); });
   current.source = source;
   refreshRuns();
 }
