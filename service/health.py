@@ -10,7 +10,8 @@ from typing import Literal
 
 from sqlalchemy.orm import Session
 
-from service.models import Run, RunEvent, utcnow
+from service.models import Run
+from service.status import note
 
 Health = Literal["ok", "stuck", "stalled", "nan", "reward_collapse"]
 
@@ -21,15 +22,5 @@ def set_health(session: Session, run: Run, health: Health, reason: str | None) -
         return False
     run.health = health
     run.health_reason = reason
-    run.updated_at = utcnow()
-    session.add(
-        RunEvent(
-            run_id=run.id,
-            at=run.updated_at,
-            from_status=run.status,
-            to_status=run.status,
-            reason=f"health {health}: {reason or 'recovered'}",
-        )
-    )
-    session.flush()
+    note(session, run, f"health {health}: {reason or 'recovered'}")
     return True

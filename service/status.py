@@ -71,3 +71,20 @@ def transition(session: Session, run: Run, dst: RunStatus, reason: str) -> RunEv
     session.add(event)
     session.flush()
     return event
+
+
+def note(session: Session, run: Run, reason: str) -> RunEvent:
+    """Append an event that leaves the status as it is (a stop request, a change of health)."""
+    from service.models import RunEvent
+
+    run.updated_at = datetime.now(UTC)
+    event = RunEvent(
+        run_id=run.id,
+        at=run.updated_at,
+        from_status=run.status,
+        to_status=run.status,
+        reason=reason,
+    )
+    session.add(event)
+    session.flush()
+    return event

@@ -22,7 +22,7 @@ from service.models import Run, RunEvent, utcnow
 from service.recipes.base import PRIORITIES, LaunchContext
 from service.schemas import RunOut, RunPage, run_out, run_summary
 from service.shape_check import never_fits
-from service.status import ACTIVE, TERMINAL, RunStatus, transition
+from service.status import ACTIVE, TERMINAL, RunStatus, note, transition
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 
@@ -185,15 +185,6 @@ def cancel_run(
         background.add_task(services.wake, "submitter")
     elif run.status in ACTIVE and run.stop_requested_at is None:
         run.stop_requested_at = utcnow()
-        session.add(
-            RunEvent(
-                run_id=run.id,
-                at=run.stop_requested_at,
-                from_status=run.status,
-                to_status=run.status,
-                reason="stop requested",
-            )
-        )
-        session.flush()
+        note(session, run, "stop requested")
         background.add_task(services.wake, "reconciler")
     return run_out(run, events_of(session, run_id))
