@@ -75,10 +75,6 @@ class Database:
         # the one that opened it. Transactions never nest.
         self._sqlite_lock = threading.Lock() if self.engine.dialect.name == "sqlite" else None
 
-    @property
-    def is_postgres(self) -> bool:
-        return self.engine.dialect.name == "postgresql"
-
     @contextmanager
     def transaction(self) -> Iterator[Session]:
         """One transaction: commit on success, roll back on any error."""

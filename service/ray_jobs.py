@@ -138,11 +138,6 @@ class RayJobs:
         ).json()
         return data
 
-    def nodes(self) -> list[dict[str, Any]]:
-        data = self._check(self._request("GET", "/api/v0/nodes", params={"detail": 1})).json()
-        result: list[dict[str, Any]] = data.get("data", {}).get("result", {}).get("result", [])
-        return result
-
     def package_uri(self, module_dir: Path) -> str:
         """Upload ``module_dir`` as a py_modules package once; return its ``gcs://`` URI."""
         module_dir = module_dir.resolve()
