@@ -61,64 +61,12 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
             log.info("starting a local Ray head with NPUs per node %s", settings.local_npus)
             await asyncio.to_thread(cluster.start)
             address = cluster.address
-        services.ray = RayJobs(address, settings.ray_token, settings.ray_timeout_s)
-        services.inventory = InventoryCache(services.ray, settings.inventory_ttl_s)
+        ray = services.ray = RayJobs(address, settings.ray_token, settings.ray_timeout_s)
+        inventory = services.inventory = InventoryCache(ray, settings.inventory_ttl_s)
         stop = asyncio.Event()
         tasks: list[asyncio.Task[None]] = []
-        follower: Follower | None = None
         if settings.run_loops:
-            owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-            submitter = Submitter(
-                services.db,
-                services.ray,
-                services.inventory,
-                queue.quotas(settings),
-                owner,
-                settings.claim_ttl_s,
-                settings.submit_batch,
-            )
-            reconciler = Reconciler(
-                services.db, services.ray, on_end=lambda: services.wake("submitter")
-            )
-            watchdog = Watchdog(
-                services.db,
-                settings.stuck_submitted_s,
-                settings.stuck_silent_s,
-                settings.stop_stuck,
-                on_stop=lambda: services.wake("reconciler"),
-            )
-            follower = Follower(
-                services.db,
-                services.ray,
-                owner,
-                settings.follower_lease_s,
-                settings.log_keep_chars,
-                HealthRules(
-                    stall_after_s=settings.stall_after_s,
-                    collapse_window=settings.collapse_window,
-                    collapse_patience=settings.collapse_patience,
-                    collapse_drop=settings.collapse_drop,
-                ),
-                services.broker.notify,
-            )
-            services.follower = follower
-            services.loops = {
-                "submitter": Loop(
-                    "submitter", submitter.tick, settings.submit_interval_s, settings.max_backoff_s
-                ),
-                "reconciler": Loop(
-                    "reconciler",
-                    reconciler.tick,
-                    settings.reconcile_interval_s,
-                    settings.max_backoff_s,
-                ),
-                "watchdog": Loop(
-                    "watchdog", watchdog.tick, settings.watchdog_interval_s, settings.max_backoff_s
-                ),
-                "follower": Loop(
-                    "follower", follower.tick, settings.follow_interval_s, settings.max_backoff_s
-                ),
-            }
+            services.loops = build_loops(services, ray, inventory)
             tasks = [asyncio.create_task(loop.run(stop)) for loop in services.loops.values()]
         try:
             yield
@@ -126,10 +74,10 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
             stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)
             await services.broker.close()
-            if follower is not None:
+            if services.follower is not None:
                 # Hand this replica's followers over at once rather than when the lease lapses.
-                await asyncio.to_thread(follower.release)
-            services.ray.close()
+                await asyncio.to_thread(services.follower.release)
+            ray.close()
             services.db.dispose()
             if cluster is not None:
                 await asyncio.to_thread(cluster.cleanup)
@@ -151,3 +99,47 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
     app.include_router(prometheus.router)
     dashboard.install(app)
     return app
+
+
+def build_loops(services: Services, ray: RayJobs, inventory: InventoryCache) -> dict[str, Loop]:
+    """The background loops of one replica, wired to each other's wake-ups."""
+    settings = services.settings
+    owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    submitter = Submitter(
+        services.db,
+        ray,
+        inventory,
+        queue.quotas(settings),
+        owner,
+        settings.claim_ttl_s,
+        settings.submit_batch,
+    )
+    reconciler = Reconciler(services.db, ray, on_end=lambda: services.wake("submitter"))
+    watchdog = Watchdog(
+        services.db,
+        settings.stuck_submitted_s,
+        settings.stuck_silent_s,
+        settings.stop_stuck,
+        on_stop=lambda: services.wake("reconciler"),
+    )
+    services.follower = Follower(
+        services.db,
+        ray,
+        owner,
+        settings.follower_lease_s,
+        settings.log_keep_chars,
+        HealthRules(
+            stall_after_s=settings.stall_after_s,
+            collapse_window=settings.collapse_window,
+            collapse_patience=settings.collapse_patience,
+            collapse_drop=settings.collapse_drop,
+        ),
+        services.broker.notify,
+    )
+    backoff = settings.max_backoff_s
+    return {
+        "submitter": Loop("submitter", submitter.tick, settings.submit_interval_s, backoff),
+        "reconciler": Loop("reconciler", reconciler.tick, settings.reconcile_interval_s, backoff),
+        "watchdog": Loop("watchdog", watchdog.tick, settings.watchdog_interval_s, backoff),
+        "follower": Loop("follower", services.follower.tick, settings.follow_interval_s, backoff),
+    }
