@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,22 +12,16 @@ import httpx
 import pytest
 
 from tests.conftest import wait_for
+from tests.live import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class ServiceProcess:
     """The real service in a child process, so it can die by SIGKILL."""
 
     def __init__(self, db_url: str, ray_address: str, log_path: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = os.environ | {
             "PYTHONPATH": str(ROOT),

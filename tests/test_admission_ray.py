@@ -25,6 +25,14 @@ def submit(client: TestClient, **spec: Any) -> str:
     return run_id
 
 
+def fill_cluster(client: TestClient) -> list[str]:
+    """Two long runs of 8 NPUs, one per node, both RUNNING."""
+    hogs = [submit(client, npus=8, seconds=120) for _ in range(2)]
+    for hog in hogs:
+        wait_status(client, hog, {"RUNNING"})
+    return hogs
+
+
 def queue_of(client: TestClient) -> list[str]:
     return [r["id"] for r in client.get("/cluster").json()["queue"]]
 
@@ -115,9 +123,7 @@ def test_a_high_priority_run_overtakes_queued_runs_but_never_preempts(
     service_factory: Callable[..., TestClient], tmp_path: Any
 ) -> None:
     with service_factory(f"sqlite:///{tmp_path}/db.sqlite") as client:
-        hogs = [submit(client, npus=8, seconds=120) for _ in range(2)]
-        for hog in hogs:
-            wait_status(client, hog, {"RUNNING"})
+        hogs = fill_cluster(client)
         normal = submit(client, npus=8, seconds=1)
         high = submit(client, npus=8, seconds=120, priority="high")
         assert queue_of(client) == [high, normal]
@@ -152,9 +158,7 @@ def test_cancelling_a_queued_run_frees_its_place_at_once(
     service_factory: Callable[..., TestClient], tmp_path: Any
 ) -> None:
     with service_factory(f"sqlite:///{tmp_path}/db.sqlite") as client:
-        hogs = [submit(client, npus=8, seconds=120) for _ in range(2)]
-        for hog in hogs:
-            wait_status(client, hog, {"RUNNING"})
+        hogs = fill_cluster(client)
         first, second = submit(client, npus=8, seconds=1), submit(client, npus=8, seconds=1)
         assert queue_of(client) == [first, second]
         client.post(f"/runs/{first}/cancel")

@@ -18,6 +18,7 @@ from service.metrics.parse import MetricLine
 from service.models import MetricPoint, Run, RunEvent, RunLog, utcnow
 from service.ray_jobs import RayJobs
 from service.status import RunStatus
+from tests.factories import add_run
 
 
 @pytest.fixture
@@ -26,25 +27,6 @@ def db(db_url: str) -> Iterator[Database]:
     database = Database(db_url)
     yield database
     database.dispose()
-
-
-def add_run(db: Database, run_id: str = "r1", status: RunStatus = RunStatus.RUNNING) -> str:
-    with db.transaction() as s:
-        now = utcnow()
-        s.add(
-            Run(
-                id=run_id,
-                name=run_id,
-                recipe="x",
-                team="t",
-                status=status,
-                spec={},
-                launch={"argv": [], "entrypoint": "", "runtime_env": {}, "shape": {}},
-                submitted_at=now,
-                started_at=now,
-            )
-        )
-    return run_id
 
 
 class FakeRay:

@@ -33,11 +33,10 @@ from service.app import create_app
 from service.db import Database, upgrade
 from service.metrics import store
 from service.metrics.parse import MetricLine
-from service.models import Run, utcnow
 from service.recipes.base import Launch, LaunchContext, ResourceShape, RunSpec
 from service.recipes.registry import default_registry
 from service.settings import Settings
-from service.status import RunStatus
+from tests.factories import add_run
 
 PG_ADMIN = os.environ.get("RLRUN_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 RAY_PORT = int(os.environ.get("RLRUN_TEST_RAY_PORT", "46379")) + 200
@@ -62,24 +61,6 @@ def databases(tmp: Path) -> Iterator[list[tuple[str, str]]]:
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
         admin.dispose()
-
-
-def add_run(db: Database, run_id: str, status: RunStatus = RunStatus.RUNNING) -> None:
-    with db.transaction() as s:
-        now = utcnow()
-        s.add(
-            Run(
-                id=run_id,
-                name=run_id,
-                recipe="bench",
-                team="bench",
-                status=status,
-                spec={},
-                launch={"argv": [], "entrypoint": "", "runtime_env": {}, "shape": {}},
-                submitted_at=now,
-                started_at=now,
-            )
-        )
 
 
 def bench_ingest(urls: list[tuple[str, str]]) -> None:
