@@ -74,6 +74,10 @@ class ServiceProcess:
         self.kills += 1
 
     def stop(self) -> None:
+        """SIGTERM, and SIGKILL if it has not exited within 30 s: never leave it running."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
-            self.proc.wait(30)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
