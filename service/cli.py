@@ -140,7 +140,7 @@ def _follow(server: str, run_id: str) -> None:
                 if resp.status_code >= 400:
                     console.print_json(resp.read().decode())
                     raise typer.Exit(1)
-                for kind, data, event_id in _sse(resp.iter_lines()):
+                for kind, data, event_id in parse_sse(resp.iter_lines()):
                     last_id = event_id or last_id
                     if kind == "end":
                         return
@@ -150,7 +150,8 @@ def _follow(server: str, run_id: str) -> None:
             time.sleep(1)
 
 
-def _sse(lines: Iterator[str]) -> Iterator[tuple[str, Any, str | None]]:
+def parse_sse(lines: Iterator[str]) -> Iterator[tuple[str, Any, str | None]]:
+    """Server-Sent Events from text lines: (event name, JSON data, id) per event."""
     kind, data, event_id = "message", "", None
     for line in lines:
         if line.startswith("event: "):

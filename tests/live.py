@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 import time
@@ -12,6 +11,8 @@ from typing import Any
 import httpx
 import uvicorn
 from fastapi import FastAPI
+
+from service.cli import parse_sse
 
 
 def free_port() -> int:
@@ -82,17 +83,8 @@ class SseClient:
         with httpx.stream("GET", url, headers=headers, timeout=httpx.Timeout(5, read=60)) as r:
             r.raise_for_status()
             self.connections += 1
-            kind, data, ev_id = "message", "", None
-            for line in r.iter_lines():
-                if line.startswith("event: "):
-                    kind = line[7:]
-                elif line.startswith("data: "):
-                    data += line[6:]
-                elif line.startswith("id: "):
-                    ev_id = line[4:]
-                elif line == "" and data:
-                    self._deliver(Event(kind, ev_id, json.loads(data)))
-                    kind, data, ev_id = "message", "", None
+            for kind, data, ev_id in parse_sse(r.iter_lines()):
+                self._deliver(Event(kind, ev_id, data))
 
     def _deliver(self, event: Event) -> None:
         with self.received:

@@ -11,10 +11,11 @@ from service.recipes.base import Group, Launch, LaunchContext, ResourceShape, Ru
 from service.recipes.registry import RecipeRegistry
 
 # Runs on the cluster as `python3 -c SCRIPT name seconds exit_code message`.
-SCRIPT = """
-import sys, time
+_ARGS = """
+import json, sys, time
 name, seconds, code, message = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-print("script run", name, flush=True)
+"""
+_RUN = """
 deadline = time.time() + seconds
 while time.time() < deadline:
     time.sleep(0.2)
@@ -22,26 +23,23 @@ if message:
     print(message, flush=True)
 sys.exit(code)
 """
+SCRIPT = _ARGS + 'print("script run", name, flush=True)' + _RUN
 
-
-# With `groups`: the job also holds one placement group with a bundle per group until it ends.
-PG_SCRIPT = """
-import json, sys, time
+# With `groups`: the job also holds one placement group with a bundle per group until it ends
+# (`python3 -c PG_SCRIPT name seconds exit_code message bundles_json`).
+PG_SCRIPT = (
+    _ARGS
+    + """
 import ray
 from ray.util.placement_group import placement_group
-name, seconds, code, message = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 bundles = json.loads(sys.argv[5])
 ray.init()
 pg = placement_group(bundles, strategy="PACK")
 ray.get(pg.ready())
 print("script run", name, "placed", len(bundles), "groups", flush=True)
-deadline = time.time() + seconds
-while time.time() < deadline:
-    time.sleep(0.2)
-if message:
-    print(message, flush=True)
-sys.exit(code)
 """
+    + _RUN
+)
 
 
 class GroupSpec(BaseModel):
