@@ -1,9 +1,9 @@
-"""Alembic environment: runs migrations against the URL set by ``service.db.alembic_config``."""
+"""Alembic environment: runs migrations against the URL set by ``service.store.db.alembic_config``."""
 
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
-from service.models import Base, UTCDateTime
+from service.store.models import Base, UTCDateTime
 
 config = context.config
 target_metadata = Base.metadata

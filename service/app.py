@@ -12,24 +12,25 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from service import dashboard, queue
-from service import db as dbmod
+from service import dashboard
 from service.api import cluster as cluster_api
-from service.api import health, metrics, prometheus, runs, script
-from service.deps import Services
+from service.api import probes, prometheus, run_metrics, runs, script
+from service.api.deps import Services
+from service.cluster.local_ray import LocalRayCluster
+from service.cluster.ray_jobs import RayJobs
 from service.errors import install_handlers
-from service.inventory import InventoryCache
-from service.local_ray import LocalRayCluster
 from service.loops.base import Loop
 from service.loops.follower import Follower
 from service.loops.reconciler import Reconciler
 from service.loops.submitter import Submitter
 from service.loops.watchdog import Watchdog
 from service.metrics.broker import Broker
-from service.metrics.health_checks import HealthRules
-from service.ray_jobs import RayJobs
+from service.metrics.health import HealthRules
 from service.recipes.registry import RecipeRegistry, default_registry
+from service.scheduling import backlog
+from service.scheduling.inventory import InventoryCache
 from service.settings import Settings
+from service.store import db as dbmod
 
 log = logging.getLogger(__name__)
 
@@ -91,11 +92,11 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
     )
     app.state.services = services
     install_handlers(app)
-    app.include_router(health.router)
+    app.include_router(probes.router)
     app.include_router(runs.router)
     app.include_router(script.router)
     app.include_router(cluster_api.router)
-    app.include_router(metrics.router)
+    app.include_router(run_metrics.router)
     app.include_router(prometheus.router)
     dashboard.install(app)
     return app
@@ -109,7 +110,7 @@ def build_loops(services: Services, ray: RayJobs, inventory: InventoryCache) -> 
         services.db,
         ray,
         inventory,
-        queue.quotas(settings),
+        backlog.quotas(settings),
         owner,
         settings.claim_ttl_s,
         settings.submit_batch,

@@ -39,8 +39,8 @@ def serve(
 @app.command()
 def migrate() -> None:
     """Upgrade the database in RLRUN_DATABASE_URL to the newest schema."""
-    from service.db import upgrade
     from service.settings import Settings
+    from service.store.db import upgrade
 
     upgrade(Settings().database_url)
     console.print("database is at head")

@@ -9,8 +9,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from service.metrics.store import json_value
-from service.models import Run, RunEvent
 from service.recipes.base import PRIORITIES
+from service.store.models import Run, RunEvent
 
 PRIORITY_NAMES = {v: k for k, v in PRIORITIES.items()}
 

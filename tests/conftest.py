@@ -14,11 +14,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
 from service.app import create_app
-from service.db import upgrade
-from service.local_ray import LocalRayCluster
-from service.models import Base
-from service.ray_jobs import RayJobs
+from service.cluster.local_ray import LocalRayCluster
+from service.cluster.ray_jobs import RayJobs
 from service.settings import Settings
+from service.store.db import upgrade
+from service.store.models import Base
 
 PG_ADMIN_URL = os.environ.get("RLRUN_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 # Ports for the session's Ray cluster; outside 10002-19999, which Ray keeps for its workers.

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from service.db import Database
-from service.models import Run, utcnow
-from service.status import RunStatus
+from service.store.db import Database
+from service.store.models import Run, utcnow
+from service.store.status import RunStatus
 
 
 def add_run(db: Database, run_id: str = "r1", status: RunStatus = RunStatus.RUNNING) -> str:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from service.admission import HeldRun, QueuedRun, Quotas, decide
-from service.inventory import Inventory, Node
 from service.recipes.base import PRIORITIES, Group, ResourceShape
+from service.scheduling.admission import HeldRun, QueuedRun, Quotas, decide
+from service.scheduling.inventory import Inventory, Node
 
 NORMAL, HIGH, LOW = PRIORITIES["normal"], PRIORITIES["high"], PRIORITIES["low"]
 

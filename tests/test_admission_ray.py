@@ -9,8 +9,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.app import create_app
-from service.local_ray import LocalRayCluster
-from service.ray_jobs import RayJobs
+from service.cluster.local_ray import LocalRayCluster
+from service.cluster.ray_jobs import RayJobs
 from tests.conftest import RAY_PORT, TERMINAL, make_settings, wait_for, wait_status
 
 pytestmark = pytest.mark.ray

@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.local_ray import LocalRayCluster
-from service.ray_jobs import RayJobs
+from service.cluster.local_ray import LocalRayCluster
+from service.cluster.ray_jobs import RayJobs
 from tests.conftest import _truncate, wait_for
 from tests.service_process import ServiceProcess
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from service.app import create_app
-from service.local_ray import LocalRayCluster
+from service.cluster.local_ray import LocalRayCluster
 from tests.conftest import make_settings
 from tests.live import ServerThread
 

@@ -10,14 +10,14 @@ from typing import Any, cast
 import pytest
 from sqlalchemy import func, select, update
 
-from service.db import Database, upgrade
+from service.cluster.ray_jobs import RayJobs
 from service.loops.follower import Follower
 from service.metrics import logcopy, store
-from service.metrics.health_checks import HealthRules
+from service.metrics.health import HealthRules
 from service.metrics.parse import MetricLine
-from service.models import MetricPoint, Run, RunEvent, RunLog, utcnow
-from service.ray_jobs import RayJobs
-from service.status import RunStatus
+from service.store.db import Database, upgrade
+from service.store.models import MetricPoint, Run, RunEvent, RunLog, utcnow
+from service.store.status import RunStatus
 from tests.factories import add_run
 
 

@@ -8,10 +8,10 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from service.db import Database
 from service.metrics import logcopy, store
 from service.metrics.parse import MetricLine
-from service.models import RunLog, utcnow
+from service.store.db import Database
+from service.store.models import RunLog, utcnow
 
 
 def queued_run(api: TestClient) -> str:

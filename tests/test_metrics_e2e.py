@@ -13,10 +13,10 @@ from typer.testing import CliRunner
 
 from service.app import create_app
 from service.cli import app as cli
-from service.local_ray import LocalRayCluster
+from service.cluster.local_ray import LocalRayCluster
+from service.cluster.ray_jobs import RayJobs
 from service.metrics.parse import parse_line
 from service.metrics.store import json_value
-from service.ray_jobs import RayJobs
 from tests.conftest import TERMINAL, make_settings, wait_status
 from tests.live import ServerThread, SseClient
 

@@ -6,8 +6,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect
 
-from service.db import downgrade, upgrade
-from service.models import Base
+from service.store.db import downgrade, upgrade
+from service.store.models import Base
 
 
 def _tables(url: str) -> set[str]:

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from service.local_ray import LocalRayCluster
-from service.ray_jobs import RayJobs
+from service.cluster.local_ray import LocalRayCluster
+from service.cluster.ray_jobs import RayJobs
 from tests.conftest import RAY_PORT, make_settings, wait_for, wait_status
 
 pytestmark = pytest.mark.ray

@@ -7,9 +7,10 @@ import itertools
 import pytest
 from sqlalchemy import select
 
-from service.db import Database, upgrade
-from service.models import Run, RunEvent
-from service.status import ACTIVE, TERMINAL, IllegalTransition, RunStatus, is_allowed, transition
+from service.store.db import Database, upgrade
+from service.store.lifecycle import IllegalTransition, transition
+from service.store.models import Run, RunEvent
+from service.store.status import ACTIVE, TERMINAL, RunStatus, is_allowed
 
 LEGAL = {
     (RunStatus.QUEUED, RunStatus.SUBMITTED),

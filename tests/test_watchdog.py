@@ -7,9 +7,9 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select
 
-from service.db import Database, upgrade
 from service.loops.watchdog import Watchdog
-from service.models import Run, RunEvent, utcnow
+from service.store.db import Database, upgrade
+from service.store.models import Run, RunEvent, utcnow
 
 NOW = utcnow()
 

@@ -7,11 +7,11 @@ from typing import Any
 from fastapi import APIRouter
 from sqlalchemy import select
 
-from service import queue
-from service.admission import PRIORITY_NAMES, decide, held_by_team
-from service.deps import InventoryDep, ServicesDep, SessionDep
-from service.inventory import Inventory
-from service.models import Run, utcnow
+from service.api.deps import InventoryDep, ServicesDep, SessionDep
+from service.scheduling import backlog
+from service.scheduling.admission import PRIORITY_NAMES, decide, held_by_team
+from service.scheduling.inventory import Inventory
+from service.store.models import Run, utcnow
 
 router = APIRouter(tags=["cluster"])
 
@@ -22,14 +22,14 @@ def get_cluster(
 ) -> dict[str, Any]:
     """The queue order and reasons are admission's own decision on the current inventory."""
     now = utcnow()
-    quotas = queue.quotas(services.settings)
-    rows = queue.queued(session, now)
-    held = queue.held(session, now, inventory.fetched_at if inventory else now.timestamp())
+    quotas = backlog.quotas(services.settings)
+    rows = backlog.queued(session, now)
+    held = backlog.held(session, now, inventory.fetched_at if inventory else now.timestamp())
     decision = decide([r.run for r in rows], held, inventory or Inventory(()), quotas)
     by_id = {r.run.id: r for r in rows}
     active = session.execute(
         select(Run.id, Run.name, Run.team, Run.status, Run.priority, Run.launch)
-        .where(queue.is_held(now))
+        .where(backlog.is_held(now))
         .order_by(Run.id)
     ).all()
     teams = {

@@ -8,9 +8,9 @@ from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 from sqlalchemy import func, select
 
-from service.deps import ServicesDep, SessionDep
-from service.models import Run
-from service.status import RunStatus
+from service.api.deps import ServicesDep, SessionDep
+from service.store.models import Run
+from service.store.status import RunStatus
 
 router = APIRouter(tags=["health"])
 

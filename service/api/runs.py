@@ -12,17 +12,19 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from service import queue
-from service.admission import QueuedRun
-from service.deps import InventoryDep, ServicesDep, SessionDep
-from service.errors import Conflict, NotFound
+from service.api.deps import InventoryDep, ServicesDep, SessionDep
+from service.errors import Conflict
 from service.ids import new_run_id
 from service.metrics import store
-from service.models import Run, RunEvent, utcnow
 from service.recipes.base import PRIORITIES, LaunchContext
+from service.scheduling import backlog
+from service.scheduling.admission import QueuedRun
+from service.scheduling.fit import never_fits
 from service.schemas import RunOut, RunPage, run_out, run_summary
-from service.shape_check import never_fits
-from service.status import ACTIVE, TERMINAL, RunStatus, note, transition
+from service.store.lifecycle import note, transition
+from service.store.models import Run, RunEvent, utcnow
+from service.store.runs import events_of, load_run
+from service.store.status import ACTIVE, TERMINAL, RunStatus
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 
@@ -33,19 +35,6 @@ def request_hash(body: Any) -> str:
     return hashlib.sha256(
         json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
     ).hexdigest()
-
-
-def load_run(session: Session, run_id: str, lock: bool = False) -> Run:
-    run = session.get(Run, run_id, with_for_update=lock)
-    if run is None:
-        raise NotFound(f"no run {run_id!r}")
-    return run
-
-
-def events_of(session: Session, run_id: str) -> list[RunEvent]:
-    return list(
-        session.scalars(select(RunEvent).where(RunEvent.run_id == run_id).order_by(RunEvent.id))
-    )
 
 
 @router.post(
@@ -73,7 +62,7 @@ def create_run(
     run_id = new_run_id()
     ctx = LaunchContext(run_id=run_id, stop_grace_s=services.settings.stop_grace_s)
     spec, launch = services.registry.build(body, ctx)
-    quotas = queue.quotas(services.settings)
+    quotas = backlog.quotas(services.settings)
     refusal = None
     if inventory is not None:
         refusal = never_fits(launch.shape, inventory, spec.team, quotas.of(spec.team))
@@ -81,7 +70,7 @@ def create_run(
         raise refusal
     if dry_run:
         candidate = QueuedRun(run_id, spec.team, PRIORITIES[spec.priority], launch.shape)
-        plan = queue.plan(session, inventory, candidate, quotas, utcnow())
+        plan = backlog.plan(session, inventory, candidate, quotas, utcnow())
         if refusal:
             plan |= {
                 "feasible_ever": False,

@@ -15,8 +15,8 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 
-from service.api.runs import load_run
-from service.deps import SessionDep
+from service.api.deps import SessionDep
+from service.store.runs import load_run
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 

@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from service.ray_jobs import RayUnavailable
+from service.cluster.ray_jobs import RayUnavailable
 
 log = logging.getLogger(__name__)
 

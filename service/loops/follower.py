@@ -19,13 +19,13 @@ from datetime import datetime, timedelta
 from sqlalchemy import exists, or_, select
 from sqlalchemy.orm import Session
 
-from service.db import Database
+from service.cluster.ray_jobs import RayJobs
 from service.metrics import logcopy, store
-from service.metrics.health_checks import HealthRules, evaluate
+from service.metrics.health import HealthRules, evaluate
 from service.metrics.parse import MetricLine, parse_line
-from service.models import Run, RunLog, utcnow
-from service.ray_jobs import RayJobs
-from service.status import TERMINAL, RunStatus
+from service.store.db import Database
+from service.store.models import Run, RunLog, utcnow
+from service.store.status import TERMINAL, RunStatus
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,11 @@ from collections.abc import Callable
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.db import Database
-from service.models import Run
-from service.ray_jobs import JobInfo, RayJobs
-from service.status import ACTIVE, TERMINAL, RunStatus, transition
+from service.cluster.ray_jobs import JobInfo, RayJobs
+from service.store.db import Database
+from service.store.lifecycle import transition
+from service.store.models import Run
+from service.store.status import ACTIVE, TERMINAL, RunStatus
 
 _RAY_TO_RUN = {
     "RUNNING": RunStatus.RUNNING,

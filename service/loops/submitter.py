@@ -17,13 +17,14 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 import jobs
-from service import queue
-from service.admission import Quotas, decide
-from service.db import Database
-from service.inventory import Inventory, InventoryCache
-from service.models import Run, utcnow
-from service.ray_jobs import RayJobs, RayRejected, RayUnavailable
-from service.status import RunStatus, transition
+from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable
+from service.scheduling import backlog
+from service.scheduling.admission import Quotas, decide
+from service.scheduling.inventory import Inventory, InventoryCache
+from service.store.db import Database
+from service.store.lifecycle import transition
+from service.store.models import Run, utcnow
+from service.store.status import RunStatus
 
 log = logging.getLogger(__name__)
 JOBS_DIR = Path(jobs.__file__).parent
@@ -64,13 +65,13 @@ class Submitter:
 
     def _claim(self, session: Session, inventory: Inventory) -> list[Claimed]:
         """Decide the round, claim the admitted runs and record why the others wait."""
-        if not queue.lock_admission(session):
+        if not backlog.lock_admission(session):
             return []
         now = utcnow()
-        rows = queue.queued(session, now, claim=True)
+        rows = backlog.queued(session, now, claim=True)
         if not rows:
             return []
-        held = queue.held(session, now, inventory.fetched_at)
+        held = backlog.held(session, now, inventory.fetched_at)
         decision = decide([r.run for r in rows], held, inventory, self.quotas, self.batch)
         admitted = set(decision.admit)
         out = []
@@ -79,7 +80,7 @@ class Submitter:
             if run_id in admitted:
                 claim = (
                     update(Run)
-                    .where(Run.id == run_id, Run.status == RunStatus.QUEUED, queue.unclaimed(now))
+                    .where(Run.id == run_id, Run.status == RunStatus.QUEUED, backlog.unclaimed(now))
                     .values(
                         claim_owner=self.owner,
                         claim_expires_at=now + self.claim_ttl,

@@ -12,10 +12,10 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import select
 
-from service.db import Database
-from service.health import set_health
-from service.models import Run, RunEvent, utcnow
-from service.status import ACTIVE, RunStatus
+from service.store.db import Database
+from service.store.lifecycle import set_health
+from service.store.models import Run, RunEvent, utcnow
+from service.store.status import ACTIVE, RunStatus
 
 
 class Watchdog:

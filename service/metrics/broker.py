@@ -17,10 +17,10 @@ from typing import Any, Literal
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from service.db import Database
 from service.metrics import store
-from service.models import MetricPoint, Run, RunEvent, RunLog
-from service.status import TERMINAL
+from service.store.db import Database
+from service.store.models import MetricPoint, Run, RunEvent, RunLog
+from service.store.status import TERMINAL
 
 
 @dataclass(frozen=True, order=True)

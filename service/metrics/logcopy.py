@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from service.models import LogChunk
+from service.store.models import LogChunk
 
 
 def append(session: Session, run_id: str, start: int, text: str, keep_chars: int) -> None:

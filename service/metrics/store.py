@@ -16,7 +16,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from service.metrics.parse import MetricLine
-from service.models import MetricPoint
+from service.store.models import MetricPoint
 
 # Keys shown as ``metrics.latest`` on a run: reward, validation, async health, staleness.
 LATEST_KEYS = (

@@ -26,16 +26,16 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy import insert
 
-from service.admission import HeldRun, QueuedRun, Quotas, decide
 from service.app import create_app
-from service.db import Database, upgrade
-from service.inventory import Inventory, Node
-from service.local_ray import LocalRayCluster
+from service.cluster.local_ray import LocalRayCluster
+from service.cluster.ray_jobs import RayJobs
 from service.loops.submitter import Submitter
-from service.models import Run, utcnow
-from service.ray_jobs import RayJobs
 from service.recipes.base import Group, ResourceShape
+from service.scheduling.admission import HeldRun, QueuedRun, Quotas, decide
+from service.scheduling.inventory import Inventory, Node
 from service.settings import Settings
+from service.store.db import Database, upgrade
+from service.store.models import Run, utcnow
 
 SHAPES = [
     ResourceShape(

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 from sqlalchemy import create_engine, text
 
-from service.local_ray import LocalRayCluster
+from service.cluster.local_ray import LocalRayCluster
 from tests.service_process import ServiceProcess
 
 CLIENTS = 16

@@ -30,12 +30,12 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
 from service.app import create_app
-from service.db import Database, upgrade
 from service.metrics import store
 from service.metrics.parse import MetricLine
 from service.recipes.base import Launch, LaunchContext, ResourceShape, RunSpec
 from service.recipes.registry import default_registry
 from service.settings import Settings
+from service.store.db import Database, upgrade
 from tests.factories import add_run
 
 PG_ADMIN = os.environ.get("RLRUN_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -165,7 +165,7 @@ class PrinterRecipe:
 
 
 def bench_latency(tmp: Path) -> None:
-    from service.local_ray import LocalRayCluster
+    from service.cluster.local_ray import LocalRayCluster
     from tests.live import ServerThread, SseClient
 
     cluster = LocalRayCluster(
@@ -208,7 +208,7 @@ def bench_latency(tmp: Path) -> None:
 
 def bench_tiny_grpo(tmp: Path) -> None:
     """Default tiny-grpo on a local head: seconds from POST to a mean reward above 0.8."""
-    from service.local_ray import LocalRayCluster
+    from service.cluster.local_ray import LocalRayCluster
     from tests.live import ServerThread, SseClient
 
     cluster = LocalRayCluster(
@@ -249,7 +249,7 @@ import sys, time, threading, uvicorn
 from service.app import create_app
 from service.settings import Settings
 from service.loops.follower import Follower
-from service.metrics.health_checks import HealthRules
+from service.metrics.health import HealthRules
 
 url, port, runs, t0 = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 

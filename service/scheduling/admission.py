@@ -24,9 +24,9 @@ from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from service.inventory import Inventory
-from service.placement import EPS, Fitter, Placement, Pool, pack
 from service.recipes.base import PRIORITIES, ResourceShape
+from service.scheduling.inventory import Inventory
+from service.scheduling.placement import EPS, Fitter, Placement, Pool, pack
 
 PRIORITY_NAMES = {v: k for k, v in PRIORITIES.items()}
 # Resources the service's own account keeps cluster-wide.

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.ray_jobs import RayJobs, RayRejected, RayUnavailable
+from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable
 
 # Resources shown and planned with; Ray also reports per-node labels such as "node:<ip>".
 SHOWN = ("NPU", "GPU", "CPU", "memory")

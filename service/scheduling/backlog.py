@@ -9,13 +9,13 @@ from typing import Any
 from sqlalchemy import ColumnElement, or_, select, text
 from sqlalchemy.orm import Session
 
-from service.admission import HeldRun, QueuedRun, Quotas, decide
-from service.inventory import Inventory
-from service.models import Run
-from service.placement import Pool, pack
 from service.recipes.base import ResourceShape
+from service.scheduling.admission import HeldRun, QueuedRun, Quotas, decide
+from service.scheduling.inventory import Inventory
+from service.scheduling.placement import Pool, pack
 from service.settings import Settings
-from service.status import ACTIVE, RunStatus
+from service.store.models import Run
+from service.store.status import ACTIVE, RunStatus
 
 # Ray's per-node usage (``/api/cluster_status``) is refreshed about every 5 s. Until a run has
 # been RUNNING this long, the service subtracts it from Ray's "available" itself (counting it

@@ -13,11 +13,11 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from service.health import Health, set_health
 from service.metrics import store
 from service.metrics.parse import MetricLine
-from service.models import Run, RunLog
-from service.status import RunStatus
+from service.store.lifecycle import set_health
+from service.store.models import Run, RunLog
+from service.store.status import Health, RunStatus
 
 REWARD_KEY = "critic/score/mean"
 OWN: frozenset[str] = frozenset({"ok", "nan", "reward_collapse", "stalled"})

@@ -10,12 +10,12 @@ from fastapi.responses import PlainTextResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel
 
-from service.api.runs import load_run
-from service.deps import ServicesDep, SessionDep
+from service.api.deps import ServicesDep, SessionDep
 from service.errors import InvalidSpec, field_error
 from service.metrics import logcopy, store
 from service.metrics.broker import Cursor
 from service.metrics.store import json_value
+from service.store.runs import load_run
 
 router = APIRouter(prefix="/runs", tags=["metrics"])
 

@@ -8,8 +8,8 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
-from service.deps import ServicesDep
-from service.ray_jobs import RayRejected, RayUnavailable
+from service.api.deps import ServicesDep
+from service.cluster.ray_jobs import RayRejected, RayUnavailable
 
 router = APIRouter(tags=["health"])
 

@@ -12,9 +12,9 @@ from collections import defaultdict
 from dataclasses import replace
 
 from service.errors import InvalidSpec, field_error
-from service.inventory import Inventory
-from service.placement import Pool, pack
 from service.recipes.base import Group, ResourceShape
+from service.scheduling.inventory import Inventory
+from service.scheduling.placement import Pool, pack
 
 
 def never_fits(

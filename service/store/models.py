@@ -21,7 +21,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from service.status import RunStatus
+from service.store.status import RunStatus
 
 
 class UTCDateTime(TypeDecorator[datetime]):

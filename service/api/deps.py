@@ -10,14 +10,14 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
-from service.db import Database
-from service.inventory import Inventory, InventoryCache
+from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable
 from service.loops.base import Loop
 from service.loops.follower import Follower
 from service.metrics.broker import Broker
-from service.ray_jobs import RayJobs, RayRejected, RayUnavailable
 from service.recipes.registry import RecipeRegistry
+from service.scheduling.inventory import Inventory, InventoryCache
 from service.settings import Settings
+from service.store.db import Database
 
 log = logging.getLogger(__name__)
 

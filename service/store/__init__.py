@@ -1,0 +1,1 @@
+"""The system of record: engine and transaction boundary, models, the lifecycle's one writer."""

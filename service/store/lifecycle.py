@@ -1,0 +1,62 @@
+"""The one writer of a run's status, health and events: every change appends a ``RunEvent``."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy.orm import Session
+
+from service.errors import Conflict
+from service.store.models import Run, RunEvent
+from service.store.status import TERMINAL, Health, RunStatus, is_allowed
+
+
+class IllegalTransition(Conflict):
+    title = "Illegal status transition"
+
+
+def transition(session: Session, run: Run, dst: RunStatus, reason: str) -> RunEvent:
+    """Move ``run`` to ``dst``, stamp its timestamps and append a RunEvent; flush, never commit."""
+    src = RunStatus(run.status)
+    if not is_allowed(src, dst):
+        raise IllegalTransition(f"run {run.id} cannot go from {src} to {dst}")
+    now = datetime.now(UTC)
+    run.status = dst
+    run.updated_at = now
+    if dst is RunStatus.SUBMITTED:
+        run.submitted_at = now
+    elif dst is RunStatus.RUNNING:
+        run.started_at = now
+    if dst in TERMINAL:
+        run.ended_at = now
+        run.claim_owner = None
+        run.claim_expires_at = None
+    event = RunEvent(run_id=run.id, at=now, from_status=src, to_status=dst, reason=reason)
+    session.add(event)
+    session.flush()
+    return event
+
+
+def note(session: Session, run: Run, reason: str) -> RunEvent:
+    """Append an event that leaves the status as it is (a stop request, a change of health)."""
+    run.updated_at = datetime.now(UTC)
+    event = RunEvent(
+        run_id=run.id,
+        at=run.updated_at,
+        from_status=run.status,
+        to_status=run.status,
+        reason=reason,
+    )
+    session.add(event)
+    session.flush()
+    return event
+
+
+def set_health(session: Session, run: Run, health: Health, reason: str | None) -> bool:
+    """Record a change of health (with an event); returns whether anything changed."""
+    if run.health == health and run.health_reason == reason:
+        return False
+    run.health = health
+    run.health_reason = reason
+    note(session, run, f"health {health}: {reason or 'recovered'}")
+    return True

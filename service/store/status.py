@@ -1,0 +1,41 @@
+"""The run lifecycle's vocabulary: statuses, legal moves, health names. No database here."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+
+class RunStatus(StrEnum):
+    QUEUED = "QUEUED"
+    SUBMITTED = "SUBMITTED"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    STOPPED = "STOPPED"
+    CANCELLED = "CANCELLED"
+    LOST = "LOST"
+
+
+TERMINAL = frozenset(
+    {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.STOPPED, RunStatus.CANCELLED, RunStatus.LOST}
+)
+ACTIVE = frozenset({RunStatus.SUBMITTED, RunStatus.RUNNING})
+
+_ENDS = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.STOPPED, RunStatus.LOST})
+# Polling may skip states (SUBMITTED -> SUCCEEDED); terminal states are final. A queued run
+# fails without reaching Ray only when Ray refuses the job outright.
+ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {
+    RunStatus.QUEUED: frozenset({RunStatus.SUBMITTED, RunStatus.CANCELLED, RunStatus.FAILED}),
+    RunStatus.SUBMITTED: _ENDS | {RunStatus.RUNNING},
+    RunStatus.RUNNING: _ENDS,
+    **{s: frozenset() for s in TERMINAL},
+}
+
+# A run's health beside its status: Ray says RUNNING even while a placement group waits forever;
+# health is how the service says what Ray does not.
+Health = Literal["ok", "stuck", "stalled", "nan", "reward_collapse"]
+
+
+def is_allowed(src: RunStatus, dst: RunStatus) -> bool:
+    return dst in ALLOWED[src]
