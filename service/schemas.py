@@ -60,6 +60,8 @@ class RunSummary(BaseModel):
     status: str
     health: HealthOut
     queue_reason: str | None = None
+    progress: ProgressOut = ProgressOut()
+    reward: float | str | None = None
     created_at: datetime
     submitted_at: datetime | None
     started_at: datetime | None
@@ -76,7 +78,6 @@ class RunOut(RunSummary):
     warnings: list[str]
     ray: RayOut
     stop_requested: bool
-    progress: ProgressOut
     metrics: MetricsOut
     events: list[EventOut]
 
@@ -86,7 +87,17 @@ class RunPage(BaseModel):
     next_cursor: str | None
 
 
-def summary_fields(run: Run) -> dict[str, Any]:
+# What a run's summary shows of its metrics: progress and the latest mean reward.
+SUMMARY_KEYS = (
+    "fully_async/count/current_param_version",
+    "training/global_step",
+    "critic/score/mean",
+)
+
+
+def summary_fields(run: Run, latest: dict[str, tuple[int, float]] | None = None) -> dict[str, Any]:
+    latest = latest or {}
+    reward = latest.get("critic/score/mean")
     return {
         "id": run.id,
         "name": run.name,
@@ -96,6 +107,8 @@ def summary_fields(run: Run) -> dict[str, Any]:
         "status": run.status,
         "health": HealthOut(status=run.health, reason=run.health_reason),
         "queue_reason": run.queue_reason if run.status == "QUEUED" else None,
+        "progress": progress_of(run.launch, latest),
+        "reward": json_value(reward[1]) if reward else None,
         "created_at": run.created_at,
         "submitted_at": run.submitted_at,
         "started_at": run.started_at,
@@ -107,8 +120,8 @@ def summary_fields(run: Run) -> dict[str, Any]:
     }
 
 
-def run_summary(run: Run) -> RunSummary:
-    return RunSummary(**summary_fields(run))
+def run_summary(run: Run, latest: dict[str, tuple[int, float]] | None = None) -> RunSummary:
+    return RunSummary(**summary_fields(run, latest))
 
 
 def run_out(
@@ -117,7 +130,7 @@ def run_out(
     launch = run.launch
     latest = latest or {}
     return RunOut(
-        **summary_fields(run),
+        **summary_fields(run, latest),
         spec=run.spec,
         command=launch["argv"],
         entrypoint=launch["entrypoint"],
@@ -132,7 +145,6 @@ def run_out(
             exit_code=run.ray_exit_code,
         ),
         stop_requested=run.stop_requested_at is not None,
-        progress=progress_of(launch, latest),
         metrics=MetricsOut(
             step=max((s for s, _ in latest.values()), default=None),
             latest={k: json_value(v) for k, (_, v) in sorted(latest.items())},

@@ -20,7 +20,7 @@ from service.ids import new_run_id
 from service.metrics import store
 from service.models import Run, RunEvent, utcnow
 from service.recipes.base import PRIORITIES, LaunchContext
-from service.schemas import RunOut, RunPage, run_out, run_summary
+from service.schemas import SUMMARY_KEYS, RunOut, RunPage, run_out, run_summary
 from service.shape_check import never_fits
 from service.status import ACTIVE, TERMINAL, RunStatus, note, transition
 
@@ -89,8 +89,10 @@ def create_run(
                 "errors": refusal.extra["errors"],
                 "suggestion": refusal.extra.get("suggestion"),
             }
-        body = {"dry_run": True, "spec": spec.model_dump(mode="json"), **launch.as_dict()}
-        return JSONResponse(body | {"plan": plan})
+        return JSONResponse(
+            {"dry_run": True, "spec": spec.model_dump(mode="json"), **launch_view(launch.as_dict())}
+            | {"plan": plan}
+        )
     run = Run(
         id=run_id,
         name=spec.name or f"{spec.recipe}-{run_id[-8:]}",
@@ -129,6 +131,13 @@ def create_run(
     return run_out(run, events_of(session, run.id))
 
 
+def launch_view(launch: dict[str, Any]) -> dict[str, Any]:
+    """A stored launch in the API's words: ``command`` (the argv list), as a run answers."""
+    view = dict(launch)
+    view["command"] = view.pop("argv")
+    return view
+
+
 def _replay(session: Session, run: Run, digest: str, response: Response) -> RunOut:
     if run.request_hash != digest:
         raise Conflict(
@@ -158,8 +167,9 @@ def list_runs(
         query = query.where(Run.id < cursor)
     rows = list(session.scalars(query))
     page = rows[:limit]
+    latest = store.latest_of_runs(session, [r.id for r in page], SUMMARY_KEYS)
     return RunPage(
-        items=[run_summary(r) for r in page],
+        items=[run_summary(r, latest.get(r.id)) for r in page],
         next_cursor=page[-1].id if len(rows) > limit else None,
     )
 
