@@ -169,7 +169,7 @@ def submit(
     token: TokenOpt = None,
     output: OutputOpt = Output.table,
 ) -> None:
-    """Submit a run (or only plan it with --dry-run); print its id."""
+    """Submit a run (or only plan it with --dry-run); print its id alone."""
     body = load_spec(spec, preset, set_ or [])
     with connect(server, token) as client:
         if dry_run:
@@ -180,7 +180,10 @@ def submit(
         if output == Output.json and not follow:
             emit_json(run)
             return
-        say(run.id, run.status)
+        # The id alone on standard output: `id=$(rlrun submit spec.yaml)`.
+        sys.stdout.write(run.id + "\n")
+        sys.stdout.flush()
+        say(run.status, style="dim", to=errors)
         if follow:
             raise typer.Exit(follow_run(client, run, output))
 

@@ -76,17 +76,17 @@ class Event:
 
 def parse_sse(lines: Iterable[str]) -> Iterator[Event]:
     """Server-Sent Events from text lines (JSON data); comments (keep-alives) are skipped."""
-    kind, data, event_id = "message", "", None
+    kind, data, event_id = "message", list[str](), None
     for line in lines:
         if line.startswith("event:"):
             kind = line[6:].strip()
         elif line.startswith("data:"):
-            data += line[5:].removeprefix(" ")
+            data.append(line[5:].removeprefix(" "))
         elif line.startswith("id:"):
             event_id = line[3:].strip()
         elif not line and (data or kind != "message"):
-            yield Event(kind, json.loads(data) if data else None, event_id)
-            kind, data, event_id = "message", "", None
+            yield Event(kind, json.loads("\n".join(data)) if data else None, event_id)
+            kind, data, event_id = "message", [], None
 
 
 @dataclass
