@@ -95,6 +95,9 @@ export class Chart {
 
   // series: [{label, stroke, fill?, dash?}], data: [steps, ...columns], bands: uPlot bands
   draw(series, data, bands = []) {
+    // What is drawn, for a reader of the page (and its tests): steps and series.
+    this.box.dataset.points = String(data[0].length);
+    this.box.dataset.series = String(series.length);
     const signature = JSON.stringify([series.map((s) => s.label), bands]);
     if (this.plot && signature === this.signature) {
       this.plot.setData(data);
