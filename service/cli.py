@@ -388,35 +388,41 @@ def logs(
 @app.command()
 def metrics(
     run_id: str,
-    keys: Annotated[
-        str | None, typer.Option("--keys", help="Comma-separated keys; bare --keys lists them")
+    keys: Annotated[bool, typer.Option("--keys", help="List every key the run logs")] = False,
+    key: Annotated[
+        list[str] | None, typer.Option("--key", "-k", help="History of this key (repeatable)")
     ] = None,
     max_points: Annotated[int, typer.Option(help="Downsample above this many points")] = 1000,
     server: ServerOpt = None,
     token: TokenOpt = None,
     output: OutputOpt = Output.table,
 ) -> None:
-    """A run's metric history (step, value, min, max per key), or the keys it logs."""
+    """A run's latest metrics; --keys lists every key it logs, --key K its history
+    (step, value and the min and max of each downsampled bucket)."""
     with connect(server, token) as client:
-        if not keys:
-            names = client.metric_keys(run_id)
-            if output == Output.json:
-                emit_json(names)
-            else:
-                for name in names:
-                    say(name)
-            return
-        series = client.metrics(run_id, keys.split(","), max_points)
+        if keys:
+            names: Any = client.metric_keys(run_id)
+        elif key:
+            series = client.metrics(run_id, key, max_points)
+        else:
+            latest = client.get_run(run_id).metrics
     if output == Output.json:
-        emit_json(series)
-        return
-    table = Table("key", "step", "value", "min", "max", box=None, pad_edge=False)
-    for key, points in series.series.items():
-        for p in points:
-            table.add_row(
-                Text(clean(key)), str(p.step), number(p.value), number(p.min), number(p.max)
-            )
-    console.print(table)
+        emit_json(names if keys else series if key else latest)
+    elif keys:
+        for name in names:
+            say(name)
+    elif key:
+        table = Table("key", "step", "value", "min", "max", box=None, pad_edge=False)
+        for name, points in series.series.items():
+            for p in points:
+                table.add_row(
+                    Text(clean(name)), str(p.step), number(p.value), number(p.min), number(p.max)
+                )
+        console.print(table)
+    else:
+        say(f"step {latest.step}")
+        for name, value in latest.latest.items():
+            say(f"  {name} = {number(value)}")
 
 
 @app.command()

@@ -102,8 +102,10 @@ def test_read_commands_answer_json_and_the_token_travels(server: str) -> None:
     assert code == 0 and json.loads(out)["id"] == run_id
     code, out, _ = rlrun("cluster", "-o", "json", env=env)
     assert code == 0 and run_id in [q["id"] for q in json.loads(out)["queue"]]
-    code, out, _ = rlrun("metrics", run_id, "-o", "json", env=env)
+    code, out, _ = rlrun("metrics", run_id, "--keys", "-o", "json", env=env)
     assert code == 0 and json.loads(out) == []
+    code, out, _ = rlrun("metrics", run_id, "-k", "critic/score/mean", "-o", "json", env=env)
+    assert code == 0 and json.loads(out) == {"run_id": run_id, "series": {"critic/score/mean": []}}
     code, out, _ = rlrun("script", run_id, env=env)
     assert code == 0 and out.startswith("#!/usr/bin/env bash") and run_id in out
     code, out, _ = rlrun("status", run_id, env=env)
