@@ -360,11 +360,16 @@ def on_event(client: Client, bar: Progress, task: TaskID, run_id: str, event: Ev
 
 
 @app.command()
-def cancel(run_id: str, server: ServerOpt = None, token: TokenOpt = None) -> None:
+def cancel(
+    run_id: str, server: ServerOpt = None, token: TokenOpt = None, output: OutputOpt = Output.table
+) -> None:
     """Cancel a queued run, or stop an active one."""
     with connect(server, token) as client:
         run = client.cancel_run(run_id)
-    say(run.id, run.status, "(stop requested)" if run.stop_requested else "")
+    if output == Output.json:
+        emit_json(run)
+    else:
+        say(run.id, run.status, "(stop requested)" if run.stop_requested else "")
 
 
 @app.command()

@@ -29,6 +29,7 @@ pytestmark = [
     pytest.mark.ray,
     pytest.mark.slow,
 ]
+HOSTILE = '<img src=x onerror="window.pwned=1"> waiting'
 TINY = {"recipe": "tiny-grpo", "team": "research", "total_rollout_steps": 400}
 
 
@@ -62,7 +63,7 @@ def live(ray_cluster: LocalRayCluster, tmp_path_factory: pytest.TempPathFactory)
         hold = {"recipe": "test-script", "team": "capped", "npus": 2, "seconds": 900}
         holder = post(hold | {"name": "holder"})
         wait_status(http, holder, {"RUNNING"}, timeout=90)
-        waiting = post(hold | {"name": "waiting"})
+        waiting = post(hold | {"name": HOSTILE})
         yield Live(url, tiny, holder, waiting)
         for run_id in (*tiny, holder, waiting):
             http.post(f"/runs/{run_id}/cancel")
@@ -127,7 +128,10 @@ def test_runs_view_lists_runs_and_updates_live_without_reload(live: Live, page: 
     row.wait_for()
     assert "tiny lr 2" in row.inner_text() and "research" in row.inner_text()
     assert "tiny-grpo" in row.inner_text()
-    assert page.locator(f"#runs tr[data-id='{live.waiting}'] .badge").inner_text() == "QUEUED"
+    waiting = page.locator(f"#runs tr[data-id='{live.waiting}']")
+    assert waiting.locator(".badge").inner_text() == "QUEUED"
+    # A name is text, never markup.
+    assert HOSTILE in waiting.inner_text() and waiting.locator("img").count() == 0
     # Progress and the reward sparkline arrive while the page stays open.
     row.locator(".reward svg polyline").wait_for(timeout=120_000)
     first = row.locator(".progress").inner_text()
@@ -140,6 +144,7 @@ def test_runs_view_lists_runs_and_updates_live_without_reload(live: Live, page: 
         timeout=120_000,
     )
     assert page.evaluate("window.notReloaded") is True
+    assert page.evaluate("window.pwned") is None
     shot(page, "dashboard-runs.png")
     # Filters are part of the URL, so a filtered view can be shared.
     page.select_option("#status-filter", "QUEUED")

@@ -1,11 +1,11 @@
 // #/runs?status=&team=&cursor=: the runs, newest first, a page at a time, refreshed live.
-import { TERMINAL, every, getJSON } from "./api.js";
+import { every, getJSON } from "./api.js";
 import { badge, h, healthText, link, num, progressCell, since, sparkline } from "./ui.js";
 
 const STATUSES = ["QUEUED", "SUBMITTED", "RUNNING", "SUCCEEDED", "FAILED", "STOPPED", "CANCELLED", "LOST"];
 const PAGE = 50;
 const REWARD = "critic/score/mean";
-const sparks = new Map();  // run id -> {values, final}: an ended run's sparkline is read once
+const sparks = new Map();  // run id -> {values, step}: read again only when the run moved on
 
 export function runsView(root, params, signal) {
   const status = h("select", { id: "status-filter", "aria-label": "status" },
@@ -76,12 +76,10 @@ export function runsView(root, params, signal) {
 }
 
 async function loadSparks(runs, signal) {
-  const wanted = runs.filter((r) => r.reward !== null && !(sparks.get(r.id) || {}).final);
+  const step = (run) => `${run.progress.trainer_step}/${run.progress.step}/${run.reward}`;
+  const wanted = runs.filter((r) => r.reward !== null && (sparks.get(r.id) || {}).step !== step(r));
   await Promise.all(wanted.map(async (run) => {
     const data = await getJSON(`/runs/${encodeURIComponent(run.id)}/metrics?keys=${encodeURIComponent(REWARD)}&max_points=40`, signal);
-    sparks.set(run.id, {
-      values: (data.series[REWARD] || []).map((p) => p.value),
-      final: TERMINAL.has(run.status),
-    });
+    sparks.set(run.id, { values: (data.series[REWARD] || []).map((p) => p.value), step: step(run) });
   }));
 }
