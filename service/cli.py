@@ -26,7 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from service.client import ApiError, Client, Event, Unreachable
-from service.schemas import RunOut
+from service.wire import RunOut
 
 app = typer.Typer(
     help="rlrun: asynchronous RL training runs on a shared Ray cluster.", no_args_is_help=True

@@ -16,9 +16,7 @@ from typing import Any
 
 import httpx
 
-from service.api.metrics import SeriesOut
-from service.api.recipes import RecipeOut
-from service.schemas import RunOut, RunPage, RunSummary
+from service.wire import RecipeOut, RunOut, RunPage, RunSummary, SeriesOut
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED", "CANCELLED", "LOST"})

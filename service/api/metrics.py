@@ -8,7 +8,6 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Query
 from fastapi.responses import PlainTextResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
-from pydantic import BaseModel
 
 from service.api.runs import load_run
 from service.deps import ServicesDep, SessionDep
@@ -16,20 +15,9 @@ from service.errors import InvalidSpec, field_error
 from service.metrics import logcopy, store
 from service.metrics.broker import Cursor
 from service.metrics.store import json_value
+from service.wire import PointOut, SeriesOut
 
 router = APIRouter(prefix="/runs", tags=["metrics"])
-
-
-class PointOut(BaseModel):
-    step: int
-    value: float | str
-    min: float | str
-    max: float | str
-
-
-class SeriesOut(BaseModel):
-    run_id: str
-    series: dict[str, list[PointOut]]
 
 
 def existing_run(session: SessionDep, run_id: str) -> str:

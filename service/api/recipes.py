@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-from pydantic import BaseModel
 
 from service.deps import ServicesDep
+from service.wire import RecipeOut
 
 router = APIRouter(tags=["runs"])
-
-
-class RecipeOut(BaseModel):
-    name: str
-    presets: list[str]
 
 
 @router.get("/recipes", response_model=list[RecipeOut])

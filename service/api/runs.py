@@ -20,9 +20,10 @@ from service.ids import new_run_id
 from service.metrics import store
 from service.models import Run, RunEvent, utcnow
 from service.recipes.base import PRIORITIES, LaunchContext
-from service.schemas import SUMMARY_KEYS, RunOut, RunPage, run_out, run_summary
+from service.schemas import SUMMARY_KEYS, run_out, run_summary
 from service.shape_check import never_fits
 from service.status import ACTIVE, TERMINAL, RunStatus, note, transition
+from service.wire import RunOut, RunPage
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 
