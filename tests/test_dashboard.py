@@ -146,6 +146,16 @@ def test_runs_view_lists_runs_and_updates_live_without_reload(live: Live, page: 
     assert page.evaluate("window.notReloaded") is True
     assert page.evaluate("window.pwned") is None
     shot(page, "dashboard-runs.png")
+    # Two runs picked in the list open side by side.
+    for run_id in live.tiny:
+        page.check(f"#runs tr[data-id='{run_id}'] input[type=checkbox]")
+    page.click("#compare-selected")
+    until(
+        page,
+        f"location.hash === '#/compare?runs={live.tiny[1]},{live.tiny[0]}'"
+        f" || location.hash === '#/compare?runs={live.tiny[0]},{live.tiny[1]}'",
+    )
+    page.goto(f"{live.url}/ui/#/runs")
     # Filters are part of the URL, so a filtered view can be shared.
     page.select_option("#status-filter", "QUEUED")
     until(page, "location.hash.includes('status=QUEUED')")
