@@ -7,6 +7,7 @@ service refused the request (its problem is printed), 4 the service cannot be re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import unicodedata
@@ -350,7 +351,9 @@ def on_event(client: Client, bar: Progress, task: TaskID, run_id: str, event: Ev
         moved = data["from_status"] != data["to_status"]
         text = f"{data['at']} {data['to_status'] if moved else ''} {data['reason']}"
         bar.console.print(Text(clean(text), style="bold" if moved else "dim"))
-        show(bar, task, client.get_run(run_id))
+        # The stream resumes by itself across a service restart; so does this view.
+        with contextlib.suppress(Unreachable):
+            show(bar, task, client.get_run(run_id))
     elif event.kind == "metrics":
         values = event.data["values"]
         if isinstance(values.get(STEP_KEY), int | float):
