@@ -207,6 +207,7 @@ def test_submit_shows_field_errors_then_a_plan_then_submits(live: Live, page: An
     page.fill("#spec-json", '{"recipe": "test-script", "team": "Bad Team", "seconds": -1}')
     page.click("#dry-run")
     page.locator("#errors li[data-field='seconds']").wait_for()
+    assert "line 1" in page.locator("#errors li[data-field='seconds']").inner_text()
     assert page.locator(".field[data-field='team'] .field-error").inner_text() != ""
     assert page.locator("#submit").is_disabled()
     page.fill("#spec-json", '{"recipe": "test-script", "name": "from the form", "npus": 2}')

@@ -72,7 +72,7 @@ export function submitView(root, params, signal) {
     if (!err) { problems.hidden = true; return; }
     const list = err instanceof ApiError && err.errors.length ? err.errors : [{ field: "", msg: err.message }];
     problems.replaceChildren(h("li", { class: "summary" }, err instanceof ApiError ? `${err.problem.title}: ${err.problem.detail}` : "error"),
-      ...list.map((e) => h("li", { dataset: { field: e.field || "" } }, h("code", {}, e.field || "spec"), " ", e.msg)));
+      ...list.map((e) => h("li", { dataset: { field: e.field || "" } }, h("code", {}, e.field || "spec"), " ", e.msg, " ", lineLink(e.field))));
     problems.hidden = false;
     for (const e of list) {
       const box = root.querySelector(`.field[data-field="${CSS.escape(e.field || "")}"]`);
@@ -81,6 +81,21 @@ export function submitView(root, params, signal) {
         box.querySelector(".field-error").textContent = e.msg;
       }
     }
+  };
+
+  // The line of the spec's JSON where an error's field is written, as a link that selects it.
+  const lineLink = (field) => {
+    const leaf = String(field || "").split(/[.[\]]/).filter(Boolean).pop();
+    if (!leaf || /^\d+$/.test(leaf)) return "";
+    const lines = text.value.split("\n");
+    const at = lines.findIndex((l) => l.includes(`"${leaf}"`));
+    if (at < 0) return "";
+    const start = lines.slice(0, at).reduce((n, l) => n + l.length + 1, 0);
+    return h("a", { href: "#", class: "line-link", onclick: (event) => {
+      event.preventDefault();
+      text.focus();
+      text.setSelectionRange(start, start + lines[at].length);
+    } }, `line ${at + 1}`);
   };
 
   const spec = () => {
