@@ -286,6 +286,10 @@ class Client:
         body: dict[str, Any] = self._request("GET", "/healthz").json()
         return body
 
+    def prometheus(self) -> str:
+        """``GET /metrics``: the service's own figures, Prometheus text."""
+        return self._request("GET", "/metrics").text
+
     def readyz(self) -> dict[str, Any]:
         """Readiness; a 503 (not ready) is answered, not raised: ``ready`` says which."""
         try:

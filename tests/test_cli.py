@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from service.app import create_app
 from service.cli import app as cli
 from service.cli import clean
+from service.client import ApiError, Client
 from service.local_ray import LocalRayCluster
 from service.ray_jobs import RayJobs
 from tests.conftest import make_settings
@@ -93,6 +94,18 @@ def test_a_refused_spec_exits_3_naming_each_field(server: str, tmp_path: Path) -
 def test_unreachable_service_exits_4(tmp_path: Path) -> None:
     code, _, err = rlrun("status", "r1", env={"RLRUN_URL": "http://127.0.0.1:9"})
     assert code == 4 and "cannot reach http://127.0.0.1:9" in err
+
+
+def test_the_client_reads_the_service_calls_without_a_run(server: str) -> None:
+    with Client(server) as client:
+        assert client.healthz() == {"status": "ok"}
+        ready = client.readyz()
+        assert ready["checks"]["database"]["ok"] is True and ready["checks"]["ray"]["ok"] is False
+        assert "tiny-grpo" in [r.name for r in client.recipes()]
+        assert "rlrun_" in client.prometheus()
+        with pytest.raises(ApiError) as caught:
+            client.get_run("nope")
+        assert caught.value.status == 404 and "nope" in caught.value.detail
 
 
 def test_read_commands_answer_json_and_the_token_travels(server: str) -> None:
