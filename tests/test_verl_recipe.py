@@ -402,7 +402,7 @@ def test_api_dry_run_shows_argv_runtime_env_shape_and_warnings(api: TestClient) 
     resp = api.post("/runs", params={"dry_run": "true"}, json=PRESET)
     assert resp.status_code == 200, resp.text
     plan = resp.json()
-    assert plan["argv"][2] == "verl.experimental.fully_async_policy.fully_async_main"
+    assert plan["command"][2] == "verl.experimental.fully_async_policy.fully_async_main"
     assert plan["runtime_env"]["env_vars"]["VERL_PLATFORM"] == "huawei"
     assert plan["shape"]["accelerators"] == 32 and plan["warnings"]
     assert api.get("/runs").json()["items"] == []

@@ -22,6 +22,7 @@ class VerlFullyAsyncRecipe:
 
     name: ClassVar[str] = "verl-fully-async"
     spec_model: ClassVar[type[RunSpec]] = VerlFullyAsyncSpec
+    presets: ClassVar[tuple[str, ...]] = tuple(sorted(PRESETS))
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
