@@ -12,7 +12,9 @@ from packaging.requirements import Requirement
 
 def main(path: str) -> None:
     wrong: dict[str, str | None] = {}
-    for raw in open(path, encoding="utf-8"):
+    with open(path, encoding="utf-8") as lines:
+        text = lines.read()
+    for raw in text.splitlines():
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
