@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from service.errors import InvalidSpec, field_error, invalid_from_pydantic
 from service.recipes.base import Launch, LaunchContext, RunSpec
-from service.recipes.verl import command, rules, typed_keys
+from service.recipes.verl import command, preflight, rules, typed_keys
 from service.recipes.verl.hydra_check import OverrideError, base_config, compose, parse
 from service.recipes.verl.preset import PRESETS, deep_merge
 from service.recipes.verl.spec import VerlFullyAsyncSpec
@@ -77,7 +77,10 @@ class VerlFullyAsyncRecipe:
                 f"{len(errors)} verl rule(s) broken, first: {errors[0]['field']}", errors
             )
         return Launch(
-            argv=command.argv(full, items),
+            argv=preflight.launcher_argv(
+                preflight.plan(cfg, full.resources.accelerator, self.settings),
+                command.argv(full, items),
+            ),
             runtime_env=command.runtime_env(full, ctx.stop_grace_s),
             shape=command.shape(cfg, full.resources.accelerator),
             warnings=warnings,

@@ -328,14 +328,6 @@ def _warnings(
             "rollout.n (top level) is unused by verl; responses per prompt are "
             "actor_rollout_ref.rollout.n (the spec's rollout.n)"
         )
-    unchecked = [
-        f"{k}={get(k)!r}"
-        for k in ("data.train_files", "data.val_files", "actor_rollout_ref.model.path")
-    ]
-    out.append(
-        "the service cannot see the cluster's files; make sure these exist on every node: "
-        + ", ".join(unchecked)
-    )
     return out
 
 
