@@ -78,6 +78,8 @@ class RunOut(RunSummary):
     stop_requested: bool
     progress: ProgressOut
     metrics: MetricsOut
+    # The verl launcher's checks on every node before verl started (None until it reports).
+    preflight: dict[str, Any] | None = None
     events: list[EventOut]
 
 
@@ -133,6 +135,7 @@ def run_out(
         ),
         stop_requested=run.stop_requested_at is not None,
         progress=progress_of(launch, latest),
+        preflight=run.preflight,
         metrics=MetricsOut(
             step=max((s for s, _ in latest.values()), default=None),
             latest={k: json_value(v) for k, (_, v) in sorted(latest.items())},
