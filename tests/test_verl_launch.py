@@ -83,7 +83,7 @@ def test_a_missing_data_file_fails_the_run_in_preflight_naming_node_and_path(
         assert model["ok"] is True
     assert HANDOVER not in client.get(f"/runs/{run_id}/logs").text  # verl never started
     print(f"submit -> FAILED in preflight: {elapsed:.1f}s (preflight {report['seconds']}s)")
-    assert elapsed < 60, "well before the stuck watchdog"
+    assert elapsed < 120, "well before the stuck watchdog (600 s)"
 
 
 def test_a_passing_preflight_hands_over_to_verl_with_the_exact_argv(
