@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from service import dashboard, queue
 from service import db as dbmod
 from service.api import cluster as cluster_api
-from service.api import health, metrics, prometheus, runs, script
+from service.api import health, metrics, prometheus, runs, script, verl
 from service.deps import Services
 from service.errors import install_handlers
 from service.inventory import InventoryCache
@@ -97,6 +97,7 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
     app.include_router(cluster_api.router)
     app.include_router(metrics.router)
     app.include_router(prometheus.router)
+    app.include_router(verl.router)
     dashboard.install(app)
     return app
 

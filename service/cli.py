@@ -19,6 +19,9 @@ app = typer.Typer(
 )
 console = Console()
 
+verl_app = typer.Typer(help="verl versions specs may name (verl_version).", no_args_is_help=True)
+app.add_typer(verl_app, name="verl")
+
 ServerOpt = Annotated[str, typer.Option("--server", envvar="RLRUN_SERVER", help="Service URL")]
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 
@@ -44,6 +47,20 @@ def migrate() -> None:
 
     upgrade(Settings().database_url)
     console.print("database is at head")
+
+
+@verl_app.command("add")
+def verl_add(version: Annotated[str, typer.Argument(help="a verl release, e.g. 0.9.0")]) -> None:
+    """Download verl VERSION's wheel (no dependencies) into RLRUN_VERL_CACHE_DIR."""
+    from service.recipes.verl import versions
+    from service.settings import Settings
+
+    try:
+        root = versions.add(version, Path(Settings().verl_cache_dir))
+    except (ValueError, OSError) as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from exc
+    console.print(f"verl {version} is available at {root}")
 
 
 def _call(method: str, server: str, path: str, **kwargs: Any) -> Any:

@@ -9,7 +9,6 @@ checked; ``hdfs://``-style URIs and hub ids are left to verl.
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 from typing import Any
 
@@ -17,7 +16,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 import jobs.verl_launch
 from jobs.verl_launch import PathCheck, Plan
-from service.recipes.verl import pools, typed_keys
+from service.recipes.verl import pools
 from service.recipes.verl.hydra_check import select
 from service.settings import Settings
 
@@ -55,12 +54,14 @@ def _model_dirs(cfg: dict[str, Any]) -> list[PathCheck]:
     return out
 
 
-def packages(accelerator: str, setting: str) -> dict[str, str]:
+def packages(
+    accelerator: str, setting: str, verl_version: str, verl_requires: list[str]
+) -> dict[str, str]:
     """Distribution -> specifier the nodes must satisfy; verl's validated version always."""
-    out = {"verl": f"=={typed_keys.version()}"}
+    out = {"verl": f"=={verl_version}"}
     if setting.strip() == "auto":
         out |= dict.fromkeys(STACK[accelerator], "")
-        for text in importlib.metadata.requires("verl") or []:
+        for text in verl_requires:
             try:
                 req = Requirement(text)
             except InvalidRequirement:
@@ -74,14 +75,22 @@ def packages(accelerator: str, setting: str) -> dict[str, str]:
     return out
 
 
-def plan(cfg: dict[str, Any], accelerator: str, settings: Settings) -> Plan:
+def plan(
+    cfg: dict[str, Any],
+    accelerator: str,
+    settings: Settings,
+    verl_version: str,
+    verl_requires: list[str],
+) -> Plan:
+    """``verl_version`` is the one the spec was validated against; ``verl_requires`` its wheel's
+    Requires-Dist lines."""
     return {
         "accelerator": "NPU" if accelerator == "npu" else "GPU",
         "check_devices": settings.preflight_check_devices,
         "files": [p for key in FILES for p in _paths(cfg, key)],
         "dirs": _model_dirs(cfg),
         "writable": _paths(cfg, CHECKPOINT),
-        "packages": packages(accelerator, settings.preflight_packages),
+        "packages": packages(accelerator, settings.preflight_packages, verl_version, verl_requires),
         "timeout_s": settings.preflight_timeout_s,
     }
 

@@ -312,6 +312,12 @@ class VerlFullyAsyncSpec(RunSpec, OnlySet):
 
     recipe: Literal["verl-fully-async"] = "verl-fully-async"
     preset: str | None = None
+    verl_version: str | None = Field(
+        default=None,
+        pattern=r"^\d+\.\d+\.\d+(?:(?:rc|\.post|\.dev)\d+)?$",
+        description="the verl release to validate against (default: the service's); "
+        "the nodes must run it",
+    )
     data: DataSpec = Field(default_factory=DataSpec)
     model: ModelSpec = Field(default_factory=ModelSpec)
     actor: ActorSpec = Field(default_factory=ActorSpec)

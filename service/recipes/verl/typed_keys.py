@@ -113,7 +113,7 @@ def version(root: Path | None = None) -> str:
     return path.read_text().strip() if path.is_file() else "unknown"
 
 
-def missing_field(base: dict[str, Any], key: str) -> str | None:
+def missing_field(base: dict[str, Any], key: str, root: Path | None = None) -> str | None:
     """Why ``key`` cannot be added to verl's config ``base``: the first part of it that is not
     there lands in a section verl builds into a dataclass without that field.
 
@@ -125,24 +125,24 @@ def missing_field(base: dict[str, Any], key: str) -> str | None:
         if not isinstance(node, dict):
             return None
         if part not in node:
-            return _refusal(node, ".".join(parts[:depth]), part, key)
+            return _refusal(node, ".".join(parts[:depth]), part, key, root or verl_root())
         node = node[part]
     return None
 
 
-def _refusal(node: dict[str, Any], section: str, name: str, key: str) -> str | None:
+def _refusal(node: dict[str, Any], section: str, name: str, key: str, root: Path) -> str | None:
     target = node.get("_target_")
     if not isinstance(target, str) or not target.startswith("verl."):
         return None
     if not any(section == root or section.startswith(root + ".") for root in INSTANTIATED):
         return None
-    fields = fields_of(target)
+    fields = fields_of(target, root)
     if fields is None or name in fields:
         return None
     close = difflib.get_close_matches(name, sorted(f for f in fields if f[0] != "_"), n=3)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     return (
-        f"verl {version()} has no '{key}': it builds '{section}' into "
+        f"verl {version(root)} has no '{key}': it builds '{section}' into "
         f"{target.rpartition('.')[2]}, which has no field '{name}', so the run would crash "
         f"at start (adding it with + does not help){hint}"
     )
