@@ -89,7 +89,14 @@ def test_a_missing_data_file_fails_the_run_in_preflight_naming_node_and_path(
 def test_a_passing_preflight_hands_over_to_verl_with_the_exact_argv(
     service_factory: Callable[..., TestClient], tmp_path: Path
 ) -> None:
-    body = {**SMALL, "overrides": ["trainer.project_name='a b; $(touch /tmp/x)'"]}
+    body = {
+        **SMALL,
+        "files": {"reward.py": "def compute_score(*args, **kwargs):\n    return 0.0\n"},
+        "overrides": [
+            "trainer.project_name='a b; $(touch /tmp/x)'",
+            "custom_reward_function.path=reward.py",  # shipped: the job's working directory
+        ],
+    }
     with service(service_factory, f"sqlite:///{tmp_path}/db.sqlite", tmp_path) as client:
         run_id = client.post("/runs", json=body).json()["id"]
         run = finished(client, run_id)
@@ -101,7 +108,11 @@ def test_a_passing_preflight_hands_over_to_verl_with_the_exact_argv(
         "write",
         "package",
     }
-    handed = [line for line in log.splitlines() if line.startswith(HANDOVER)]
+    # The shipped file was in the working directory of a task on every node.
+    for node in run["preflight"]["nodes"]:
+        (shipped,) = [c for c in node["checks"] if c["key"] == "custom_reward_function.path"]
+        assert shipped["target"] == "reward.py" and shipped["ok"] is True
+        handed = [line for line in log.splitlines() if line.startswith(HANDOVER)]
     assert len(handed) == 1
     assert json.loads(handed[0].removeprefix(HANDOVER)) == verl_argv(run["command"])
     # verl itself then starts and fails on its first missing dependency.

@@ -394,13 +394,13 @@ def test_shell_metacharacters_in_every_string_field_stay_inert(
 def test_shell_metacharacters_in_lists_env_and_overrides_stay_inert() -> None:
     body = {
         **PRESET,
-        "data": {"val_files": [NASTY, "/ok"]},
+        "data": {"val_files": ["/" + NASTY, "/ok"]},
         "runtime_env": {"env_vars": {"X": NASTY}},
         "overrides": [f"+data.extra={hydra_value(NASTY, ())}"],
     }
     launch = build(body)
     assert shlex.split(launch.entrypoint) == launch.argv
-    assert as_mapping(verl_argv(launch)[5:-1])["data.val_files"] == [NASTY, "/ok"]
+    assert as_mapping(verl_argv(launch)[5:-1])["data.val_files"] == ["/" + NASTY, "/ok"]
     assert hydra_check.parse(verl_argv(launch)[-1]).value == NASTY
     assert launch.runtime_env["env_vars"]["X"] == NASTY
 

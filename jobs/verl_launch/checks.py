@@ -24,7 +24,8 @@ def _result(check: str, key: str, target: str, reason: str | None) -> dict[str, 
 
 
 def _local(path: str) -> bool:
-    return path.startswith("/")
+    """Absolute, or relative to the working directory (the run's shipped files): not a URI."""
+    return "://" not in path
 
 
 def readable_file(path: str) -> str | None:

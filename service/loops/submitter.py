@@ -22,7 +22,7 @@ from service.admission import Quotas, decide
 from service.db import Database
 from service.inventory import Inventory, InventoryCache
 from service.models import Run, utcnow
-from service.ray_jobs import RayJobs, RayRejected, RayUnavailable
+from service.ray_jobs import RayJobs, RayRejected, RayUnavailable, zip_files
 from service.status import RunStatus, transition
 
 log = logging.getLogger(__name__)
@@ -103,6 +103,8 @@ class Submitter:
             *runtime_env.get("py_modules", []),
             self.ray.package_uri(JOBS_DIR),
         ]
+        if launch.get("files"):  # the run's own files: its working directory on every node
+            runtime_env["working_dir"] = self.ray.upload(zip_files(launch["files"]))
         try:
             fresh = self.ray.submit(
                 submission_id=run.id,

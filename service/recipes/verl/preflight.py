@@ -3,8 +3,9 @@
 From the composed config: the data files and any file the config names (reward function, tool
 and interaction configs, dataset class, agent loop config), the model directories (policy, reward
 model, distillation teachers), the checkpoint directory the run will create; the packages the
-nodes must carry; whether Ray's accelerators must be device files. Only absolute local paths are
-checked; ``hdfs://``-style URIs and hub ids are left to verl.
+nodes must carry; whether Ray's accelerators must be device files. Absolute paths are checked on
+the nodes' filesystems, relative ones in the run's working directory (the files the spec ships,
+unpacked by Ray on every node); ``hdfs://``-style URIs and hub ids are left to verl.
 """
 
 from __future__ import annotations
@@ -37,20 +38,39 @@ STACK = {"npu": ("torch", "torch-npu", "vllm", "vllm-ascend"), "gpu": ("torch", 
 VERL_RANGES = ("transformers",)
 
 
-def _paths(cfg: dict[str, Any], key: str) -> list[PathCheck]:
+def _paths(cfg: dict[str, Any], key: str, absolute: bool = False) -> list[PathCheck]:
+    """The path(s) at ``key``; with ``absolute``, only absolute ones (a relative model path is a
+    hub id, a relative checkpoint dir lives in the job's own directory)."""
     value = select(cfg, key)
     values = value if isinstance(value, list) else [value]
-    return [{"key": key, "path": v} for v in values if isinstance(v, str) and v and "${" not in v]
+    return [
+        {"key": key, "path": v}
+        for v in values
+        if isinstance(v, str) and v and "${" not in v and (v.startswith("/") or not absolute)
+    ]
+
+
+def unshipped(cfg: dict[str, Any], files: dict[str, str]) -> list[tuple[str, str, str]]:
+    """``(key, path, why)`` for each relative file path the config names that the spec does not
+    ship: verl would look for it in a working directory that does not have it."""
+    return [
+        (p["key"], p["path"], "is relative but not one of the run's files; ship it in `files` "
+         "or give an absolute path on the nodes")
+        for key in FILES
+        for p in _paths(cfg, key)
+        if not p["path"].startswith("/") and "://" not in p["path"] and p["path"] not in files
+    ]  # fmt: skip
 
 
 def _model_dirs(cfg: dict[str, Any]) -> list[PathCheck]:
-    out = _paths(cfg, "actor_rollout_ref.model.path")
+    out = _paths(cfg, "actor_rollout_ref.model.path", absolute=True)
     if pools.reward_model(cfg)["enable"][0] is True:
-        out += _paths(cfg, "reward_model.model.path") or _paths(cfg, f"{pools.RM}.model_path")
+        legacy = _paths(cfg, "reward_model.model.path", absolute=True)
+        out += legacy or _paths(cfg, f"{pools.RM}.model_path", absolute=True)
     if select(cfg, f"{pools.TEACHER}.enabled") is True:
         teachers = select(cfg, f"{pools.TEACHER}.teacher_models", {}) or {}
         for name in teachers if isinstance(teachers, dict) else []:
-            out += _paths(cfg, f"{pools.TEACHER}.teacher_models.{name}.model_path")
+            out += _paths(cfg, f"{pools.TEACHER}.teacher_models.{name}.model_path", absolute=True)
     return out
 
 
@@ -89,7 +109,7 @@ def plan(
         "check_devices": settings.preflight_check_devices,
         "files": [p for key in FILES for p in _paths(cfg, key)],
         "dirs": _model_dirs(cfg),
-        "writable": _paths(cfg, CHECKPOINT),
+        "writable": _paths(cfg, CHECKPOINT, absolute=True),
         "packages": packages(accelerator, settings.preflight_packages, verl_version, verl_requires),
         "timeout_s": settings.preflight_timeout_s,
     }

@@ -75,6 +75,10 @@ class VerlFullyAsyncRecipe:
             raise InvalidSpec(f"verl's config refuses: {added[0][1]}", errors)
         where = rules.Locator(items, _spec_keys())
         errors, warnings = rules.check(cfg, full, where, self.settings.verl_credentialed_loggers)
+        errors += [
+            field_error(where(key), f"{key}: {path!r} {why}", "verl_rule")
+            for key, path, why in preflight.unshipped(cfg, full.files)
+        ]
         if errors:
             raise InvalidSpec(
                 f"{len(errors)} verl rule(s) broken, first: {errors[0]['field']}", errors
@@ -90,6 +94,7 @@ class VerlFullyAsyncRecipe:
             shape=command.shape(cfg, full.resources.accelerator),
             warnings=warnings,
             total_steps=command.planned_syncs(cfg),
+            files=dict(full.files),
         )
 
 
