@@ -1,9 +1,10 @@
 """``python3 -m jobs.verl_launch --plan <json> -- <verl argv>``: preflight, then exec verl.
 
-One Ray task is pinned to each alive node (``NodeAffinitySchedulingStrategy``, no CPU held) and
-runs ``checks.check_node``; the report is printed as one line. Any failure (or a node that does
-not answer in time) ends the job before verl starts; otherwise the launcher leaves Ray and
-replaces itself with verl's own command, argv unchanged.
+One Ray task is pinned to each alive node with CPUs or the run's accelerator
+(``NodeAffinitySchedulingStrategy``, no CPU held) and runs ``checks.check_node``; the report is
+printed as one line. Any failure (or a node that does not answer in time) ends the job before
+verl starts; otherwise the launcher leaves Ray and replaces itself with verl's own command, argv
+unchanged.
 """
 
 from __future__ import annotations
@@ -34,7 +35,14 @@ def preflight(plan: Plan) -> Report:
     ray.init(logging_level=logging.WARNING, log_to_driver=False)
     try:
         accelerator = plan.get("accelerator", "NPU")
-        nodes = [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
+        # Every node that can hold any part of the run: verl's CPU-only actors read data too,
+        # so nodes with CPUs count; a node with neither CPUs nor accelerators holds nothing.
+        nodes = [
+            n
+            for n in ray.nodes()  # type: ignore[no-untyped-call]
+            if n.get("Alive")
+            and any(n.get("Resources", {}).get(r, 0) > 0 for r in ("CPU", accelerator))
+        ]
         task = ray.remote(num_cpus=0, max_retries=0)(check_node)
         pending = {
             n["NodeID"]: task.options(
