@@ -82,7 +82,10 @@ def test_a_missing_data_file_fails_the_run_in_preflight_naming_node_and_path(
         model = next(c for c in node["checks"] if c["key"] == "actor_rollout_ref.model.path")
         assert model["ok"] is True
     assert HANDOVER not in client.get(f"/runs/{run_id}/logs").text  # verl never started
-    print(f"submit -> FAILED in preflight: {elapsed:.1f}s (preflight {report['seconds']}s)")
+    print(
+        f"submit -> FAILED in preflight: {elapsed:.1f}s (preflight {report['seconds']}s, "
+        f"of which connecting to Ray {report['connect_seconds']}s)"
+    )
     assert elapsed < 120, "well before the stuck watchdog (600 s)"
 
 

@@ -33,6 +33,7 @@ def preflight(plan: Plan) -> Report:
 
     started = time.monotonic()
     ray.init(logging_level=logging.WARNING, log_to_driver=False)
+    connected = time.monotonic()
     try:
         accelerator = plan.get("accelerator", "NPU")
         # Every node that can hold any part of the run: verl's CPU-only actors read data too,
@@ -75,6 +76,7 @@ def preflight(plan: Plan) -> Report:
     return {
         "ok": all(n["ok"] for n in report_nodes),
         "seconds": round(time.monotonic() - started, 3),
+        "connect_seconds": round(connected - started, 3),
         "nodes": report_nodes,
     }
 
