@@ -34,6 +34,8 @@ app = typer.Typer(
 )
 console = Console(highlight=False)
 errors = Console(stderr=True, highlight=False)
+verl_app = typer.Typer(help="verl versions specs may name (verl_version).", no_args_is_help=True)
+app.add_typer(verl_app, name="verl")
 
 EXIT_RUN_FAILED, EXIT_REFUSED, EXIT_UNREACHABLE = 1, 3, 4
 STEP_KEY = "fully_async/count/current_param_version"
@@ -125,6 +127,20 @@ def migrate() -> None:
 
     upgrade(Settings().database_url)
     console.print("database is at head")
+
+
+@verl_app.command("add")
+def verl_add(version: Annotated[str, typer.Argument(help="a verl release, e.g. 0.9.0")]) -> None:
+    """Download verl VERSION's wheel (no dependencies) into RLRUN_VERL_CACHE_DIR."""
+    from service.recipes.verl import versions
+    from service.settings import Settings
+
+    try:
+        root = versions.add(version, Path(Settings().verl_cache_dir))
+    except (ValueError, OSError) as exc:
+        say(str(exc), style="red", to=errors)
+        raise typer.Exit(1) from exc
+    say(f"verl {version} is available at {root}")
 
 
 def load_spec(path: str, preset: str | None, sets: list[str]) -> dict[str, Any]:

@@ -71,6 +71,7 @@ def run_out(
             exit_code=run.ray_exit_code,
         ),
         stop_requested=run.stop_requested_at is not None,
+        preflight=run.preflight,
         metrics=MetricsOut(
             step=max((s for s, _ in latest.values()), default=None),
             latest={k: json_value(v) for k, (_, v) in sorted(latest.items())},

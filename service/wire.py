@@ -75,6 +75,8 @@ class RunOut(RunSummary):
     ray: RayOut
     stop_requested: bool
     metrics: MetricsOut
+    # The verl launcher's checks on every node before verl started (None until it reports).
+    preflight: dict[str, Any] | None = None
     events: list[EventOut]
 
 
