@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
 import httpx
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 app = typer.Typer(
@@ -21,6 +25,19 @@ console = Console()
 
 ServerOpt = Annotated[str, typer.Option("--server", envvar="RLRUN_SERVER", help="Service URL")]
 DEFAULT_SERVER = "http://127.0.0.1:8000"
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def safe(value: Any) -> str:
+    """A string from the service, fit for the terminal: control characters (escape sequences
+    included) dropped and rich markup escaped, so a run named ``[/]`` prints as itself."""
+    return escape(CONTROL.sub("", str(value)))
+
+
+def _auth_headers() -> dict[str, str]:
+    """The API token from RLRUN_TOKEN, sent as a bearer header (never a cookie or URL)."""
+    token = os.environ.get("RLRUN_TOKEN")
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 @app.command()
@@ -28,12 +45,15 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to bind")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to bind")] = 8000,
 ) -> None:
-    """Run the service (with RLRUN_RAY_ADDRESS=local, it starts and stops a local Ray head)."""
+    """Run the service (with RLRUN_RAY_ADDRESS=local, it starts and stops a local Ray head).
+
+    Authentication is on whenever HOST is not a loopback address (RLRUN_AUTH=auto)."""
     import uvicorn
 
     from service.app import create_app
+    from service.settings import Settings
 
-    uvicorn.run(create_app(), host=host, port=port, log_level="info")
+    uvicorn.run(create_app(Settings(listen_host=host)), host=host, port=port, log_level="info")
 
 
 @app.command()
@@ -48,7 +68,8 @@ def migrate() -> None:
 
 def _call(method: str, server: str, path: str, **kwargs: Any) -> Any:
     try:
-        resp = httpx.request(method, f"{server}{path}", timeout=30, **kwargs)
+        headers = {**_auth_headers(), **kwargs.pop("headers", {})}
+        resp = httpx.request(method, f"{server}{path}", timeout=30, headers=headers, **kwargs)
     except httpx.HTTPError as exc:
         console.print(f"[red]cannot reach {server}: {exc}[/red]")
         raise typer.Exit(2) from exc
@@ -92,7 +113,8 @@ def list_runs(
     table = Table("id", "name", "team", "status", "health", "created")
     for r in page["items"]:
         table.add_row(
-            r["id"], r["name"], r["team"], r["status"], r["health"]["status"], r["created_at"]
+            *(safe(v) for v in (r["id"], r["name"], r["team"], r["status"], r["health"]["status"])),
+            safe(r["created_at"]),
         )
     console.print(table)
 
@@ -108,15 +130,16 @@ def status(
     """Show one run: status, Ray's view, progress and latest metrics."""
     run = _call("GET", server, f"/runs/{run_id}")
     console.print(
-        f"[bold]{run['id']}[/bold] {run['name']}  {run['status']}  health={run['health']['status']}"
+        f"[bold]{safe(run['id'])}[/bold] {safe(run['name'])}  {safe(run['status'])}  "
+        f"health={safe(run['health']['status'])}"
     )
     if run["ray"]["message"]:
-        console.print(f"ray: {run['ray']['status']} {run['ray']['message']}")
+        console.print(f"ray: {safe(run['ray']['status'])} {safe(run['ray']['message'])}")
     progress = run["progress"]
     if progress["step"] is not None:
         console.print(f"progress: {progress['step']}/{progress['total_steps'] or '?'} syncs")
     for key, value in run["metrics"]["latest"].items():
-        console.print(f"  {key} = {value}")
+        console.print(f"  {safe(key)} = {safe(value)}")
     if follow:
         _follow(server, run_id)
 
@@ -129,7 +152,7 @@ def _follow(server: str, run_id: str) -> None:
     with Last-Event-ID when the connection drops, stop at the stream's end."""
     last_id: str | None = None
     while True:
-        headers = {"Last-Event-ID": last_id} if last_id else {}
+        headers = {**_auth_headers(), **({"Last-Event-ID": last_id} if last_id else {})}
         try:
             with httpx.stream(
                 "GET",
@@ -190,3 +213,75 @@ def cancel(run_id: str, server: ServerOpt = DEFAULT_SERVER) -> None:
     console.print(
         f"{run['id']}  {run['status']}" + ("  (stop requested)" if run["stop_requested"] else "")
     )
+
+
+token_app = typer.Typer(
+    help="API tokens, straight in the database of RLRUN_DATABASE_URL (bootstraps the first admin)."
+)
+app.add_typer(token_app, name="token")
+
+
+@token_app.command("create")
+def token_create(
+    user: Annotated[str, typer.Option(help="Who the token is for")],
+    team: Annotated[str, typer.Option(help="The team it acts for")],
+    role: Annotated[str, typer.Option(help="viewer, member or admin")] = "member",
+) -> None:
+    """Make a token and print its secret (shown this once; only its hash is stored)."""
+    from service.api.admin import TokenIn
+    from service.store import tokens
+
+    try:
+        spec = TokenIn.model_validate({"user": user, "team": team, "role": role})
+    except ValueError as exc:
+        console.print(f"[red]{safe(exc)}[/red]")
+        raise typer.Exit(2) from exc
+    with _database() as db, db.transaction() as session:
+        row, secret = tokens.create(session, spec.user, spec.team, spec.role, "rlrun token create")
+    console.print(f"{safe(row.id)}  {safe(row.role)}@{safe(row.team)}  {safe(row.user)}")
+    print(secret)
+
+
+@token_app.command("list")
+def token_list() -> None:
+    """Every token: id, user, team, role, and when it was revoked."""
+    from service.store import tokens
+
+    table = Table("id", "user", "team", "role", "created", "revoked")
+    with _database() as db, db.transaction() as session:
+        cursor = None
+        while page := tokens.page(session, 500, cursor):
+            for t in page:
+                table.add_row(
+                    *(safe(v) for v in (t.id, t.user, t.team, t.role, t.created_at)),
+                    safe(t.revoked_at or ""),
+                )
+            cursor = page[-1].id
+    console.print(table)
+
+
+@token_app.command("revoke")
+def token_revoke(token_id: str) -> None:
+    """Revoke a token: the next request with it is refused."""
+    from service.errors import NotFound
+    from service.store import tokens
+
+    try:
+        with _database() as db, db.transaction() as session:
+            tokens.revoke(session, token_id)
+    except NotFound as exc:
+        console.print(f"[red]{safe(exc.detail)}[/red]")
+        raise typer.Exit(1) from exc
+    console.print(f"{safe(token_id)} revoked")
+
+
+@contextmanager
+def _database() -> Iterator[Any]:
+    from service.settings import Settings
+    from service.store.db import Database
+
+    db = Database(Settings().database_url)
+    try:
+        yield db
+    finally:
+        db.dispose()

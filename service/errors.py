@@ -24,6 +24,7 @@ class ProblemError(Exception):
         super().__init__(detail)
         self.detail = detail
         self.extra = extra
+        self.headers: dict[str, str] = {}
 
     def body(self, instance: str | None = None) -> dict[str, Any]:
         slug = self.title.lower().replace(" ", "-")
@@ -42,6 +43,31 @@ class ProblemError(Exception):
 class NotFound(ProblemError):
     status = 404
     title = "Not found"
+
+
+class Unauthorized(ProblemError):
+    """No valid bearer token (missing, unknown or revoked: the same answer for each)."""
+
+    status = 401
+    title = "Unauthorized"
+
+    def __init__(self, detail: str = "a valid API token is required") -> None:
+        super().__init__(detail)
+        self.headers["WWW-Authenticate"] = "Bearer"
+
+
+class Forbidden(ProblemError):
+    status = 403
+    title = "Forbidden"
+
+
+class TooManyRequests(ProblemError):
+    status = 429
+    title = "Too many requests"
+
+    def __init__(self, detail: str, retry_after_s: int) -> None:
+        super().__init__(detail, retry_after_s=retry_after_s)
+        self.headers["Retry-After"] = str(retry_after_s)
 
 
 class Conflict(ProblemError):
@@ -88,7 +114,12 @@ def invalid_from_pydantic(
 
 
 def _problem(request: Request, exc: ProblemError) -> JSONResponse:
-    return JSONResponse(exc.body(request.url.path), status_code=exc.status, media_type=PROBLEM_JSON)
+    return JSONResponse(
+        exc.body(request.url.path),
+        status_code=exc.status,
+        media_type=PROBLEM_JSON,
+        headers=exc.headers or None,
+    )
 
 
 def install_handlers(app: FastAPI) -> None:

@@ -10,6 +10,7 @@ from pydantic import BaseModel
 
 from service.metrics.store import json_value
 from service.recipes.base import PRIORITIES
+from service.secrets import masked_runtime_env, masked_spec
 from service.store.models import Run, RunEvent
 
 PRIORITY_NAMES = {v: k for k, v in PRIORITIES.items()}
@@ -118,10 +119,10 @@ def run_out(
     latest = latest or {}
     return RunOut(
         **summary_fields(run),
-        spec=run.spec,
+        spec=masked_spec(run.spec),
         command=launch["argv"],
         entrypoint=launch["entrypoint"],
-        runtime_env=launch["runtime_env"],
+        runtime_env=masked_runtime_env(launch["runtime_env"]),
         shape=launch["shape"],
         warnings=launch.get("warnings", []),
         ray=RayOut(

@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Annotated
+from collections.abc import AsyncIterator, Iterator
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query
 from fastapi.responses import PlainTextResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel
 
+from service.api.auth import CredentialsDep, Principal, Viewer, principal_from, visible_run
 from service.api.deps import ServicesDep, SessionDep
 from service.errors import InvalidSpec, field_error
 from service.metrics import logcopy, store
 from service.metrics.broker import Cursor
 from service.metrics.store import json_value
-from service.store.runs import load_run
 
 router = APIRouter(prefix="/runs", tags=["metrics"])
 
@@ -32,16 +32,24 @@ class SeriesOut(BaseModel):
     series: dict[str, list[PointOut]]
 
 
-def existing_run(session: SessionDep, run_id: str) -> str:
-    load_run(session, run_id)
+def existing_run(session: SessionDep, principal: Viewer, run_id: str) -> str:
+    visible_run(session, principal, run_id)
     return run_id
 
 
 RunIdDep = Annotated[str, Depends(existing_run)]
 
 
-@router.get("/{run_id}/metrics", response_model=SeriesOut)
+AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"description": "no valid API token"},
+    403: {"description": "the token's role does not allow this"},
+    404: {"description": "no such run (or another team's)"},
+}
+
+
+@router.get("/{run_id}/metrics", response_model=SeriesOut, responses=AUTH_ERRORS)
 def metric_series(
+    services: ServicesDep,
     session: SessionDep,
     run_id: RunIdDep,
     keys: Annotated[str | None, Query(description="comma-separated keys; all when absent")] = None,
@@ -54,7 +62,12 @@ def metric_series(
     if from_step is not None and to_step is not None and to_step < from_step:
         msg = "to_step must not be below from_step"
         raise InvalidSpec(msg, [field_error(["query", "to_step"], msg)])
-    names = [k for k in (keys or "").split(",") if k] or sorted(store.keys_of(session, run_id))
+    limit = services.settings.metric_keys_per_request
+    names = [k for k in (keys or "").split(",") if k]
+    if len(names) > limit:
+        msg = f"at most {limit} keys per request"
+        raise InvalidSpec(msg, [field_error(["query", "keys"], msg)])
+    names = names or sorted(store.keys_of(session, run_id))[:limit]
     return SeriesOut(
         run_id=run_id,
         series={
@@ -72,7 +85,7 @@ def metric_series(
     )
 
 
-@router.get("/{run_id}/logs", response_class=PlainTextResponse)
+@router.get("/{run_id}/logs", response_class=PlainTextResponse, responses=AUTH_ERRORS)
 def run_logs(
     session: SessionDep,
     run_id: RunIdDep,
@@ -82,17 +95,33 @@ def run_logs(
     return logcopy.tail(session, run_id, tail)
 
 
-def _existing_run_stream(services: ServicesDep, run_id: str) -> str:
+def _stream_caller(
+    services: ServicesDep, credentials: CredentialsDep, run_id: str
+) -> Iterator[Principal]:
+    """The caller, holding one of its stream slots until the stream ends (auth on)."""
     # Checked in its own short transaction: the stream must not hold one open.
     with services.db.transaction() as session:
-        load_run(session, run_id)
-    return run_id
+        principal = principal_from(services.settings, credentials, session)
+        visible_run(session, principal, run_id)
+    if not services.settings.auth_enabled:
+        yield principal
+        return
+    services.streams.take(principal.key, services.settings.streams_per_caller)
+    try:
+        yield principal
+    finally:
+        services.streams.give(principal.key)
 
 
-@router.get("/{run_id}/events", response_class=EventSourceResponse)
+@router.get(
+    "/{run_id}/events",
+    response_class=EventSourceResponse,
+    responses={**AUTH_ERRORS, 429: {"description": "too many live streams for this token"}},
+)
 async def run_events(
     services: ServicesDep,
-    run_id: Annotated[str, Depends(_existing_run_stream)],
+    principal: Annotated[Principal, Depends(_stream_caller)],
+    run_id: str,
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> AsyncIterator[ServerSentEvent]:
     """``status`` and ``metrics`` events: everything after ``Last-Event-ID`` (or from the

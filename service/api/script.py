@@ -15,14 +15,16 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 
+from service.api.auth import Viewer, visible_run
 from service.api.deps import SessionDep
-from service.store.runs import load_run
+from service.secrets import MASK, masked_runtime_env
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 
 ADD_JOBS_MODULE = (
     "import json, os, sys, jobs; env = json.loads(sys.argv[1]); "
     "env.setdefault('py_modules', []).append(os.path.dirname(jobs.__file__)); "
+    "env.setdefault('env_vars', {}).update({n: os.environ[n] for n in sys.argv[2:]}); "
     "print(json.dumps(env))"
 )
 
@@ -30,11 +32,17 @@ ADD_JOBS_MODULE = (
 @router.get(
     "/{run_id}/script",
     response_class=PlainTextResponse,
-    responses={200: {"content": {"text/x-shellscript": {}}}, 404: {}},
+    responses={
+        200: {"content": {"text/x-shellscript": {}}},
+        401: {"description": "no valid API token"},
+        403: {"description": "the token's role does not allow this"},
+        404: {"description": "no such run (or another team's)"},
+    },
 )
-def run_script(session: SessionDep, run_id: str) -> PlainTextResponse:
-    """A bash script that submits this run's job with ``ray job submit``."""
-    run = load_run(session, run_id)
+def run_script(session: SessionDep, principal: Viewer, run_id: str) -> PlainTextResponse:
+    """A bash script that submits this run's job with ``ray job submit``; secrets and values
+    that look like keys are read from the operator's environment, never written in it."""
+    run = visible_run(session, principal, run_id)
     return PlainTextResponse(
         render_script(run.id, run.name, run.launch), media_type="text/x-shellscript"
     )
@@ -42,6 +50,11 @@ def run_script(session: SessionDep, run_id: str) -> PlainTextResponse:
 
 def render_script(run_id: str, name: str, launch: dict[str, Any]) -> str:
     q = shlex.quote
+    runtime_env = masked_runtime_env(launch["runtime_env"])
+    masked = [k for k, v in runtime_env.get("env_vars", {}).items() if v == MASK]
+    from_env = sorted({*masked, *launch.get("secrets", {})})
+    for var in from_env:
+        runtime_env.get("env_vars", {}).pop(var, None)
     submit = [
         "ray job submit",
         '--address "$RAY_ADDRESS"',
@@ -62,9 +75,13 @@ def render_script(run_id: str, name: str, launch: dict[str, Any]) -> str:
         "# Ray's submission id is the run id: the job can be submitted once.",
         "set -euo pipefail",
         'RAY_ADDRESS="${RAY_ADDRESS:-http://127.0.0.1:8265}"',
-        f"RUNTIME_ENV={q(json.dumps(launch['runtime_env'], sort_keys=True))}",
-        "# The service ships the jobs package as py_modules; add the installed one here.",
-        f'RUNTIME_ENV_JSON="$(python3 -c {q(ADD_JOBS_MODULE)} "$RUNTIME_ENV")"',
+        *(f': "${{{n}:?set {n} in the environment (a secret)}}"' for n in from_env),
+        f"RUNTIME_ENV={q(json.dumps(runtime_env, sort_keys=True))}",
+        "# The service ships the jobs package as py_modules; add the installed one here,",
+        "# and the secrets from this environment.",
+        f'RUNTIME_ENV_JSON="$(python3 -c {q(ADD_JOBS_MODULE)} "$RUNTIME_ENV"'
+        + "".join(f" {n}" for n in from_env)
+        + ')"',
         " \\\n    ".join(submit),
         "",
     ]

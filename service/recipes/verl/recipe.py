@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from service.errors import InvalidSpec, field_error, invalid_from_pydantic
 from service.recipes.base import Launch, LaunchContext, RunSpec
-from service.recipes.verl import command, rules
+from service.recipes.verl import command, guard, rules
 from service.recipes.verl.hydra_check import OverrideError, compose
 from service.recipes.verl.preset import PRESETS, deep_merge
 from service.recipes.verl.spec import VerlFullyAsyncSpec
@@ -47,6 +47,15 @@ class VerlFullyAsyncRecipe:
     def build(self, spec: Any, ctx: LaunchContext) -> Launch:
         assert isinstance(spec, VerlFullyAsyncSpec)
         full = self.resolve(spec)
+        refused = guard.check_overrides(full.overrides, self.settings.override_allow)
+        refused += guard.check_runtime_env(
+            full.runtime_env.env_vars,
+            full.runtime_env.pip,
+            command.service_env(full, ctx.stop_grace_s),
+            self.settings.env_allow,
+        )
+        if refused:
+            raise InvalidSpec(f"{len(refused)} field(s) refused: {refused[0]['msg']}", refused)
         try:
             items = command.overrides(full, self.checkpoint_dir(ctx.run_id))
         except command.Unexpressible as exc:
@@ -61,10 +70,13 @@ class VerlFullyAsyncRecipe:
             raise InvalidSpec(f"verl's config refuses: {exc}", errors) from exc
         where = rules.Locator(items, _spec_keys())
         errors, warnings = rules.check(cfg, full, where, self.settings.verl_credentialed_loggers)
+        errors += guard.check_paths(cfg, self.checkpoint_dir(ctx.run_id), where)
         if errors:
             raise InvalidSpec(
                 f"{len(errors)} verl rule(s) broken, first: {errors[0]['field']}", errors
             )
+        if spec.secrets:
+            warnings = [w for w in warnings if "need credentials" not in w]
         return Launch(
             argv=command.argv(full, items),
             runtime_env=command.runtime_env(full, ctx.stop_grace_s),
