@@ -123,8 +123,8 @@ def check_runtime_env(
     errors = []
     for name in env_vars:
         why = env_names.refusal(name, allow)
-        if why is None and name in service_env:
-            why = f"{name} is set by the service"
+        if why is None and name in service_env and env_vars[name] != service_env[name]:
+            why = f"{name} is set by the service (to {service_env[name]!r})"
         if why:
             errors.append(field_error(["runtime_env", "env_vars", name], why, "forbidden_env"))
     for i, req in enumerate(pip or []):
