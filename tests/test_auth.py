@@ -122,13 +122,14 @@ def test_team_comes_from_the_token_and_only_an_admin_names_another(
     assert submit(c["admin"], team=TEAM).json()["team"] == TEAM
     assert submit(c["admin"]).json()["team"] == OTHER
     # Lists: a non-admin sees its own team whatever it asks for; an admin sees all.
-    assert {r["team"] for r in c["member"].get("/runs", params={"team": OTHER}).json()["items"]} == {
-        TEAM
-    }
+    mine = c["member"].get("/runs", params={"team": OTHER}).json()["items"]
+    assert {r["team"] for r in mine} == {TEAM}
     assert {r["team"] for r in c["admin"].get("/runs").json()["items"]} == {TEAM, OTHER}
 
 
-def test_priority_high_is_an_admins_or_a_granted_teams(secured: dict[str, Any], db_url: str) -> None:
+def test_priority_high_is_an_admins_or_a_granted_teams(
+    secured: dict[str, Any], db_url: str
+) -> None:
     c = secured["callers"]
     assert submit(c["member"], priority="high").status_code == 403
     assert submit(c["admin"], priority="high", team=TEAM).status_code == 201
@@ -214,7 +215,8 @@ def test_cli_bootstraps_lists_and_revokes_tokens(
     upgrade(db_url)
     monkeypatch.setenv("RLRUN_DATABASE_URL", db_url)
     runner = CliRunner()
-    made = runner.invoke(cli, ["token", "create", "--user", "ops", "--team", TEAM, "--role", "admin"])
+    args = ["token", "create", "--user", "ops", "--team", TEAM, "--role", "admin"]
+    made = runner.invoke(cli, args)
     assert made.exit_code == 0, made.output
     token_id, secret = made.output.split()[0], made.output.strip().splitlines()[-1]
     assert secret.startswith("rlrun_") and len(secret) > 40
