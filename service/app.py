@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from service import dashboard
-from service.api import admin, browser, probes, prometheus, run_metrics, runs, script
+from service.api import admin, browser, openapi, probes, prometheus, run_metrics, runs, script
 from service.api import cluster as cluster_api
 from service.api.deps import Services
 from service.cluster.local_ray import LocalRayCluster
@@ -114,6 +114,7 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
     app.include_router(prometheus.router)
     app.include_router(admin.router)
     dashboard.install(app)
+    openapi.install(app)
     return app
 
 
