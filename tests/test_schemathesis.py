@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 import schemathesis
-from schemathesis import checks
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
+from schemathesis import checks
 
 from service.app import create_app
 from service.store.db import Database, upgrade
