@@ -33,7 +33,9 @@ def page() -> Iterator[Any]:
             executable_path=CHROMIUM,
             args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
         )
-        page = browser.new_page(viewport={"width": 1300, "height": 900})
+        # Playwright's string predicates (wait_for_function) are evaluated with eval, which the
+        # service's CSP forbids; test_the_dashboard_runs_under_the_csp keeps the CSP on.
+        page = browser.new_page(viewport={"width": 1300, "height": 900}, bypass_csp=True)
         yield page
         browser.close()
 
@@ -89,3 +91,53 @@ def test_dashboard_draws_a_live_tiny_grpo_reward_curve(
         )
         assert page.locator("#run-progress").inner_text().startswith("step ")
         page.screenshot(path=str(tmp_path / "dashboard.png"))
+
+
+def test_the_dashboard_runs_under_the_csp(tmp_path: Path) -> None:
+    from playwright.sync_api import sync_playwright
+
+    settings = make_settings(f"sqlite:///{tmp_path}/ui.db", "http://127.0.0.1:9", run_loops=False)
+    with ServerThread(create_app(settings)) as server, sync_playwright() as pw:
+        run_id = httpx.post(f"{server}/runs", json={"recipe": "test-script"}).json()["id"]
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page()
+        violations: list[str] = []
+        page.on(
+            "console", lambda m: violations.append(m.text) if "Security Policy" in m.text else None
+        )
+        page.goto(f"{server}/ui/#/runs/{run_id}")
+        page.wait_for_selector("#runs tbody tr")
+        page.wait_for_selector("#run-pane:not([hidden])")
+        browser.close()
+    assert violations == []
+
+
+def test_the_dashboard_signs_in_with_a_token_when_auth_is_on(tmp_path: Path, page: Any) -> None:
+    from service.store.db import Database, upgrade
+    from service.store.tokens import create
+
+    url = f"sqlite:///{tmp_path}/ui.db"
+    upgrade(url)
+    db = Database(url)
+    with db.transaction() as s:
+        _, token = create(s, "ui", "vision", "member")
+    db.dispose()
+    settings = make_settings(url, "http://127.0.0.1:9", run_loops=False, auth="on")
+    with ServerThread(create_app(settings)) as server:
+        auth = {"Authorization": f"Bearer {token}"}
+        run_id = httpx.post(
+            f"{server}/runs", json={"recipe": "test-script", "name": "mine"}, headers=auth
+        ).json()["id"]
+        page.goto(f"{server}/ui/#/runs/{run_id}")
+        page.wait_for_selector("#signin:not([hidden])")
+        page.fill("#token", token)
+        page.click("#signin button")
+        page.wait_for_selector("#runs tbody tr")
+        assert page.locator("#runs tbody tr").first.inner_text().startswith("mine")
+        page.wait_for_selector("#run-pane:not([hidden])")
+        page.locator("#cancel").click()
+        page.wait_for_function(
+            "document.getElementById('run-status').textContent === 'CANCELLED'", timeout=20_000
+        )
+        run = httpx.get(f"{server}/runs/{run_id}", headers=auth).json()
+        assert run["status"] == "CANCELLED"

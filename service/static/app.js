@@ -1,5 +1,7 @@
 // rlrun dashboard: reads the public API only (GET /runs, /runs/{id}, /runs/{id}/metrics,
-// the /runs/{id}/events stream); draws reward curves with uPlot.
+// the /runs/{id}/events stream); draws reward curves with uPlot. With auth on it signs in with an
+// API token kept in this tab's sessionStorage and sent as a bearer header (never a cookie), so
+// the event stream is read with fetch rather than EventSource (which cannot send headers).
 "use strict";
 
 const CHARTS = [
@@ -11,10 +13,73 @@ const TERMINAL = new Set(["SUCCEEDED", "FAILED", "STOPPED", "CANCELLED", "LOST"]
 const COLORS = ["#1f77b4", "#2ca02c", "#d62728", "#9467bd"];
 let current = null;   // { id, source, plots }
 
+const TOKEN_KEY = "rlrun-token";
+
+function authFetch(path, options = {}) {
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  const headers = { ...(options.headers || {}) };
+  if (token) headers.Authorization = `Bearer ${token}`;
+  return fetch(path, { ...options, headers }).then((resp) => {
+    if (resp.status === 401) showSignIn();
+    return resp;
+  });
+}
+
 async function getJSON(path) {
-  const resp = await fetch(path);
+  const resp = await authFetch(path);
   if (!resp.ok) throw new Error(`${path}: ${resp.status}`);
   return resp.json();
+}
+
+function showSignIn() {
+  document.getElementById("signin").hidden = false;
+}
+
+document.getElementById("signin").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const input = document.getElementById("token");
+  sessionStorage.setItem(TOKEN_KEY, input.value.trim());
+  input.value = "";
+  document.getElementById("signin").hidden = true;
+  refreshRuns();
+  route();
+});
+
+// Server-Sent Events over fetch: calls onEvent(name) per event until the stream ends or
+// `signal` aborts; reconnects with Last-Event-ID while the run may still send more.
+async function streamEvents(path, onEvent, signal) {
+  let lastId = null;
+  while (!signal.aborted) {
+    const headers = lastId ? { "Last-Event-ID": lastId } : {};
+    let ended = false;
+    try {
+      const resp = await authFetch(path, { headers, signal });
+      if (!resp.ok || !resp.body) return;
+      const reader = resp.body.pipeThrough(new TextDecoderStream()).getReader();
+      let buffer = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffer += value.replace(/\r\n?/g, "\n");
+        let cut;
+        while ((cut = buffer.indexOf("\n\n")) >= 0) {
+          const block = buffer.slice(0, cut);
+          buffer = buffer.slice(cut + 2);
+          let name = "message";
+          for (const line of block.split("\n")) {
+            if (line.startsWith("event: ")) name = line.slice(7);
+            else if (line.startsWith("id: ")) lastId = line.slice(4);
+          }
+          onEvent(name);
+          if (name === "end") ended = true;
+        }
+      }
+    } catch (err) {
+      if (signal.aborted) return;
+    }
+    if (ended) return;
+    await new Promise((resolve) => setTimeout(resolve, 1000));
+  }
 }
 
 function el(tag, text, cls) {
@@ -103,7 +168,7 @@ async function refreshCharts() {
 
 async function openRun(id) {
   if (current) {
-    if (current.source) current.source.close();
+    if (current.source) current.source.abort();
     Object.values(current.plots).forEach((p) => p.destroy());
   }
   document.getElementById("charts").replaceChildren();
@@ -114,20 +179,18 @@ async function openRun(id) {
     await refreshCharts();
   };
   await reload();
-  // Live: every status or metrics event re-reads the run (cheap, and never out of order).
-  const source = new EventSource(`/runs/${id}/events`);
+  // Live: every status or metrics event re-reads the run (cheap, and never out of order); after
+  // "end" (the run has ended and its log is read to the end) nothing more will come.
+  const source = new AbortController();
   let pending = null;
   const schedule = () => { pending = pending || setTimeout(() => { pending = null; reload(); }, 250); };
-  source.addEventListener("status", schedule);
-  source.addEventListener("metrics", schedule);
-  // The run has ended and its log is read to the end: nothing more will come.
-  source.addEventListener("end", () => { source.close(); schedule(); });
+  streamEvents(`/runs/${encodeURIComponent(id)}/events`, schedule, source.signal);
   current.source = source;
   refreshRuns();
 }
 
 document.getElementById("cancel").addEventListener("click", async () => {
-  if (current) await fetch(`/runs/${current.id}/cancel`, { method: "POST" });
+  if (current) await authFetch(`/runs/${current.id}/cancel`, { method: "POST" });
 });
 document.getElementById("status-filter").addEventListener("change", refreshRuns);
 document.getElementById("team-filter").addEventListener("input", refreshRuns);
