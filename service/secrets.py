@@ -20,7 +20,7 @@ MASK = "***"
 SECRET_WORDS = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|PRIVATE|SIGNATURE", re.I)
 SECRET_VALUE = re.compile(
     r"(sk|pk|rk|hf|ghp|gho|ghs|glpat|xox[abprs]|AKIA|ASIA)[-_]?[A-Za-z0-9_-]{12,}"
-    r"|[A-Za-z0-9+/_=-]{32,}"
+    r"|(?=[^/]*[0-9])(?=[^/]*[A-Za-z])[A-Za-z0-9+_=-]{32,}"
 )
 
 

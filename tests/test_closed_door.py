@@ -169,6 +169,9 @@ def test_env_deny_list_is_widened_by_settings_only() -> None:
         {"data": {"val_files": ["/mnt/data/a.parquet", "../b.parquet"]}},
         {"model": {"path": "/mnt/models/../../root"}},
         {"overrides": ["data.train_files=/mnt/data/x/../../../etc/passwd"]},
+        {"overrides": ["+custom_reward_function.path=/mnt/data/../../tmp/evil.py"]},
+        {"overrides": ["trainer.rollout_data_dir=/mnt/ckpt/other-run/dump"]},
+        {"trainer": {"resume_from_path": "/mnt/ckpt/run-x/../other"}},
     ],
 )
 def test_data_and_model_paths_may_not_climb(body: dict[str, Any]) -> None:

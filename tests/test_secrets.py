@@ -40,9 +40,11 @@ def test_the_store_prefers_the_teams_own_secret_then_the_shared_one(tmp_path: Pa
 
 def test_env_values_that_look_like_keys_are_masked() -> None:
     assert looks_secret("WANDB_API_KEY", "x") and looks_secret("MY_PASSWORD", "short")
-    assert looks_secret("ANYTHING", HF) and looks_secret("X", "A" * 40)
+    assert looks_secret("ANYTHING", HF) and looks_secret("X", "A1" * 20)
     assert not looks_secret("WANDB_PROJECT", "my-project")
     assert not looks_secret("VLLM_USE_V1", "1")
+    assert not looks_secret("MODEL", "/mnt/models/Qwen3-VL-8B-Instruct-abcdefgh")
+    assert not looks_secret("NAME", "a-long-but-plain-setting-value-here")
 
 
 def test_secret_values_appear_in_no_answer_and_no_script(api: TestClient, db_url: str) -> None:

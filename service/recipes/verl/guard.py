@@ -33,7 +33,10 @@ PIP_REQUIREMENT = re.compile(
     r"(?: *\[ *[A-Za-z0-9][A-Za-z0-9._-]*(?: *, *[A-Za-z0-9][A-Za-z0-9._-]*)* *\])?"
     rf"(?: *{SPECIFIER}(?: *, *{SPECIFIER})*)?"
 )
-PATH_KEYS = ("data.train_files", "data.val_files", "actor_rollout_ref.model.path")
+CHECKPOINT_KEY = "trainer.default_local_dir"
+# Where verl writes: the checkpoints always, the rollout and validation dumps when set.
+OUTPUT_KEYS = (CHECKPOINT_KEY, "trainer.rollout_data_dir", "trainer.validation_data_dir")
+PATH_NAME = re.compile(r"(^|_)(dir|path|paths|file|files)$")
 
 
 @functools.lru_cache(maxsize=1)
@@ -137,29 +140,37 @@ def check_runtime_env(
 def check_paths(
     cfg: dict[str, Any], checkpoint_dir: str, where: Callable[[str], tuple[str | int, ...]]
 ) -> list[dict[str, Any]]:
-    """On the composed config, so overrides are held to the same rules as spec fields."""
-    errors = []
-    ckpt = cfg_select(cfg, "trainer.default_local_dir")
+    """On the composed config, so overrides are held to the same rules as spec fields: the
+    checkpoint dir (and the dumps verl writes) stay in the run's own dir; no path climbs."""
+    errors, reported = [], set()
     own = posixpath.normpath(checkpoint_dir)
-    if not isinstance(ckpt, str) or not _inside(ckpt, own):
-        errors.append(
-            field_error(
-                where("trainer.default_local_dir"),
-                f"trainer.default_local_dir must be {own} or under it (the run's own)",
-                "forbidden_path",
-            )
-        )
-    for key in PATH_KEYS:
+    for key in OUTPUT_KEYS:
         value = cfg_select(cfg, key)
-        for path in value if isinstance(value, list) else [value]:
-            if isinstance(path, str) and ".." in re.split(r"[/\\]", path):
-                errors.append(
-                    field_error(
-                        where(key), f"{key}: '..' is not allowed in paths", "forbidden_path"
-                    )
-                )
-                break
+        if (value is not None or key == CHECKPOINT_KEY) and not (
+            isinstance(value, str) and _inside(value, own)
+        ):
+            msg = f"{key} must be {own} or under it (the run's own directory)"
+            errors.append(field_error(where(key), msg, "forbidden_path"))
+            reported.add(key)
+    climbing = {key for key, value in _path_values(cfg, "") if ".." in re.split(r"[/\\]", value)}
+    for key in sorted(climbing - reported):
+        msg = f"{key}: '..' is not allowed in paths"
+        errors.append(field_error(where(key), msg, "forbidden_path"))
     return errors
+
+
+def _path_values(node: Any, prefix: str) -> Iterator[tuple[str, str]]:
+    """(dotted key, value) of every string under a key named like a path, dir or file."""
+    if not isinstance(node, dict):
+        return
+    for k, v in node.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, dict):
+            yield from _path_values(v, key)
+        elif PATH_NAME.search(str(k)):
+            for item in v if isinstance(v, list) else [v]:
+                if isinstance(item, str):
+                    yield key, item
 
 
 def _inside(path: str, root: str) -> bool:
