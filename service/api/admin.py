@@ -15,10 +15,6 @@ from service.store.models import ApiToken
 from service.store.tokens import Role
 
 router = APIRouter(tags=["admin"])
-ADMIN_ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"description": "no valid API token"},
-    403: {"description": "an admin token is needed"},
-}
 
 
 class TokenIn(BaseModel):
@@ -76,7 +72,7 @@ def token_out(row: ApiToken) -> dict[str, Any]:
     }
 
 
-@router.post("/tokens", status_code=201, response_model=NewToken, responses=ADMIN_ERRORS)
+@router.post("/tokens", status_code=201, response_model=NewToken)
 def create_token(
     session: SessionDep, principal: Admin, request: Request, body: TokenIn
 ) -> NewToken:
@@ -86,7 +82,7 @@ def create_token(
     return NewToken(**token_out(row), token=secret)
 
 
-@router.get("/tokens", response_model=TokenPage, responses=ADMIN_ERRORS)
+@router.get("/tokens", response_model=TokenPage)
 def list_tokens(
     session: SessionDep,
     principal: Admin,
@@ -100,7 +96,7 @@ def list_tokens(
     )
 
 
-@router.delete("/tokens/{token_id}", response_model=TokenOut, responses={**ADMIN_ERRORS, 404: {}})
+@router.delete("/tokens/{token_id}", response_model=TokenOut)
 def revoke_token(
     session: SessionDep, principal: Admin, request: Request, token_id: str
 ) -> TokenOut:
@@ -110,7 +106,7 @@ def revoke_token(
     return TokenOut(**token_out(row))
 
 
-@router.get("/audit", response_model=AuditPage, responses=ADMIN_ERRORS)
+@router.get("/audit", response_model=AuditPage)
 def read_audit(
     session: SessionDep,
     principal: Admin,
