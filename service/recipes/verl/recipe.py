@@ -75,8 +75,6 @@ class VerlFullyAsyncRecipe:
             raise InvalidSpec(
                 f"{len(errors)} verl rule(s) broken, first: {errors[0]['field']}", errors
             )
-        if spec.secrets:
-            warnings = [w for w in warnings if "need credentials" not in w]
         return Launch(
             argv=command.argv(full, items),
             runtime_env=command.runtime_env(full, ctx.stop_grace_s),

@@ -301,7 +301,7 @@ def _warnings(
         for n in (logger if isinstance(logger, list) else [logger])
         if n not in CREDENTIAL_FREE_LOGGERS and n not in configured_loggers
     )
-    if missing:
+    if missing and not spec.secrets:  # credentials named as secrets count as given
         out.append(
             f"trainer.logger: {missing} need credentials this deployment has not configured; "
             'name them as secrets the service holds (e.g. "secrets": {"WANDB_API_KEY": '
