@@ -166,3 +166,26 @@ def test_a_secret_missing_at_submit_time_fails_the_run_naming_it(db_url: str) ->
         assert "'wandb-key'" in (row.ray_message or "")
     db.dispose()
     assert ray.sent == []
+
+
+@pytest.mark.ray
+def test_a_secret_reaches_the_job_on_ray_and_no_answer(
+    service_factory: Any, ray_cluster: Any, tmp_path: Path
+) -> None:
+    """Through a real Ray head: Ray's own record of the job has the value, the service's none."""
+    import httpx
+
+    from tests.conftest import wait_status
+
+    (tmp_path / "secrets" / "default").mkdir(parents=True)
+    (tmp_path / "secrets" / "default" / "wandb-key").write_text(WANDB + "\n")
+    db = f"sqlite:///{tmp_path}/db.sqlite"
+    with service_factory(db, secrets_dir=str(tmp_path / "secrets")) as client:
+        body = {"recipe": "test-script", "secrets": {"WANDB_API_KEY": "wandb-key"}}
+        run_id = client.post("/runs", json=body).json()["id"]
+        run = wait_status(client, run_id, {"SUCCEEDED", "FAILED"})
+        assert run["status"] == "SUCCEEDED", run
+        answers = [client.get(f"/runs/{run_id}").text, client.get(f"/runs/{run_id}/script").text]
+    job = httpx.get(f"{ray_cluster.address}/api/jobs/{run_id}", timeout=10).json()
+    assert job["runtime_env"]["env_vars"]["WANDB_API_KEY"] == WANDB
+    assert all(WANDB not in answer for answer in answers)
