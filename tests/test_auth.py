@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
@@ -16,9 +17,10 @@ from service.app import create_app
 from service.cli import app as cli
 from service.errors import TooManyRequests
 from service.settings import Settings
-from service.store.db import Database
+from service.store.db import Database, upgrade
 from service.store.tokens import create as create_token
-from tests.conftest import make_settings
+from tests.conftest import make_settings, wait_for
+from tests.live import ServerThread
 
 TEAM, OTHER = "vision", "speech"
 
@@ -210,8 +212,6 @@ def test_idempotency_keys_belong_to_their_caller(secured: dict[str, Any]) -> Non
 def test_cli_bootstraps_lists_and_revokes_tokens(
     db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from service.store.db import upgrade
-
     upgrade(db_url)
     monkeypatch.setenv("RLRUN_DATABASE_URL", db_url)
     runner = CliRunner()
@@ -265,3 +265,31 @@ def test_stream_slots_refuse_one_over_the_limit_and_free_on_close() -> None:
     slots.take("another", 2)
     slots.give(ANONYMOUS.key)
     slots.take(ANONYMOUS.key, 2)
+
+
+def test_live_streams_per_token_are_limited_and_freed_when_closed(tmp_path: Any) -> None:
+    url = f"sqlite:///{tmp_path}/db.sqlite"
+    upgrade(url)
+    db = Database(url)
+    with db.transaction() as s:
+        _, token = create_token(s, "watcher", TEAM, "member")
+    db.dispose()
+    settings = make_settings(
+        url, "http://127.0.0.1:9", run_loops=False, auth="on", streams_per_caller=1
+    )
+    auth = {"Authorization": f"Bearer {token}"}
+    with ServerThread(create_app(settings)) as server:
+        made = httpx.post(f"{server}/runs", json={"recipe": "test-script"}, headers=auth)
+        run_id = made.json()["id"]
+        events = f"{server}/runs/{run_id}/events"
+        timeout = httpx.Timeout(10)
+        with httpx.stream("GET", events, headers=auth, timeout=timeout) as first:
+            assert first.status_code == 200
+            second = httpx.get(events, headers=auth, timeout=timeout)
+            assert second.status_code == 429 and "retry-after" in second.headers
+
+        def reopened() -> int:
+            with httpx.stream("GET", events, headers=auth, timeout=timeout) as again:
+                return again.status_code
+
+        wait_for(reopened, lambda status: status == 200, timeout=20, every=0.5)
