@@ -53,7 +53,7 @@ def fuzz(app: FastAPI, headers: dict[str, str]) -> list[str]:
         tried.append(operation.label)
 
         @given(case=operation.as_strategy())
-        @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+        @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
         def check(case: Any) -> None:
             case.call_and_validate(headers=headers, checks=CHECKS)
 

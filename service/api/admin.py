@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
 from service.api.auth import Admin, audited
-from service.api.deps import SessionDep
+from service.api.deps import INT32_MAX, SessionDep
 from service.store import audit, tokens
 from service.store.models import ApiToken
 from service.store.tokens import Role
@@ -111,7 +111,7 @@ def read_audit(
     session: SessionDep,
     principal: Admin,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
-    cursor: Annotated[int | None, Query(ge=0)] = None,
+    cursor: Annotated[int | None, Query(ge=0, le=INT32_MAX)] = None,
     run_id: str | None = None,
 ) -> AuditPage:
     """State-changing calls, newest first; pass ``next_cursor`` back as ``cursor``."""

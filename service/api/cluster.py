@@ -24,7 +24,7 @@ def get_cluster(
     session: SessionDep,
     principal: Viewer,
     limit: Annotated[
-        int | None, Query(ge=1, description="rows of active and queue at most")
+        int | None, Query(ge=1, le=100_000, description="rows of active and queue at most")
     ] = None,
 ) -> dict[str, Any]:
     """The queue order and reasons are admission's own decision on the current inventory.

@@ -21,6 +21,8 @@ from service.settings import Settings
 from service.store.db import Database
 
 log = logging.getLogger(__name__)
+# The largest value an INTEGER column holds on every backend: the bound of numeric queries.
+INT32_MAX = 2**31 - 1
 
 
 @dataclass

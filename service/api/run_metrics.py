@@ -11,7 +11,7 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel
 
 from service.api.auth import CredentialsDep, Principal, Viewer, principal_from, visible_run
-from service.api.deps import ServicesDep, SessionDep
+from service.api.deps import INT32_MAX, ServicesDep, SessionDep
 from service.errors import InvalidSpec, field_error
 from service.metrics import logcopy, store
 from service.metrics.broker import Cursor
@@ -47,8 +47,8 @@ def metric_series(
     run_id: RunIdDep,
     keys: Annotated[str | None, Query(description="comma-separated keys; all when absent")] = None,
     max_points: Annotated[int, Query(ge=2, le=100_000)] = 1000,
-    from_step: Annotated[int | None, Query(ge=0)] = None,
-    to_step: Annotated[int | None, Query(ge=0)] = None,
+    from_step: Annotated[int | None, Query(ge=0, le=INT32_MAX)] = None,
+    to_step: Annotated[int | None, Query(ge=0, le=INT32_MAX)] = None,
 ) -> SeriesOut:
     """History per key; above ``max_points`` each point is a bucket's last value with its
     min and max. NaN and infinities are the strings "NaN", "Infinity", "-Infinity"."""
@@ -82,7 +82,9 @@ def metric_series(
 def run_logs(
     session: SessionDep,
     run_id: RunIdDep,
-    tail: Annotated[int | None, Query(ge=0, description="only the last N lines")] = None,
+    tail: Annotated[
+        int | None, Query(ge=0, le=10_000_000, description="only the last N lines")
+    ] = None,
 ) -> str:
     """The service's own copy of the job log (the newest part, up to its configured size)."""
     return logcopy.tail(session, run_id, tail)
