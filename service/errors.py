@@ -9,6 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 PROBLEM_JSON = "application/problem+json"
@@ -85,6 +86,13 @@ class InvalidSpec(ProblemError):
         super().__init__(detail, errors=list(errors))
 
 
+class Unstorable(ProblemError):
+    """Input the database refuses to hold (a NUL character on PostgreSQL, a number too large)."""
+
+    status = 422
+    title = "Invalid input"
+
+
 class Unavailable(ProblemError):
     status = 503
     title = "Service unavailable"
@@ -145,7 +153,12 @@ def install_handlers(app: FastAPI) -> None:
             headers=getattr(exc, "headers", None),
         )
 
+    async def on_data_error(request: Request, exc: Exception) -> JSONResponse:
+        # The driver's message quotes the offending value: it is not passed on.
+        return _problem(request, Unstorable("a value in the request cannot be stored or compared"))
+
     app.add_exception_handler(ProblemError, on_problem)
+    app.add_exception_handler(DataError, on_data_error)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
 

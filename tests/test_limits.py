@@ -45,3 +45,10 @@ def test_the_cluster_view_is_cut_at_its_bound(small: TestClient) -> None:
     assert len(view["queue"]) == 2 and view["truncated"] is True
     one = small.get("/cluster", params={"limit": 1}).json()
     assert len(one["queue"]) == 1
+
+
+def test_values_the_database_cannot_hold_are_a_422_not_a_500(small: TestClient) -> None:
+    for path in ["/runs/a%00b", "/runs?cursor=a%00b", "/runs?team=a%00", "/runs/a%00/logs"]:
+        assert small.get(path).status_code in (404, 200, 422), path
+    nul_name = small.post("/runs", json={"recipe": "test-script", "name": "a\u0000b"})
+    assert nul_name.status_code in (201, 422), nul_name.text  # 422 on PostgreSQL
