@@ -17,6 +17,7 @@ from schemathesis import checks
 from service.app import create_app
 from service.store.db import Database, upgrade
 from service.store.tokens import create as create_token
+from tests.conftest import _truncate as truncate
 from tests.conftest import make_settings
 
 TOKEN: dict[str, str] = {}
@@ -31,9 +32,17 @@ CHECKS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def secured_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FastAPI]:
-    url = f"sqlite:///{Path(tmp_path_factory.mktemp('schema')) / 'rlrun.db'}"
+@pytest.fixture(
+    scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def secured_app(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[FastAPI]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{Path(tmp_path_factory.mktemp('schema')) / 'rlrun.db'}"
+    else:
+        url = request.getfixturevalue("pg_database")
+        truncate(url)
     upgrade(url)
     db = Database(url)
     with db.transaction() as s:
