@@ -11,10 +11,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from service import dashboard
-from service.api import cluster as cluster_api
 from service.api import (
+    admin,
+    browser,
+    openapi,
     probes,
     prometheus,
     recipes,
@@ -23,6 +26,7 @@ from service.api import (
     script,
     verl,
 )
+from service.api import cluster as cluster_api
 from service.api.deps import Services
 from service.cluster.local_ray import LocalRayCluster
 from service.cluster.ray_jobs import RayJobs
@@ -37,6 +41,7 @@ from service.metrics.health import HealthRules
 from service.recipes.registry import RecipeRegistry, default_registry
 from service.scheduling import backlog
 from service.scheduling.inventory import InventoryCache
+from service.secrets import SecretStore
 from service.settings import Settings
 from service.store import db as dbmod
 
@@ -55,6 +60,13 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if not settings.auth_enabled:
+            log.warning(
+                "authentication is OFF (RLRUN_AUTH=%s, listening on %s): every caller acts as "
+                "an admin; set RLRUN_AUTH=on before exposing the service",
+                settings.auth,
+                settings.listen_host,
+            )
         if settings.migrate_on_start:
             await asyncio.to_thread(dbmod.upgrade, settings.database_url)
         cluster: LocalRayCluster | None = None
@@ -97,9 +109,14 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
         version="0.1.0",
         lifespan=lifespan,
         max_body_size=settings.max_body_bytes,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.services = services
     install_handlers(app)
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.allowed_hosts)
+    app.add_middleware(browser.SecurityHeaders)
+    browser.install(app)
     app.include_router(probes.router)
     app.include_router(runs.router)
     app.include_router(script.router)
@@ -108,7 +125,9 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
     app.include_router(run_metrics.router)
     app.include_router(prometheus.router)
     app.include_router(verl.router)
+    app.include_router(admin.router)
     dashboard.install(app)
+    openapi.install(app)
     return app
 
 
@@ -124,6 +143,7 @@ def build_loops(services: Services, ray: RayJobs, inventory: InventoryCache) -> 
         owner,
         settings.claim_ttl_s,
         settings.submit_batch,
+        SecretStore(settings.secrets_dir),
     )
     reconciler = Reconciler(services.db, ray, on_end=lambda: services.wake("submitter"))
     watchdog = Watchdog(

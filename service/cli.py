@@ -111,12 +111,15 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to bind")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to bind")] = 8000,
 ) -> None:
-    """Run the service (with RLRUN_RAY_ADDRESS=local, it starts and stops a local Ray head)."""
+    """Run the service (with RLRUN_RAY_ADDRESS=local, it starts and stops a local Ray head).
+
+    Authentication is on whenever HOST is not a loopback address (RLRUN_AUTH=auto)."""
     import uvicorn
 
     from service.app import create_app
+    from service.settings import Settings
 
-    uvicorn.run(create_app(), host=host, port=port, log_level="info")
+    uvicorn.run(create_app(Settings(listen_host=host)), host=host, port=port, log_level="info")
 
 
 @app.command()
@@ -497,3 +500,87 @@ def node_cells(node: dict[str, Any]) -> tuple[str, str, str]:
         f"{free.get(kind, 0):g}/{total.get(kind, 0):g} {kind}",
         f"{free.get('CPU', 0):g}/{total.get('CPU', 0):g}",
     )
+
+
+token_app = typer.Typer(
+    help="API tokens, straight in the database of RLRUN_DATABASE_URL (bootstraps the first admin)."
+)
+app.add_typer(token_app, name="token")
+
+
+@contextmanager
+def _database() -> Iterator[Any]:
+    from service.settings import Settings
+    from service.store.db import Database
+
+    db = Database(Settings().database_url)
+    try:
+        yield db
+    finally:
+        db.dispose()
+
+
+@token_app.command("create")
+def token_create(
+    user: Annotated[str, typer.Option(help="Who the token is for")],
+    team: Annotated[str, typer.Option(help="The team it acts for")],
+    role: Annotated[str, typer.Option(help="viewer, member or admin")] = "member",
+) -> None:
+    """Make a token and print its secret (shown this once; only its hash is stored)."""
+    from service.api.admin import TokenIn
+    from service.store import tokens
+
+    try:
+        spec = TokenIn.model_validate({"user": user, "team": team, "role": role})
+    except ValueError as exc:
+        say(str(exc), style="red", to=errors)
+        raise typer.Exit(2) from exc
+    with _database() as db, db.transaction() as session:
+        row, secret = tokens.create(session, spec.user, spec.team, spec.role, "rlrun token create")
+    say(f"{row.id}  {row.role}@{row.team}  {row.user}", to=errors)
+    print(secret)
+
+
+@token_app.command("list")
+def token_list(output: OutputOpt = Output.table) -> None:
+    """Every token: id, user, team, role, and when it was revoked."""
+    from service.store import tokens
+
+    rows: list[dict[str, Any]] = []
+    with _database() as db, db.transaction() as session:
+        cursor = None
+        while page := tokens.page(session, 500, cursor):
+            rows += [
+                {
+                    "id": t.id,
+                    "user": t.user,
+                    "team": t.team,
+                    "role": t.role,
+                    "created_at": t.created_at.isoformat(),
+                    "revoked_at": t.revoked_at.isoformat() if t.revoked_at else None,
+                }
+                for t in page
+            ]
+            cursor = page[-1].id
+    if output == Output.json:
+        emit_json(rows)
+        return
+    table = Table("id", "user", "team", "role", "created", "revoked")
+    for r in rows:
+        table.add_row(*(Text(clean(r[k] or "")) for k in r))
+    console.print(table)
+
+
+@token_app.command("revoke")
+def token_revoke(token_id: str) -> None:
+    """Revoke a token: the next request with it is refused."""
+    from service.errors import NotFound
+    from service.store import tokens
+
+    try:
+        with _database() as db, db.transaction() as session:
+            tokens.revoke(session, token_id)
+    except NotFound as exc:
+        say(exc.detail, style="red", to=errors)
+        raise typer.Exit(1) from exc
+    say(f"{token_id} revoked")

@@ -1,4 +1,7 @@
-"""The internal web dashboard: static files that read the same public API as curl and the CLI."""
+"""The internal web dashboard: static files that read the same public API as curl and the CLI.
+
+Its content security policy (scripts only from the service) is set for every answer by
+``service.api.browser``."""
 
 from __future__ import annotations
 
@@ -12,13 +15,6 @@ STATIC = Path(__file__).parent / "static"
 
 router = APIRouter(include_in_schema=False)
 
-# Scripts only from the service itself (no inline script, no CDN); uPlot sets inline styles.
-CSP = (
-    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
-    "img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
-    "frame-ancestors 'none'"
-)
-
 
 @router.get("/")
 def root() -> RedirectResponse:
@@ -27,7 +23,7 @@ def root() -> RedirectResponse:
 
 @router.get("/ui/")
 def index() -> FileResponse:
-    return FileResponse(STATIC / "index.html", headers={"Content-Security-Policy": CSP})
+    return FileResponse(STATIC / "index.html")
 
 
 def install(app: FastAPI) -> None:

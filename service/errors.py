@@ -9,6 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 PROBLEM_JSON = "application/problem+json"
@@ -24,6 +25,7 @@ class ProblemError(Exception):
         super().__init__(detail)
         self.detail = detail
         self.extra = extra
+        self.headers: dict[str, str] = {}
 
     def body(self, instance: str | None = None) -> dict[str, Any]:
         slug = self.title.lower().replace(" ", "-")
@@ -44,6 +46,31 @@ class NotFound(ProblemError):
     title = "Not found"
 
 
+class Unauthorized(ProblemError):
+    """No valid bearer token (missing, unknown or revoked: the same answer for each)."""
+
+    status = 401
+    title = "Unauthorized"
+
+    def __init__(self, detail: str = "a valid API token is required") -> None:
+        super().__init__(detail)
+        self.headers["WWW-Authenticate"] = "Bearer"
+
+
+class Forbidden(ProblemError):
+    status = 403
+    title = "Forbidden"
+
+
+class TooManyRequests(ProblemError):
+    status = 429
+    title = "Too many requests"
+
+    def __init__(self, detail: str, retry_after_s: int) -> None:
+        super().__init__(detail, retry_after_s=retry_after_s)
+        self.headers["Retry-After"] = str(retry_after_s)
+
+
 class Conflict(ProblemError):
     status = 409
     title = "Conflict"
@@ -57,6 +84,13 @@ class InvalidSpec(ProblemError):
 
     def __init__(self, detail: str, errors: Sequence[dict[str, Any]]) -> None:
         super().__init__(detail, errors=list(errors))
+
+
+class Unstorable(ProblemError):
+    """Input the database refuses to hold (a NUL character on PostgreSQL, a number too large)."""
+
+    status = 422
+    title = "Invalid input"
 
 
 class Unavailable(ProblemError):
@@ -88,7 +122,12 @@ def invalid_from_pydantic(
 
 
 def _problem(request: Request, exc: ProblemError) -> JSONResponse:
-    return JSONResponse(exc.body(request.url.path), status_code=exc.status, media_type=PROBLEM_JSON)
+    return JSONResponse(
+        exc.body(request.url.path),
+        status_code=exc.status,
+        media_type=PROBLEM_JSON,
+        headers=exc.headers or None,
+    )
 
 
 def install_handlers(app: FastAPI) -> None:
@@ -114,7 +153,12 @@ def install_handlers(app: FastAPI) -> None:
             headers=getattr(exc, "headers", None),
         )
 
+    async def on_data_error(request: Request, exc: Exception) -> JSONResponse:
+        # The driver's message quotes the offending value: it is not passed on.
+        return _problem(request, Unstorable("a value in the request cannot be stored or compared"))
+
     app.add_exception_handler(ProblemError, on_problem)
+    app.add_exception_handler(DataError, on_data_error)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from service.metrics.store import json_value
 from service.recipes.base import PRIORITIES
+from service.secrets import masked_runtime_env, masked_spec
 from service.store.models import Run, RunEvent
 from service.wire import EventOut, HealthOut, MetricsOut, ProgressOut, RayOut, RunOut, RunSummary
 
@@ -57,10 +58,10 @@ def run_out(
     latest = latest or {}
     return RunOut(
         **summary_fields(run, latest),
-        spec=run.spec,
+        spec=masked_spec(run.spec),
         command=launch["argv"],
         entrypoint=launch["entrypoint"],
-        runtime_env=launch["runtime_env"],
+        runtime_env=masked_runtime_env(launch["runtime_env"]),
         shape=launch["shape"],
         warnings=launch.get("warnings", []),
         ray=RayOut(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -109,3 +111,44 @@ class Settings(BaseSettings):
     stuck_silent_s: float = 1800.0
     stop_stuck: bool = False
     watchdog_interval_s: float = 10.0
+
+    # Identity. "auto": on unless the service listens only on loopback (``listen_host``, set by
+    # ``rlrun serve --host``); "on"; "off" (open: every caller is an anonymous admin).
+    auth: Literal["auto", "on", "off"] = "auto"
+    listen_host: str = "127.0.0.1"
+    # Teams whose members may submit priority "high" (admins always may).
+    high_priority_teams: list[str] = Field(default_factory=list)
+    # Hosts the service answers for (Host header); "*" answers any.
+    allowed_hosts: list[str] = Field(default_factory=lambda: ["*"])
+
+    # Secrets a spec names by reference: files <dir>/<team>/<name> or <dir>/<name>, or env vars
+    # RLRUN_SECRET_<TEAM>__<NAME> / RLRUN_SECRET_<NAME> (upper case, "-" and "." as "_").
+    secrets_dir: str | None = None
+
+    # What a spec may ask of the cluster, widened only here: env var names exempt from the
+    # deny-list, and Hydra keys (prefixes) an override may set although refused by default.
+    env_allow: list[str] = Field(default_factory=list)
+    override_allow: list[str] = Field(default_factory=list)
+
+    # Limits: accepted runs per team per minute (0: none), live event streams per caller,
+    # metric keys per request, rows per page of /cluster.
+    runs_per_team_per_minute: int = Field(default=120, ge=0)
+    streams_per_caller: int = Field(default=16, ge=1)
+    metric_keys_per_request: int = Field(default=200, ge=1)
+    cluster_list_limit: int = Field(default=500, ge=1)
+
+    @property
+    def auth_enabled(self) -> bool:
+        if self.auth != "auto":
+            return self.auth == "on"
+        return not is_loopback(self.listen_host)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or name to bind) reaches only this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -129,3 +129,22 @@ def test_compose_file_is_consistent() -> None:
     assert (DOCKER / build["context"] / build["dockerfile"]).is_file()
     known = {f"RLRUN_{field.upper()}" for field in Settings.model_fields}
     assert set(services["rlrun"]["environment"]) <= known
+
+
+def test_compose_keeps_secrets_out_of_the_file_and_uses_ray_token_auth() -> None:
+    text = (DOCKER / "compose.yaml").read_text()
+    services = yaml.safe_load(text)["services"]
+    assert services["postgres"]["environment"]["POSTGRES_PASSWORD"].startswith("${")
+    assert "rlrun:rlrun@" not in text
+    head = services["ray-head"]
+    assert head["environment"]["RAY_AUTH_MODE"] == "token"
+    assert "ports" not in head
+    env = services["rlrun"]["environment"]
+    assert env["RLRUN_RAY_TOKEN"] == head["environment"]["RAY_AUTH_TOKEN"]
+    assert env["RLRUN_AUTH"] == "on"
+
+
+def test_worker_image_runs_as_non_root() -> None:
+    text = (DOCKER / "Dockerfile.npu-worker").read_text()
+    users = [line.split()[1] for line in text.splitlines() if line.startswith("USER ")]
+    assert users and users[-1] not in ("root", "0")

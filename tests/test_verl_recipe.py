@@ -290,16 +290,21 @@ def test_a_null_checkpoint_dir_means_the_runs_own() -> None:
     ]
 
 
-def test_warning_relative_checkpoint_dir_with_resume_auto() -> None:
-    assert any(
-        "default_local_dir" in w for w in warnings_of({"trainer": {"default_local_dir": "ckpt/x"}})
-    )
-    assert not any("default_local_dir" in w for w in warnings_of({}))
+def test_a_checkpoint_dir_outside_the_runs_own_is_refused() -> None:
+    for outside in ("ckpt/x", "/mnt/ckpt/other-run", "/mnt/ckpt/run-x/../other-run", "/tmp"):
+        errors = refused(PRESET | {"trainer": {"default_local_dir": outside}})
+        assert [e["field"] for e in errors] == ["trainer.default_local_dir"], outside
+    override = refused(PRESET | {"overrides": ["trainer.default_local_dir=/mnt/ckpt/run-y"]})
+    assert [e["field"] for e in override] == ["overrides[0]"]
+    inside = build(PRESET | {"trainer": {"default_local_dir": "/mnt/ckpt/run-x/sub"}}).argv
+    assert "trainer.default_local_dir=/mnt/ckpt/run-x/sub" in inside
 
 
-def test_warning_npu_without_verl_platform_when_env_is_overridden() -> None:
-    body = {"runtime_env": {"env_vars": {"VERL_PLATFORM": ""}}}
-    assert any("VERL_PLATFORM" in w for w in warnings_of(body))
+def test_the_services_own_env_vars_win_and_a_different_value_is_refused() -> None:
+    errors = refused(PRESET | {"runtime_env": {"env_vars": {"VERL_PLATFORM": ""}}})
+    assert errors[0]["field"] == "runtime_env.env_vars.VERL_PLATFORM"
+    same = build(PRESET | {"runtime_env": {"env_vars": {"VERL_PLATFORM": "huawei"}}})
+    assert same.runtime_env["env_vars"]["VERL_PLATFORM"] == "huawei"
 
 
 def test_warning_lr_schedule_under_async_sync_steps() -> None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 from sqlalchemy import select
 
+from service.api.auth import Viewer
 from service.api.deps import InventoryDep, ServicesDep, SessionDep
 from service.scheduling import backlog
 from service.scheduling.admission import PRIORITY_NAMES, decide, held_by_team
@@ -18,9 +19,22 @@ router = APIRouter(tags=["cluster"])
 
 @router.get("/cluster")
 def get_cluster(
-    services: ServicesDep, inventory: InventoryDep, session: SessionDep
+    services: ServicesDep,
+    inventory: InventoryDep,
+    session: SessionDep,
+    principal: Viewer,
+    limit: Annotated[
+        int | None, Query(ge=1, le=100_000, description="rows of active and queue at most")
+    ] = None,
 ) -> dict[str, Any]:
-    """The queue order and reasons are admission's own decision on the current inventory."""
+    """The queue order and reasons are admission's own decision on the current inventory.
+    Another team's runs show without their names to a non-admin; ``active`` and ``queue`` are
+    cut at ``limit`` rows (at most the configured bound), ``truncated`` says when."""
+    bound = min(limit or services.settings.cluster_list_limit, services.settings.cluster_list_limit)
+
+    def name(team: str, value: str) -> str | None:
+        return value if principal.sees(team) else None
+
     now = utcnow()
     quotas = backlog.quotas(services.settings)
     rows = backlog.queued(session, now)
@@ -36,27 +50,29 @@ def get_cluster(
         team: {"accelerators": used, "quota": quotas.of(team)}
         for team, used in sorted(held_by_team(held).items())
     }
+    queue_ids = decision.order[:bound]
     return {
+        "truncated": len(active) > bound or len(decision.order) > bound,
         "ray": {"ok": inventory is not None},
         "nodes": [n.as_dict() for n in inventory.nodes] if inventory else [],
         "active": [
             {
                 "id": r.id,
-                "name": r.name,
+                "name": name(r.team, r.name),
                 "team": r.team,
                 "status": r.status,
                 "priority": PRIORITY_NAMES.get(r.priority, str(r.priority)),
                 "accelerators": r.launch["shape"]["accelerators"],
                 "shape": r.launch["shape"],
             }
-            for r in active
+            for r in active[:bound]
         ],
         "teams": teams,
         "queue": [
             {
                 "position": position,
                 "id": run_id,
-                "name": by_id[run_id].name,
+                "name": name(by_id[run_id].run.team, by_id[run_id].name),
                 "team": by_id[run_id].run.team,
                 "priority": PRIORITY_NAMES.get(by_id[run_id].run.priority, "normal"),
                 "accelerators": by_id[run_id].run.shape.accelerators,
@@ -66,6 +82,6 @@ def get_cluster(
                     else by_id[run_id].queue_reason
                 ),
             }
-            for position, run_id in enumerate(decision.order)
+            for position, run_id in enumerate(queue_ids)
         ],
     }

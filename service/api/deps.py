@@ -10,6 +10,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
+from service.api.limits import StreamSlots
 from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable
 from service.loops.base import Loop
 from service.loops.follower import Follower
@@ -20,6 +21,8 @@ from service.settings import Settings
 from service.store.db import Database
 
 log = logging.getLogger(__name__)
+# The largest value an INTEGER column holds on every backend: the bound of numeric queries.
+INT32_MAX = 2**31 - 1
 
 
 @dataclass
@@ -32,6 +35,7 @@ class Services:
     inventory: InventoryCache | None = None
     loops: dict[str, Loop] = field(default_factory=dict)
     follower: Follower | None = None
+    streams: StreamSlots = field(default_factory=StreamSlots)
 
     def wake(self, name: str) -> None:
         if name in self.loops:

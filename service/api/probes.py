@@ -19,7 +19,7 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@router.get("/readyz", responses={503: {"description": "the database does not answer"}})
 def readyz(services: ServicesDep) -> JSONResponse:
     """Ready when the database answers: runs can be accepted (and queue) while Ray is away."""
     checks: dict[str, Any] = {}

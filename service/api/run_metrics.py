@@ -2,26 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query
 from fastapi.responses import PlainTextResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
-from service.api.deps import ServicesDep, SessionDep
+from service.api.auth import CredentialsDep, Principal, Viewer, principal_from, visible_run
+from service.api.deps import INT32_MAX, ServicesDep, SessionDep
 from service.errors import InvalidSpec, field_error
 from service.metrics import logcopy, store
 from service.metrics.broker import Cursor
 from service.metrics.store import json_value
-from service.store.runs import load_run
 from service.wire import PointOut, SeriesOut
 
 router = APIRouter(prefix="/runs", tags=["metrics"])
 
 
-def existing_run(session: SessionDep, run_id: str) -> str:
-    load_run(session, run_id)
+def existing_run(session: SessionDep, principal: Viewer, run_id: str) -> str:
+    visible_run(session, principal, run_id)
     return run_id
 
 
@@ -30,19 +30,25 @@ RunIdDep = Annotated[str, Depends(existing_run)]
 
 @router.get("/{run_id}/metrics", response_model=SeriesOut)
 def metric_series(
+    services: ServicesDep,
     session: SessionDep,
     run_id: RunIdDep,
     keys: Annotated[str | None, Query(description="comma-separated keys; all when absent")] = None,
     max_points: Annotated[int, Query(ge=2, le=100_000)] = 1000,
-    from_step: Annotated[int | None, Query(ge=0)] = None,
-    to_step: Annotated[int | None, Query(ge=0)] = None,
+    from_step: Annotated[int | None, Query(ge=0, le=INT32_MAX)] = None,
+    to_step: Annotated[int | None, Query(ge=0, le=INT32_MAX)] = None,
 ) -> SeriesOut:
     """History per key; above ``max_points`` each point is a bucket's last value with its
     min and max. NaN and infinities are the strings "NaN", "Infinity", "-Infinity"."""
     if from_step is not None and to_step is not None and to_step < from_step:
         msg = "to_step must not be below from_step"
         raise InvalidSpec(msg, [field_error(["query", "to_step"], msg)])
-    names = [k for k in (keys or "").split(",") if k] or sorted(store.keys_of(session, run_id))
+    limit = services.settings.metric_keys_per_request
+    names = [k for k in (keys or "").split(",") if k]
+    if len(names) > limit:
+        msg = f"at most {limit} keys per request"
+        raise InvalidSpec(msg, [field_error(["query", "keys"], msg)])
+    names = names or sorted(store.keys_of(session, run_id))[:limit]
     return SeriesOut(
         run_id=run_id,
         series={
@@ -74,7 +80,9 @@ def metric_keys(session: SessionDep, run_id: RunIdDep) -> list[str]:
 def run_logs(
     session: SessionDep,
     run_id: RunIdDep,
-    tail: Annotated[int | None, Query(ge=0, description="only the last N lines")] = None,
+    tail: Annotated[
+        int | None, Query(ge=0, le=10_000_000, description="only the last N lines")
+    ] = None,
     offset: Annotated[
         int | None, Query(ge=0, description="only what follows this offset (a Log-Offset)")
     ] = None,
@@ -94,17 +102,33 @@ def run_logs(
     return PlainTextResponse(text if ansi else logcopy.strip_ansi(text), headers=headers)
 
 
-def _existing_run_stream(services: ServicesDep, run_id: str) -> str:
+def _stream_caller(
+    services: ServicesDep, credentials: CredentialsDep, run_id: str
+) -> Iterator[Principal]:
+    """The caller, holding one of its stream slots until the stream ends (auth on)."""
     # Checked in its own short transaction: the stream must not hold one open.
     with services.db.transaction() as session:
-        load_run(session, run_id)
-    return run_id
+        principal = principal_from(services.settings, credentials, session)
+        visible_run(session, principal, run_id)
+    if not services.settings.auth_enabled:
+        yield principal
+        return
+    services.streams.take(principal.key, services.settings.streams_per_caller)
+    try:
+        yield principal
+    finally:
+        services.streams.give(principal.key)
 
 
-@router.get("/{run_id}/events", response_class=EventSourceResponse)
+@router.get(
+    "/{run_id}/events",
+    response_class=EventSourceResponse,
+    responses={429: {"description": "too many live streams for this token"}},
+)
 async def run_events(
     services: ServicesDep,
-    run_id: Annotated[str, Depends(_existing_run_stream)],
+    principal: Annotated[Principal, Depends(_stream_caller)],
+    run_id: str,
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> AsyncIterator[ServerSentEvent]:
     """``status`` and ``metrics`` events: everything after ``Last-Event-ID`` (or from the

@@ -17,8 +17,9 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 
+from service.api.auth import Viewer, visible_run
 from service.api.deps import SessionDep
-from service.store.runs import load_run
+from service.secrets import MASK, masked_runtime_env
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 
@@ -27,18 +28,21 @@ ADD_JOBS_MODULE = (
     "env.setdefault('py_modules', []).append(os.path.dirname(jobs.__file__)); "
     "files = json.loads(sys.argv[2]); d = tempfile.mkdtemp(prefix='rlrun-files-'); "
     "[open(os.path.join(d, n), 'w', encoding='utf-8').write(t) for n, t in files.items()]; "
-    "env.update({'working_dir': d} if files else {}); print(json.dumps(env))"
+    "env.update({'working_dir': d} if files else {}); "
+    "env.setdefault('env_vars', {}).update({n: os.environ[n] for n in sys.argv[3:]}); "
+    "print(json.dumps(env))"
 )
 
 
 @router.get(
     "/{run_id}/script",
     response_class=PlainTextResponse,
-    responses={200: {"content": {"text/x-shellscript": {}}}, 404: {}},
+    responses={200: {"content": {"text/x-shellscript": {}}}},
 )
-def run_script(session: SessionDep, run_id: str) -> PlainTextResponse:
-    """A bash script that submits this run's job with ``ray job submit``."""
-    run = load_run(session, run_id)
+def run_script(session: SessionDep, principal: Viewer, run_id: str) -> PlainTextResponse:
+    """A bash script that submits this run's job with ``ray job submit``; secrets and values
+    that look like keys are read from the operator's environment, never written in it."""
+    run = visible_run(session, principal, run_id)
     return PlainTextResponse(
         render_script(run.id, run.name, run.launch), media_type="text/x-shellscript"
     )
@@ -46,6 +50,11 @@ def run_script(session: SessionDep, run_id: str) -> PlainTextResponse:
 
 def render_script(run_id: str, name: str, launch: dict[str, Any]) -> str:
     q = shlex.quote
+    runtime_env = masked_runtime_env(launch["runtime_env"])
+    masked = [k for k, v in runtime_env.get("env_vars", {}).items() if v == MASK]
+    from_env = sorted({*masked, *launch.get("secrets", {})})
+    for var in from_env:
+        runtime_env.get("env_vars", {}).pop(var, None)
     submit = [
         "ray job submit",
         '--address "$RAY_ADDRESS"',
@@ -66,11 +75,15 @@ def render_script(run_id: str, name: str, launch: dict[str, Any]) -> str:
         "# Ray's submission id is the run id: the job can be submitted once.",
         "set -euo pipefail",
         'RAY_ADDRESS="${RAY_ADDRESS:-http://127.0.0.1:8265}"',
-        f"RUNTIME_ENV={q(json.dumps(launch['runtime_env'], sort_keys=True))}",
+        *(f': "${{{n}:?set {n} in the environment (a secret)}}"' for n in from_env),
+        f"RUNTIME_ENV={q(json.dumps(runtime_env, sort_keys=True))}",
         f"FILES={q(json.dumps(launch.get('files') or {}, sort_keys=True))}",
-        "# The service ships the jobs package as py_modules (add the installed one here) and the",
-        "# run's files as its working directory (written to a temporary directory here).",
-        f'RUNTIME_ENV_JSON="$(python3 -c {q(ADD_JOBS_MODULE)} "$RUNTIME_ENV" "$FILES")"',
+        "# The service ships the jobs package as py_modules (add the installed one here), the",
+        "# run's files as its working directory (written to a temporary directory here), and",
+        "# the secrets from this environment.",
+        f'RUNTIME_ENV_JSON="$(python3 -c {q(ADD_JOBS_MODULE)} "$RUNTIME_ENV" "$FILES"'
+        + "".join(f" {n}" for n in from_env)
+        + ')"',
         " \\\n    ".join(submit),
         "",
     ]

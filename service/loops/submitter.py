@@ -21,6 +21,7 @@ from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable, zip_f
 from service.scheduling import backlog
 from service.scheduling.admission import Quotas, decide
 from service.scheduling.inventory import Inventory, InventoryCache
+from service.secrets import SecretMissing, SecretStore, redact
 from service.store.db import Database
 from service.store.lifecycle import transition
 from service.store.models import Run, utcnow
@@ -33,6 +34,7 @@ JOBS_DIR = Path(jobs.__file__).parent
 @dataclass(frozen=True)
 class Claimed:
     id: str
+    team: str
     launch: dict[str, Any]
 
 
@@ -46,6 +48,7 @@ class Submitter:
         owner: str,
         claim_ttl_s: float,
         batch: int,
+        secrets: SecretStore | None = None,
     ) -> None:
         self.db = db
         self.ray = ray
@@ -54,6 +57,7 @@ class Submitter:
         self.owner = owner
         self.claim_ttl = timedelta(seconds=claim_ttl_s)
         self.batch = batch
+        self.secrets = secrets or SecretStore(None)
 
     def tick(self) -> None:
         # Always a fresh read: a run that just ended must not wait for a cache to expire.
@@ -88,7 +92,7 @@ class Submitter:
                     )
                 )
                 if session.execute(claim).rowcount:  # type: ignore[attr-defined]
-                    out.append(Claimed(run_id, row.launch))
+                    out.append(Claimed(run_id, row.run.team, row.launch))
             elif decision.reasons.get(run_id) != row.queue_reason:
                 session.execute(
                     update(Run)
@@ -100,6 +104,14 @@ class Submitter:
     def _submit(self, run: Claimed) -> None:
         launch = run.launch
         runtime_env = dict(launch["runtime_env"])
+        try:
+            # Resolved now, not when the run was accepted: the values are never stored.
+            values = self.secrets.resolve(run.team, launch.get("secrets") or {})
+        except SecretMissing as exc:
+            self._fail(run.id, str(exc))
+            return
+        if values:
+            runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **values}
         runtime_env["py_modules"] = [
             *runtime_env.get("py_modules", []),
             self.ray.package_uri(JOBS_DIR),
@@ -116,11 +128,8 @@ class Submitter:
                 entrypoint_resources=launch.get("entrypoint_resources") or None,
             )
         except RayRejected as exc:
-            with self.db.transaction() as session:
-                row = session.get(Run, run.id, with_for_update=True)
-                if row is not None and row.status == RunStatus.QUEUED:
-                    row.ray_message = str(exc)
-                    transition(session, row, RunStatus.FAILED, f"Ray refused the job: {exc}")
+            # Ray's message may quote the runtime env: no secret value is kept from it.
+            self._fail(run.id, f"Ray refused the job: {redact(str(exc), list(values.values()))}")
             return
         except RayUnavailable:
             with self.db.transaction() as session:
@@ -139,3 +148,10 @@ class Submitter:
         if cancelled:
             log.info("run %s was cancelled while being submitted; stopping it on Ray", run.id)
             self.ray.stop(run.id)
+
+    def _fail(self, run_id: str, reason: str) -> None:
+        with self.db.transaction() as session:
+            row = session.get(Run, run_id, with_for_update=True)
+            if row is not None and row.status == RunStatus.QUEUED:
+                row.ray_message = reason
+                transition(session, row, RunStatus.FAILED, reason)

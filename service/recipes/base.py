@@ -6,7 +6,10 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from service.recipes import env_names
+from service.secrets import SECRET_NAME
 
 PRIORITIES: dict[str, int] = {"low": 0, "normal": 1, "high": 2}
 
@@ -20,6 +23,22 @@ class RunSpec(BaseModel):
     name: str | None = Field(default=None, min_length=1, max_length=200)
     team: str = Field(default="default", pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
     priority: Literal["low", "normal", "high"] = "normal"
+    secrets: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=50,
+        description="env var -> name of a secret the service holds, filled in at submit time",
+        examples=[{"WANDB_API_KEY": "wandb-team-key"}],
+    )
+
+    @field_validator("secrets")
+    @classmethod
+    def _secret_refs(cls, value: dict[str, str]) -> dict[str, str]:
+        for var, name in value.items():
+            if not env_names.NAME.fullmatch(var):
+                raise ValueError(f"{var!r} is not an environment variable name")
+            if not SECRET_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not a secret name ([A-Za-z0-9_.-], up to 64)")
+        return value
 
 
 @dataclass(frozen=True)
@@ -89,6 +108,8 @@ class Launch:
     total_steps: int | None = None
     # Small text files shipped as the job's working directory (name -> text).
     files: dict[str, str] = field(default_factory=dict)
+    # Env var -> secret name: values are filled in by the service when it submits, never stored.
+    secrets: dict[str, str] = field(default_factory=dict)
 
     @property
     def entrypoint(self) -> str:
@@ -105,6 +126,7 @@ class Launch:
             "warnings": self.warnings,
             "total_steps": self.total_steps,
             "files": self.files,
+            "secrets": self.secrets,
         }
 
 

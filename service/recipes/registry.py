@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import ValidationError
 
 from service.errors import InvalidSpec, field_error, invalid_from_pydantic
+from service.recipes import env_names
 from service.recipes.base import Launch, LaunchContext, Recipe, RunSpec
 from service.recipes.tiny_grpo import TinyGrpoRecipe
 from service.recipes.verl import VerlFullyAsyncRecipe
@@ -15,8 +18,9 @@ from service.settings import Settings
 
 
 class RecipeRegistry:
-    def __init__(self) -> None:
+    def __init__(self, env_allow: Sequence[str] = ()) -> None:
         self._recipes: dict[str, Recipe] = {}
+        self.env_allow = tuple(env_allow)
 
     def register(self, recipe: Recipe) -> None:
         self._recipes[recipe.name] = recipe
@@ -46,12 +50,25 @@ class RecipeRegistry:
 
     def build(self, body: Any, ctx: LaunchContext) -> tuple[RunSpec, Launch]:
         recipe, spec = self.parse(body)
-        return spec, recipe.build(spec, ctx)
+        launch = recipe.build(spec, ctx)
+        if not spec.secrets:
+            return spec, launch
+        env = launch.runtime_env.get("env_vars", {})
+        errors = []
+        for var in spec.secrets:
+            why = env_names.refusal(var, self.env_allow)
+            if why is None and var in env:
+                why = f"{var} is also set in the job's environment"
+            if why:
+                errors.append(field_error(["secrets", var], why))
+        if errors:
+            raise InvalidSpec(errors[0]["msg"], errors)
+        return spec, dataclasses.replace(launch, secrets=dict(spec.secrets))
 
 
 def default_registry(plugins: str = "", settings: Settings | None = None) -> RecipeRegistry:
     """The recipes rlrun ships, plus any ``module:function`` plugins that register more."""
-    registry = RecipeRegistry()
+    registry = RecipeRegistry(settings.env_allow if settings else ())
     registry.register(VerlFullyAsyncRecipe(settings or Settings()))
     registry.register(TinyGrpoRecipe())
     for entry in filter(None, (p.strip() for p in plugins.split(","))):

@@ -150,3 +150,35 @@ class LogChunk(Base):
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
     start_offset: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     text: Mapped[str] = mapped_column(Text)
+
+
+class ApiToken(Base):
+    """An API token of one user in one team; only its SHA-256 is kept (shown once at creation)."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    user: Mapped[str] = mapped_column(String(200))
+    team: Mapped[str] = mapped_column(String(64))
+    role: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    created_by: Mapped[str | None] = mapped_column(String(200))
+    revoked_at: Mapped[datetime | None]
+
+
+class AuditEntry(Base):
+    """One state-changing call: who (user, team, token), what, on which run, when, from where."""
+
+    __tablename__ = "audit"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    user: Mapped[str] = mapped_column(String(200))
+    team: Mapped[str | None] = mapped_column(String(64))
+    role: Mapped[str] = mapped_column(String(16))
+    token_id: Mapped[str | None] = mapped_column(String(40))
+    action: Mapped[str] = mapped_column(String(64))
+    run_id: Mapped[str | None] = mapped_column(String(40), index=True)
+    target: Mapped[str | None] = mapped_column(String(200))
+    client: Mapped[str | None] = mapped_column(String(100))

@@ -145,13 +145,18 @@ def argv(spec: VerlFullyAsyncSpec, items: list[Item]) -> list[str]:
     ]
 
 
-def runtime_env(spec: VerlFullyAsyncSpec, stop_grace_s: int) -> dict[str, Any]:
-    env = {
+def service_env(spec: VerlFullyAsyncSpec, stop_grace_s: int) -> dict[str, str]:
+    """The variables the service sets for every job of this accelerator (a spec may not)."""
+    return {
         **BASE_ENV[spec.resources.accelerator],
         **COMMON_ENV,
         "RAY_JOB_STOP_WAIT_TIME_S": str(stop_grace_s),
-        **spec.runtime_env.env_vars,
     }
+
+
+def runtime_env(spec: VerlFullyAsyncSpec, stop_grace_s: int) -> dict[str, Any]:
+    # The service's own variables come last: they win over anything of the spec's.
+    env = {**spec.runtime_env.env_vars, **service_env(spec, stop_grace_s)}
     out: dict[str, Any] = {"env_vars": env}
     if spec.runtime_env.pip:
         out["pip"] = list(spec.runtime_env.pip)

@@ -31,12 +31,18 @@ class VerlNotInstalled(Unavailable):
     title = "verl config unavailable"
 
 
-class OverrideError(Exception):
-    """Overrides Hydra would refuse: ``(index in the list or -1, message)`` pairs."""
+# What a refusal from Hydra's own composition says: its message may quote composed values.
+COMPOSE_REFUSED = "verl's config cannot be composed with this override"
 
-    def __init__(self, problems: list[tuple[int, str]]) -> None:
+
+class OverrideError(Exception):
+    """Overrides Hydra would refuse: ``(index in the list or -1, message)`` pairs. ``hint`` is
+    Hydra's own first line, kept to find the culprit and never shown."""
+
+    def __init__(self, problems: list[tuple[int, str]], hint: str = "") -> None:
         super().__init__("; ".join(msg for _, msg in problems))
         self.problems = problems
+        self.hint = hint
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,7 @@ class Parsed:
     key: str
     value: Any
     group: bool
+    package: str | None = None
 
 
 def verl_root() -> Path:
@@ -73,9 +80,7 @@ def _compose(
     config_name: str, overrides: tuple[str, ...], root: Path | None = None
 ) -> dict[str, Any]:
     from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
     from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
 
     root = root or verl_root()
     searchpath = f"hydra.searchpath=[file://{root / TRAINER_CONFIG}]"
@@ -86,9 +91,11 @@ def _compose(
     ):
         try:
             cfg = compose(config_name, overrides=[searchpath, *overrides])
-        except (HydraException, OmegaConfBaseException, ValueError, TypeError, KeyError) as exc:
-            # Hydra reports some bad group overrides as plain ValueError/TypeError.
-            raise OverrideError([(-1, str(exc).splitlines()[0])]) from exc
+        except Exception as exc:
+            # Hydra reports bad overrides as its own errors, ValueError, TypeError or a YAML
+            # error; any of them may quote composed values, so none is passed on.
+            hint = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise OverrideError([(-1, COMPOSE_REFUSED)], hint) from exc
     out: dict[str, Any] = OmegaConf.to_container(cfg, resolve=False)  # type: ignore[assignment]
     return out
 
@@ -135,7 +142,7 @@ def parse(text: str) -> Parsed:
     group = (
         override.package is not None or "/" in key or ("." not in key and key in _config_groups())
     )
-    return Parsed(kind, key, override.value(), group)
+    return Parsed(kind, key, override.value(), group, override.package)
 
 
 @functools.cache
@@ -167,8 +174,9 @@ def compose(config_name: str, overrides: list[str], root: Path | None = None) ->
             )
             return composed
         except OverrideError as exc:
-            message = exc.problems[0][1]
-            raise OverrideError([(_culprit(parsed, message), message)]) from exc
+            culprit = _culprit(parsed, exc.hint)
+            where = f"override {culprit}" if culprit >= 0 else "the overrides"
+            raise OverrideError([(culprit, f"{COMPOSE_REFUSED} ({where})")]) from None
     cfg: dict[str, Any] = copy_tree(base_config(config_name, root))
     for i, p in enumerate(parsed):
         try:

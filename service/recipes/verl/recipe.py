@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from service.errors import InvalidSpec, field_error, invalid_from_pydantic
 from service.recipes.base import Launch, LaunchContext, RunSpec
-from service.recipes.verl import command, preflight, rules, typed_keys, versions
+from service.recipes.verl import command, guard, preflight, rules, typed_keys, versions
 from service.recipes.verl.hydra_check import OverrideError, base_config, compose, parse
 from service.recipes.verl.preset import PRESETS, deep_merge
 from service.recipes.verl.spec import VerlFullyAsyncSpec
@@ -48,6 +48,15 @@ class VerlFullyAsyncRecipe:
     def build(self, spec: Any, ctx: LaunchContext) -> Launch:
         assert isinstance(spec, VerlFullyAsyncSpec)
         full = self.resolve(spec)
+        refused = guard.check_overrides(full.overrides, self.settings.override_allow)
+        refused += guard.check_runtime_env(
+            full.runtime_env.env_vars,
+            full.runtime_env.pip,
+            command.service_env(full, ctx.stop_grace_s),
+            self.settings.env_allow,
+        )
+        if refused:
+            raise InvalidSpec(f"{len(refused)} field(s) refused: {refused[0]['msg']}", refused)
         try:
             items = command.overrides(full, self.checkpoint_dir(ctx.run_id))
         except command.Unexpressible as exc:
@@ -80,6 +89,7 @@ class VerlFullyAsyncRecipe:
             field_error(where(key), f"{key}: {path!r} {why}", "verl_rule")
             for key, path, why in preflight.unshipped(cfg, full.files)
         ]
+        errors += guard.check_paths(cfg, self.checkpoint_dir(ctx.run_id), where)
         if errors:
             raise InvalidSpec(
                 f"{len(errors)} verl rule(s) broken, first: {errors[0]['field']}", errors

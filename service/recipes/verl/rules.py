@@ -82,8 +82,6 @@ def check(
             if owned:
                 fields = ", ".join(f"resources.{RESOURCE_KEYS[k]}" for k in owned)
                 errors.append(field_error(item.loc, f"{key} is set by {fields}", "verl_rule"))
-            if key == "hydra" or key.startswith("hydra."):
-                errors.append(field_error(item.loc, "Hydra's own settings are fixed", "verl_rule"))
 
     need("data.train_batch_size", lambda v: v == 0, "fully async requires 0")
     need("data.gen_batch_size", lambda v: v == 1, "fully async requires 1")
@@ -286,18 +284,6 @@ def _warnings(
             "rollout_is weights are only reported as metrics, not applied to the loss; set "
             "bypass_mode=False or loss_type=reinforce to train with them"
         )
-    ckpt = get("trainer.default_local_dir")
-    if get("trainer.resume_mode") == "auto" and not (isinstance(ckpt, str) and _absolute(ckpt)):
-        out.append(
-            f"trainer.default_local_dir {ckpt!r} is not absolute and resume_mode=auto: the run "
-            "may resume another run's checkpoint; leave it unset to get a per-run directory"
-        )
-    platform = spec.runtime_env.env_vars.get("VERL_PLATFORM", "huawei")
-    if spec.resources.accelerator == "npu" and platform != "huawei":
-        out.append(
-            f"runtime_env.env_vars.VERL_PLATFORM={platform!r} on NPU: verl's CPU-only actors "
-            "then detect CUDA and the job waits for GPUs forever; use VERL_PLATFORM=huawei"
-        )
     sync = _int(get("async_training.trigger_parameter_sync_step")) or 1
     optim = "actor_rollout_ref.actor.optim"
     scheduled = (
@@ -318,10 +304,11 @@ def _warnings(
         for n in (logger if isinstance(logger, list) else [logger])
         if n not in CREDENTIAL_FREE_LOGGERS and n not in configured_loggers
     )
-    if missing:
+    if missing and not spec.secrets:  # credentials named as secrets count as given
         out.append(
             f"trainer.logger: {missing} need credentials this deployment has not configured; "
-            "give them in runtime_env.env_vars (e.g. WANDB_API_KEY) or the run may fail at start"
+            'name them as secrets the service holds (e.g. "secrets": {"WANDB_API_KEY": '
+            '"wandb-team-key"}) or the run may fail at start'
         )
     if any(_key(item.text) == "rollout.n" for item in where_items):
         out.append(
@@ -329,7 +316,3 @@ def _warnings(
             "actor_rollout_ref.rollout.n (the spec's rollout.n)"
         )
     return out
-
-
-def _absolute(path: str) -> bool:
-    return path.startswith("/") or "://" in path

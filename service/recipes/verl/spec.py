@@ -20,20 +20,20 @@ from pydantic import (
     model_serializer,
 )
 
+from service.recipes import env_names
 from service.recipes.base import RunSpec
+from service.recipes.verl.guard import pip_refusal
 
 # Environment variables the service owns, and the setting that decides each.
 SERVICE_ENV = {"RAY_JOB_STOP_WAIT_TIME_S": "RLRUN_STOP_GRACE_S, the time a stopped run has"}
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Files that travel with a run (its working directory on every node): names, count and sizes.
 FILE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
 MAX_FILES = 16
 MAX_FILE_BYTES = 64 * 1024
 MAX_FILES_BYTES = 256 * 1024
-# A pip requirement (name, extras, version specifiers, markers); no options, paths or URLs.
-PIP_REQUIREMENT = re.compile(
-    r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?[A-Za-z0-9.,<>=!~* ;'\"_-]*$"
-)
+# How many overrides a spec may carry, and how long each may be.
+MAX_OVERRIDES = 200
+MAX_OVERRIDE_CHARS = 2000
 
 
 def V(default: Any = None, *, key: str | None = None, always: bool = False, **kw: Any) -> Any:
@@ -295,7 +295,7 @@ class RuntimeEnvSpec(OnlySet):
     @classmethod
     def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
         for name in value:
-            if not ENV_NAME.match(name):
+            if not env_names.NAME.fullmatch(name):
                 raise ValueError(f"{name!r} is not an environment variable name")
             if name in SERVICE_ENV:
                 raise ValueError(f"{name} is set by the service ({SERVICE_ENV[name]})")
@@ -305,8 +305,9 @@ class RuntimeEnvSpec(OnlySet):
     @classmethod
     def _requirements(cls, value: list[str] | None) -> list[str] | None:
         for req in value or []:
-            if not PIP_REQUIREMENT.match(req):
-                raise ValueError(f"{req!r} is not a plain requirement (no options, paths or URLs)")
+            why = pip_refusal(req)
+            if why:
+                raise ValueError(why)
         return value
 
 
@@ -341,7 +342,7 @@ class VerlFullyAsyncSpec(RunSpec, OnlySet):
     )
     overrides: list[str] = Field(
         default_factory=list,
-        max_length=500,
+        max_length=MAX_OVERRIDES,
         description="any other Hydra override, e.g. 'actor_rollout_ref.rollout.top_p=0.9'",
     )
 
@@ -361,8 +362,10 @@ class VerlFullyAsyncSpec(RunSpec, OnlySet):
     @classmethod
     def _override_lengths(cls, value: list[str]) -> list[str]:
         for item in value:
-            if not item or len(item) > 4000:
-                raise ValueError("an override is a non-empty string of at most 4000 characters")
+            if not item or len(item) > MAX_OVERRIDE_CHARS:
+                raise ValueError(
+                    f"an override is a non-empty string of at most {MAX_OVERRIDE_CHARS} characters"
+                )
         return value
 
     BLOCKS: ClassVar[tuple[str, ...]] = (

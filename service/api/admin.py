@@ -1,0 +1,122 @@
+"""Admin calls: API tokens (made, listed, revoked) and the audit trail."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel, Field
+
+from service.api.auth import Admin, audited
+from service.api.deps import INT32_MAX, SessionDep
+from service.store import audit, tokens
+from service.store.models import ApiToken
+from service.store.tokens import Role
+
+router = APIRouter(tags=["admin"])
+
+
+class TokenIn(BaseModel):
+    user: str = Field(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")
+    team: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
+    role: Role = "member"
+
+
+class TokenOut(BaseModel):
+    id: str
+    user: str
+    team: str
+    role: str
+    created_at: datetime
+    created_by: str | None
+    revoked_at: datetime | None
+
+
+class NewToken(TokenOut):
+    token: str = Field(description="the secret: shown this once, only its hash is kept")
+
+
+class TokenPage(BaseModel):
+    items: list[TokenOut]
+    next_cursor: str | None
+
+
+class AuditOut(BaseModel):
+    id: int
+    at: datetime
+    user: str
+    team: str | None
+    role: str
+    token_id: str | None
+    action: str
+    run_id: str | None
+    target: str | None
+    client: str | None
+
+
+class AuditPage(BaseModel):
+    items: list[AuditOut]
+    next_cursor: int | None
+
+
+def token_out(row: ApiToken) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "user": row.user,
+        "team": row.team,
+        "role": row.role,
+        "created_at": row.created_at,
+        "created_by": row.created_by,
+        "revoked_at": row.revoked_at,
+    }
+
+
+@router.post("/tokens", status_code=201, response_model=NewToken)
+def create_token(
+    session: SessionDep, principal: Admin, request: Request, body: TokenIn
+) -> NewToken:
+    """A new token for a user of a team; its secret is in this answer only."""
+    row, secret = tokens.create(session, body.user, body.team, body.role, principal.user)
+    audited(session, request, principal, "token.create", target=f"{row.id} {row.role}@{row.team}")
+    return NewToken(**token_out(row), token=secret)
+
+
+@router.get("/tokens", response_model=TokenPage)
+def list_tokens(
+    session: SessionDep,
+    principal: Admin,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: str | None = None,
+) -> TokenPage:
+    rows = tokens.page(session, limit + 1, cursor)
+    return TokenPage(
+        items=[TokenOut(**token_out(r)) for r in rows[:limit]],
+        next_cursor=rows[limit - 1].id if len(rows) > limit else None,
+    )
+
+
+@router.delete("/tokens/{token_id}", response_model=TokenOut)
+def revoke_token(
+    session: SessionDep, principal: Admin, request: Request, token_id: str
+) -> TokenOut:
+    """Revoked at once: the next request with it is a 401."""
+    row = tokens.revoke(session, token_id)
+    audited(session, request, principal, "token.revoke", target=row.id)
+    return TokenOut(**token_out(row))
+
+
+@router.get("/audit", response_model=AuditPage)
+def read_audit(
+    session: SessionDep,
+    principal: Admin,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    cursor: Annotated[int | None, Query(ge=0, le=INT32_MAX)] = None,
+    run_id: str | None = None,
+) -> AuditPage:
+    """State-changing calls, newest first; pass ``next_cursor`` back as ``cursor``."""
+    rows = audit.page(session, limit + 1, cursor, run_id)
+    return AuditPage(
+        items=[AuditOut.model_validate(r, from_attributes=True) for r in rows[:limit]],
+        next_cursor=rows[limit - 1].id if len(rows) > limit else None,
+    )

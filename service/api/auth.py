@@ -1,0 +1,119 @@
+"""Who is calling: a bearer token resolved to a ``Principal`` on every request, and what its role
+allows. Tokens travel only in the ``Authorization`` header (no cookies, so no CSRF surface).
+
+Roles: ``viewer`` reads its team's runs; ``member`` also submits for its team and cancels its
+team's runs; ``admin`` reads and cancels any run, submits for any team, and manages tokens and
+reads the audit trail. Another team's run is a 404 to a non-admin, as if it did not exist. With
+auth off (open mode) every caller is an anonymous admin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
+
+from service.api.deps import ServicesDep, SessionDep
+from service.errors import Forbidden, NotFound, Unauthorized
+from service.settings import Settings
+from service.store import audit, tokens
+from service.store.models import Run
+from service.store.runs import load_run
+from service.store.tokens import ROLES, Role
+
+bearer = HTTPBearer(auto_error=False, description="an API token from `rlrun token create`")
+CredentialsDep = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+
+
+@dataclass(frozen=True)
+class Principal:
+    user: str
+    team: str | None  # None in open mode: no team of its own
+    role: Role
+    token_id: str | None = None
+
+    @property
+    def key(self) -> str:
+        """What per-caller limits count against."""
+        return self.token_id or "anonymous"
+
+    def at_least(self, role: Role) -> bool:
+        return ROLES.index(self.role) >= ROLES.index(role)
+
+    def sees(self, team: str) -> bool:
+        return self.role == "admin" or team == self.team
+
+
+ANONYMOUS = Principal(user="anonymous", team=None, role="admin")
+
+
+def principal_from(
+    settings: Settings, credentials: HTTPAuthorizationCredentials | None, session: Session
+) -> Principal:
+    if not settings.auth_enabled:
+        return ANONYMOUS
+    if credentials is None:
+        raise Unauthorized()
+    row = tokens.find_active(session, credentials.credentials)
+    if row is None:
+        raise Unauthorized("the API token is unknown or revoked")
+    return Principal(user=row.user, team=row.team, role=row.role, token_id=row.id)  # type: ignore[arg-type]
+
+
+def current_principal(
+    services: ServicesDep, session: SessionDep, credentials: CredentialsDep
+) -> Principal:
+    """The caller, read in the request's own transaction."""
+    return principal_from(services.settings, credentials, session)
+
+
+def requires(role: Role) -> Callable[[Principal], Principal]:
+    def check(principal: Annotated[Principal, Depends(current_principal)]) -> Principal:
+        if not principal.at_least(role):
+            raise Forbidden(f"this needs the {role} role; the token's role is {principal.role}")
+        return principal
+
+    return check
+
+
+Viewer = Annotated[Principal, Depends(requires("viewer"))]
+Member = Annotated[Principal, Depends(requires("member"))]
+Admin = Annotated[Principal, Depends(requires("admin"))]
+
+
+def visible_run(session: Session, principal: Principal, run_id: str, lock: bool = False) -> Run:
+    """The run if the caller may see it; another team's run is not found (a 404, not a 403)."""
+    run = load_run(session, run_id, lock=lock)
+    if not principal.sees(run.team):
+        raise NotFound(f"no run {run_id!r}")
+    return run
+
+
+def client_of(request: Request) -> str | None:
+    return f"{request.client.host}:{request.client.port}" if request.client else None
+
+
+def audited(
+    session: Session,
+    request: Request,
+    principal: Principal,
+    action: str,
+    run_id: str | None = None,
+    target: str | None = None,
+) -> None:
+    """Record a state-changing call in the caller's transaction (it commits with the change)."""
+    audit.record(
+        session,
+        user=principal.user,
+        team=principal.team,
+        role=principal.role,
+        token_id=principal.token_id,
+        action=action,
+        client=client_of(request),
+        run_id=run_id,
+        target=target,
+    )

@@ -1,0 +1,180 @@
+"""What a verl spec may ask of the cluster, checked before anything is composed or launched.
+
+Overrides: config-group options only from verl's own config tree (no paths, no ``@package``
+re-targeting), no interpolation (``${``), no ``_target_`` (object instantiation), nothing under
+``ray_kwargs`` (``ray.init`` of the job's driver) or Hydra's own settings. pip: plain
+``name[extras] specifiers`` requirements, matched whole. Env names: ``service.recipes.env_names``.
+Paths: the checkpoint dir stays under the run's own ``<root>/<run id>``; data and model paths
+have no ``..``. A deployment widens this by settings (``RLRUN_OVERRIDE_ALLOW``,
+``RLRUN_ENV_ALLOW``), never a request.
+"""
+
+from __future__ import annotations
+
+import functools
+import posixpath
+import re
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from packaging.requirements import InvalidRequirement, Requirement
+
+from service.errors import field_error
+from service.recipes import env_names
+from service.recipes.verl.hydra_check import FULLY_ASYNC_CONFIG, TRAINER_CONFIG, parse, verl_root
+from service.recipes.verl.hydra_check import select as cfg_select
+
+DENIED_KEYS = ("ray_kwargs", "hydra")
+VERSION = r"[A-Za-z0-9.*+!_-]+"
+SPECIFIER = rf"(?:~=|===|==|!=|<=|>=|<|>) *{VERSION}"
+PIP_REQUIREMENT = re.compile(
+    r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
+    r"(?: *\[ *[A-Za-z0-9][A-Za-z0-9._-]*(?: *, *[A-Za-z0-9][A-Za-z0-9._-]*)* *\])?"
+    rf"(?: *{SPECIFIER}(?: *, *{SPECIFIER})*)?"
+)
+CHECKPOINT_KEY = "trainer.default_local_dir"
+# Where verl writes: the checkpoints always, the rollout and validation dumps when set.
+OUTPUT_KEYS = (CHECKPOINT_KEY, "trainer.rollout_data_dir", "trainer.validation_data_dir")
+PATH_NAME = re.compile(r"(^|_)(dir|path|paths|file|files)$")
+
+
+@functools.lru_cache(maxsize=1)
+def config_groups() -> dict[str, frozenset[str]]:
+    """verl's config groups (directory paths) and the option names (YAML files) in each."""
+    root = verl_root()
+    groups: dict[str, set[str]] = {}
+    for base in (root / TRAINER_CONFIG, root / FULLY_ASYNC_CONFIG):
+        for path in base.rglob("*.yaml"):
+            group = path.parent.relative_to(base).as_posix()
+            if group != "." and not any(p.startswith("_") for p in Path(group).parts):
+                groups.setdefault(group, set()).add(path.stem)
+    return {g: frozenset(options) for g, options in groups.items()}
+
+
+def _strings_and_keys(value: Any) -> Iterator[str]:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield str(k)
+            yield from _strings_and_keys(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings_and_keys(v)
+    elif isinstance(value, str):
+        yield value
+
+
+def _under(key: str, prefix: str) -> bool:
+    return key == prefix or key.startswith(prefix + ".") or key.startswith(prefix + "/")
+
+
+def override_refusal(text: str, allow: Sequence[str] = ()) -> str | None:
+    """Why one override may not pass, or None. Messages name the key, never a composed value."""
+    if "${" in text:
+        return "interpolations ('${') are not allowed in overrides"
+    try:
+        p = parse(text)
+    except ValueError:
+        return None  # a syntax error: composition reports it with Hydra's parser message
+    allowed = any(_under(p.key, a) for a in allow)
+    if any(part == "_target_" for part in re.split(r"[./]", p.key)):
+        return "_target_ (object instantiation) may not be overridden"
+    for s in _strings_and_keys(p.value):
+        if "${" in s:
+            return "interpolations ('${') are not allowed in overrides"
+        if s == "_target_":
+            return "_target_ (object instantiation) may not be set"
+    if not allowed:
+        for denied in DENIED_KEYS:
+            if _under(p.key, denied):
+                return f"{denied} is fixed by the service and may not be overridden"
+    if p.group:
+        if p.package is not None:
+            return "config-group overrides may not re-target a package ('@')"
+        options = config_groups().get(p.key)
+        if options is None:
+            return f"{p.key!r} is not one of verl's config groups"
+        if p.kind != "~" and not (isinstance(p.value, str) and p.value in options):
+            return f"{p.key} takes one of verl's options: {', '.join(sorted(options))}"
+    return None
+
+
+def check_overrides(overrides: Sequence[str], allow: Sequence[str]) -> list[dict[str, Any]]:
+    errors = []
+    for i, text in enumerate(overrides):
+        why = override_refusal(text, allow)
+        if why:
+            errors.append(field_error(["overrides", i], why, "forbidden_override"))
+    return errors
+
+
+def pip_refusal(requirement: str) -> str | None:
+    """Only ``name[extras] specifiers``: no options, paths, URLs or markers."""
+    if not PIP_REQUIREMENT.fullmatch(requirement):
+        return f"{requirement!r} is not a plain requirement name[extras] with version specifiers"
+    try:
+        Requirement(requirement)
+    except InvalidRequirement:
+        return f"{requirement!r} is not a valid requirement"
+    return None
+
+
+def check_runtime_env(
+    env_vars: dict[str, str], pip: Sequence[str] | None, service_env: dict[str, str],
+    allow: Sequence[str],
+) -> list[dict[str, Any]]:  # fmt: skip
+    errors = []
+    for name in env_vars:
+        why = env_names.refusal(name, allow)
+        if why is None and name in service_env and env_vars[name] != service_env[name]:
+            why = f"{name} is set by the service (to {service_env[name]!r})"
+        if why:
+            errors.append(field_error(["runtime_env", "env_vars", name], why, "forbidden_env"))
+    for i, req in enumerate(pip or []):
+        why = pip_refusal(req)
+        if why:
+            errors.append(field_error(["runtime_env", "pip", i], why, "forbidden_pip"))
+    return errors
+
+
+def check_paths(
+    cfg: dict[str, Any], checkpoint_dir: str, where: Callable[[str], tuple[str | int, ...]]
+) -> list[dict[str, Any]]:
+    """On the composed config, so overrides are held to the same rules as spec fields: the
+    checkpoint dir (and the dumps verl writes) stay in the run's own dir; no path climbs."""
+    errors, reported = [], set()
+    own = posixpath.normpath(checkpoint_dir)
+    for key in OUTPUT_KEYS:
+        value = cfg_select(cfg, key)
+        if (value is not None or key == CHECKPOINT_KEY) and not (
+            isinstance(value, str) and _inside(value, own)
+        ):
+            msg = f"{key} must be {own} or under it (the run's own directory)"
+            errors.append(field_error(where(key), msg, "forbidden_path"))
+            reported.add(key)
+    climbing = {key for key, value in _path_values(cfg, "") if ".." in re.split(r"[/\\]", value)}
+    for key in sorted(climbing - reported):
+        msg = f"{key}: '..' is not allowed in paths"
+        errors.append(field_error(where(key), msg, "forbidden_path"))
+    return errors
+
+
+def _path_values(node: Any, prefix: str) -> Iterator[tuple[str, str]]:
+    """(dotted key, value) of every string under a key named like a path, dir or file."""
+    if not isinstance(node, dict):
+        return
+    for k, v in node.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, dict):
+            yield from _path_values(v, key)
+        elif PATH_NAME.search(str(k)):
+            for item in v if isinstance(v, list) else [v]:
+                if isinstance(item, str):
+                    yield key, item
+
+
+def _inside(path: str, root: str) -> bool:
+    if not path.startswith("/") or ".." in path.split("/"):
+        return False
+    norm = posixpath.normpath(path)
+    return norm == root or norm.startswith(root + "/")

@@ -1,0 +1,47 @@
+"""The audit trail: one row per state-changing call, written in that call's transaction."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.store.models import AuditEntry
+
+
+def record(
+    session: Session,
+    *,
+    user: str,
+    team: str | None,
+    role: str,
+    token_id: str | None,
+    action: str,
+    client: str | None,
+    run_id: str | None = None,
+    target: str | None = None,
+) -> None:
+    session.add(
+        AuditEntry(
+            user=user,
+            team=team,
+            role=role,
+            token_id=token_id,
+            action=action,
+            run_id=run_id,
+            target=target[:200] if target else None,
+            client=client[:100] if client else None,
+        )
+    )
+    session.flush()
+
+
+def page(
+    session: Session, limit: int, before: int | None = None, run_id: str | None = None
+) -> list[AuditEntry]:
+    """Newest first; ``before`` is the last id of the previous page."""
+    query = select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit)
+    if before is not None:
+        query = query.where(AuditEntry.id < before)
+    if run_id:
+        query = query.where(AuditEntry.run_id == run_id)
+    return list(session.scalars(query))

@@ -1,0 +1,62 @@
+"""API tokens: made once (the secret is returned, only its SHA-256 kept), found, listed, revoked."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from typing import Literal
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.errors import NotFound
+from service.store.models import ApiToken, utcnow
+
+Role = Literal["viewer", "member", "admin"]
+ROLES: tuple[Role, ...] = ("viewer", "member", "admin")
+PREFIX = "rlrun_"
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def create(
+    session: Session, user: str, team: str, role: Role, created_by: str | None = None
+) -> tuple[ApiToken, str]:
+    """A new token row and its secret (256 random bits), which is never stored or shown again."""
+    secret = PREFIX + secrets.token_urlsafe(32)
+    row = ApiToken(
+        id="tok_" + secrets.token_hex(8),
+        token_hash=digest(secret),
+        user=user,
+        team=team,
+        role=role,
+        created_by=created_by,
+    )
+    session.add(row)
+    session.flush()
+    return row, secret
+
+
+def find_active(session: Session, secret: str) -> ApiToken | None:
+    """The unrevoked token with this secret: read on every request, so revocation is immediate."""
+    row = session.scalar(select(ApiToken).where(ApiToken.token_hash == digest(secret)))
+    return row if row is not None and row.revoked_at is None else None
+
+
+def page(session: Session, limit: int, cursor: str | None = None) -> list[ApiToken]:
+    query = select(ApiToken).order_by(ApiToken.id).limit(limit)
+    if cursor:
+        query = query.where(ApiToken.id > cursor)
+    return list(session.scalars(query))
+
+
+def revoke(session: Session, token_id: str) -> ApiToken:
+    row = session.get(ApiToken, token_id, with_for_update=True)
+    if row is None:
+        raise NotFound(f"no token {token_id!r}")
+    if row.revoked_at is None:
+        row.revoked_at = utcnow()
+    session.flush()
+    return row
