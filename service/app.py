@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import socket
+import threading
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from types import FrameType
 
 from fastapi import FastAPI
 
@@ -37,7 +40,12 @@ log = logging.getLogger(__name__)
 
 def create_app(settings: Settings | None = None, registry: RecipeRegistry | None = None) -> FastAPI:
     settings = settings or Settings()
-    db = dbmod.Database(settings.database_url)
+    db = dbmod.Database(
+        settings.database_url,
+        wait_s=settings.db_wait_s,
+        pool_size=settings.db_pool_size,
+        max_overflow=settings.db_max_overflow,
+    )
     services = Services(
         settings=settings,
         db=db,
@@ -70,7 +78,8 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
             services.loops = build_loops(services, ray, inventory)
             tasks = [asyncio.create_task(loop.run(stop)) for loop in services.loops.values()]
         try:
-            yield
+            with on_shutdown_signal(services.broker.close_streams):
+                yield
         finally:
             stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -144,3 +153,32 @@ def build_loops(services: Services, ray: RayJobs, inventory: InventoryCache) -> 
         "watchdog": Loop("watchdog", watchdog.tick, settings.watchdog_interval_s, backoff),
         "follower": Loop("follower", services.follower.tick, settings.follow_interval_s, backoff),
     }
+
+
+@contextmanager
+def on_shutdown_signal(callback: Callable[[], None]) -> Iterator[None]:
+    """Run ``callback`` on the event loop as soon as SIGTERM or SIGINT arrives, then the
+    server's own handler (uvicorn's starts its graceful shutdown, which waits for open
+    responses: live event streams must end first). Only in the main thread, where signals are."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def handler(sig: int, frame: FrameType | None) -> None:
+        loop.call_soon_threadsafe(callback)
+        before = previous[signal.Signals(sig)]
+        if callable(before):
+            before(sig, frame)
+        elif before == signal.SIG_DFL:
+            signal.signal(sig, signal.SIG_DFL)
+            signal.raise_signal(sig)
+
+    for sig in previous:
+        signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, before in previous.items():
+            signal.signal(sig, before)

@@ -28,12 +28,23 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to bind")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to bind")] = 8000,
 ) -> None:
-    """Run the service (with RLRUN_RAY_ADDRESS=local, it starts and stops a local Ray head)."""
+    """Run the service (with RLRUN_RAY_ADDRESS=local, it starts and stops a local Ray head).
+
+    On SIGTERM, live event streams end at once and other open requests get
+    RLRUN_SHUTDOWN_GRACE_S to finish."""
     import uvicorn
 
     from service.app import create_app
+    from service.settings import Settings
 
-    uvicorn.run(create_app(), host=host, port=port, log_level="info")
+    settings = Settings()
+    uvicorn.run(
+        create_app(settings),
+        host=host,
+        port=port,
+        log_level="info",
+        timeout_graceful_shutdown=max(1, round(settings.shutdown_grace_s)),
+    )
 
 
 @app.command()
@@ -190,3 +201,7 @@ def cancel(run_id: str, server: ServerOpt = DEFAULT_SERVER) -> None:
     console.print(
         f"{run['id']}  {run['status']}" + ("  (stop requested)" if run["stop_requested"] else "")
     )
+
+
+if __name__ == "__main__":
+    app()

@@ -25,6 +25,9 @@ class ProblemError(Exception):
         self.detail = detail
         self.extra = extra
 
+    def headers(self) -> dict[str, str] | None:
+        return None
+
     def body(self, instance: str | None = None) -> dict[str, Any]:
         slug = self.title.lower().replace(" ", "-")
         out: dict[str, Any] = {
@@ -64,6 +67,16 @@ class Unavailable(ProblemError):
     title = "Service unavailable"
 
 
+class DatabaseBusy(Unavailable):
+    """The database could not be had within its bound: try again shortly."""
+
+    title = "Service busy"
+    retry_after_s: ClassVar[int] = 1
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_s)}
+
+
 def field_error(loc: Sequence[str | int], msg: str, kind: str = "value_error") -> dict[str, Any]:
     """One entry of a 422's ``errors``: the path as a list and as a dotted ``field``."""
     return {"loc": list(loc), "field": dotted(loc), "msg": msg, "type": kind}
@@ -88,7 +101,12 @@ def invalid_from_pydantic(
 
 
 def _problem(request: Request, exc: ProblemError) -> JSONResponse:
-    return JSONResponse(exc.body(request.url.path), status_code=exc.status, media_type=PROBLEM_JSON)
+    return JSONResponse(
+        exc.body(request.url.path),
+        status_code=exc.status,
+        media_type=PROBLEM_JSON,
+        headers=exc.headers(),
+    )
 
 
 def install_handlers(app: FastAPI) -> None:

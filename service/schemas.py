@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from fastapi import Response
 from pydantic import BaseModel
+from pydantic_core import to_json
 
 from service.metrics.store import json_value
 from service.recipes.base import PRIORITIES
-from service.store.models import Run, RunEvent
 
 PRIORITY_NAMES = {v: k for k, v in PRIORITIES.items()}
 
@@ -86,7 +88,9 @@ class RunPage(BaseModel):
     next_cursor: str | None
 
 
-def summary_fields(run: Run) -> dict[str, Any]:
+def summary_doc(run: Any) -> dict[str, Any]:
+    """A ``RunSummary`` as a plain dict, from a ``Run`` or a row with its columns: routes send
+    these serialised as they are (``json_response``), without validating them again."""
     return {
         "id": run.id,
         "name": run.name,
@@ -94,7 +98,7 @@ def summary_fields(run: Run) -> dict[str, Any]:
         "team": run.team,
         "priority": PRIORITY_NAMES.get(run.priority, str(run.priority)),
         "status": run.status,
-        "health": HealthOut(status=run.health, reason=run.health_reason),
+        "health": {"status": run.health, "reason": run.health_reason},
         "queue_reason": run.queue_reason if run.status == "QUEUED" else None,
         "created_at": run.created_at,
         "submitted_at": run.submitted_at,
@@ -107,43 +111,51 @@ def summary_fields(run: Run) -> dict[str, Any]:
     }
 
 
-def run_summary(run: Run) -> RunSummary:
-    return RunSummary(**summary_fields(run))
-
-
-def run_out(
-    run: Run, events: list[RunEvent], latest: dict[str, tuple[int, float]] | None = None
-) -> RunOut:
+def run_doc(
+    run: Any, events: Sequence[Any], latest: dict[str, tuple[int, float]] | None = None
+) -> dict[str, Any]:
+    """A ``RunOut`` as a plain dict (see ``summary_doc``); ``events`` are rows or RunEvents."""
     launch = run.launch
     latest = latest or {}
-    return RunOut(
-        **summary_fields(run),
-        spec=run.spec,
-        command=launch["argv"],
-        entrypoint=launch["entrypoint"],
-        runtime_env=launch["runtime_env"],
-        shape=launch["shape"],
-        warnings=launch.get("warnings", []),
-        ray=RayOut(
-            submission_id=run.id,
-            status=run.ray_status,
-            message=run.ray_message,
-            error_type=run.ray_error_type,
-            exit_code=run.ray_exit_code,
-        ),
-        stop_requested=run.stop_requested_at is not None,
-        progress=progress_of(launch, latest),
-        metrics=MetricsOut(
-            step=max((s for s, _ in latest.values()), default=None),
-            latest={k: json_value(v) for k, (_, v) in sorted(latest.items())},
-        ),
-        events=[
-            EventOut(
-                id=e.id, at=e.at, from_status=e.from_status, to_status=e.to_status, reason=e.reason
-            )
-            for e in events
-        ],
-    )
+    return summary_doc(run) | {
+        "spec": run.spec,
+        "command": launch["argv"],
+        "entrypoint": launch["entrypoint"],
+        "runtime_env": launch["runtime_env"],
+        "shape": launch["shape"],
+        "warnings": launch.get("warnings", []),
+        "ray": {
+            "submission_id": run.id,
+            "status": run.ray_status,
+            "message": run.ray_message,
+            "error_type": run.ray_error_type,
+            "exit_code": run.ray_exit_code,
+        },
+        "stop_requested": run.stop_requested_at is not None,
+        "progress": progress_of(launch, latest).model_dump(),
+        "metrics": {
+            "step": max((s for s, _ in latest.values()), default=None),
+            "latest": {k: json_value(v) for k, (_, v) in sorted(latest.items())},
+        },
+        "events": [event_doc(e) for e in events],
+    }
+
+
+def event_doc(event: Any) -> dict[str, Any]:
+    return {
+        "id": event.id,
+        "at": event.at,
+        "from_status": event.from_status,
+        "to_status": event.to_status,
+        "reason": event.reason,
+    }
+
+
+def json_response(
+    doc: Any, status_code: int = 200, headers: dict[str, str] | None = None
+) -> Response:
+    """``doc`` serialised once by pydantic's serializer (datetimes as the models write them)."""
+    return Response(to_json(doc), status_code, headers, media_type="application/json")
 
 
 def progress_of(launch: dict[str, Any], latest: dict[str, tuple[int, float]]) -> ProgressOut:

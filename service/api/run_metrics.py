@@ -10,12 +10,12 @@ from fastapi.responses import PlainTextResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel
 
-from service.api.deps import ServicesDep, SessionDep
+from service.api.deps import ServicesDep
 from service.errors import InvalidSpec, field_error
 from service.metrics import logcopy, store
 from service.metrics.broker import Cursor
 from service.metrics.store import json_value
-from service.store.runs import load_run
+from service.store.runs import require_run
 
 router = APIRouter(prefix="/runs", tags=["metrics"])
 
@@ -32,18 +32,10 @@ class SeriesOut(BaseModel):
     series: dict[str, list[PointOut]]
 
 
-def existing_run(session: SessionDep, run_id: str) -> str:
-    load_run(session, run_id)
-    return run_id
-
-
-RunIdDep = Annotated[str, Depends(existing_run)]
-
-
 @router.get("/{run_id}/metrics", response_model=SeriesOut)
 def metric_series(
-    session: SessionDep,
-    run_id: RunIdDep,
+    services: ServicesDep,
+    run_id: str,
     keys: Annotated[str | None, Query(description="comma-separated keys; all when absent")] = None,
     max_points: Annotated[int, Query(ge=2, le=100_000)] = 1000,
     from_step: Annotated[int | None, Query(ge=0)] = None,
@@ -54,7 +46,12 @@ def metric_series(
     if from_step is not None and to_step is not None and to_step < from_step:
         msg = "to_step must not be below from_step"
         raise InvalidSpec(msg, [field_error(["query", "to_step"], msg)])
-    names = [k for k in (keys or "").split(",") if k] or sorted(store.keys_of(session, run_id))
+    with services.db.read() as session:
+        require_run(session, run_id)
+        names = [k for k in (keys or "").split(",") if k] or sorted(store.keys_of(session, run_id))
+        series = {
+            key: store.series(session, run_id, key, max_points, from_step, to_step) for key in names
+        }
     return SeriesOut(
         run_id=run_id,
         series={
@@ -65,27 +62,29 @@ def metric_series(
                     min=json_value(p.min),
                     max=json_value(p.max),
                 )
-                for p in store.series(session, run_id, key, max_points, from_step, to_step)
+                for p in points
             ]
-            for key in names
+            for key, points in series.items()
         },
     )
 
 
 @router.get("/{run_id}/logs", response_class=PlainTextResponse)
 def run_logs(
-    session: SessionDep,
-    run_id: RunIdDep,
+    services: ServicesDep,
+    run_id: str,
     tail: Annotated[int | None, Query(ge=0, description="only the last N lines")] = None,
 ) -> str:
     """The service's own copy of the job log (the newest part, up to its configured size)."""
-    return logcopy.tail(session, run_id, tail)
+    with services.db.read() as session:
+        require_run(session, run_id)
+        return logcopy.tail(session, run_id, tail)
 
 
 def _existing_run_stream(services: ServicesDep, run_id: str) -> str:
-    # Checked in its own short transaction: the stream must not hold one open.
-    with services.db.transaction() as session:
-        load_run(session, run_id)
+    # Checked in its own short read: the stream must not hold a transaction open.
+    with services.db.read() as session:
+        require_run(session, run_id)
     return run_id
 
 

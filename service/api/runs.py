@@ -1,4 +1,9 @@
-"""Runs: accept (durably), list, read, cancel."""
+"""Runs: accept (durably), list, read, cancel.
+
+Each route opens its transaction in its body (see ``service.api.deps``): reads a read
+transaction, accepting and cancelling one short write transaction, with validation, Hydra
+composition and the cluster's inventory (a Ray call) done before it opens.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +11,13 @@ import hashlib
 import json
 from typing import Annotated, Any
 
-from fastapi import APIRouter, BackgroundTasks, Body, Header, Query, Response
+from fastapi import APIRouter, Body, Header, Query, Response
 from fastapi.responses import JSONResponse
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from service.api.deps import InventoryDep, ServicesDep, SessionDep
+from service.api.deps import ServicesDep
 from service.errors import Conflict
 from service.ids import new_run_id
 from service.metrics import store
@@ -20,10 +25,10 @@ from service.recipes.base import PRIORITIES, LaunchContext
 from service.scheduling import backlog
 from service.scheduling.admission import QueuedRun
 from service.scheduling.fit import never_fits
-from service.schemas import RunOut, RunPage, run_out, run_summary
+from service.schemas import RunOut, RunPage, json_response, run_doc, summary_doc
 from service.store.lifecycle import note, transition
 from service.store.models import Run, RunEvent, utcnow
-from service.store.runs import events_of, load_run
+from service.store.runs import RUN_COLUMNS, SUMMARY_COLUMNS, events_of, load_run, run_row
 from service.store.status import ACTIVE, TERMINAL, RunStatus
 
 router = APIRouter(prefix="/runs", tags=["runs"])
@@ -45,32 +50,30 @@ def request_hash(body: Any) -> str:
 )
 def create_run(
     services: ServicesDep,
-    inventory: InventoryDep,
-    session: SessionDep,
-    response: Response,
-    background: BackgroundTasks,
     body: Annotated[dict[str, Any], Body(examples=[SPEC_EXAMPLE])],
     dry_run: bool = False,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
-) -> Any:
+) -> Response:
     """Accept a run: validated, stored as QUEUED and committed before the answer."""
+    db = services.db
     digest = request_hash(body)
     if idempotency_key and not dry_run:
-        existing = session.scalar(select(Run).where(Run.idempotency_key == idempotency_key))
-        if existing is not None:
-            return _replay(session, existing, digest, response)
+        with db.read() as session:
+            replayed = _replay(session, idempotency_key, digest)
+        if replayed is not None:
+            return replayed
     run_id = new_run_id()
     ctx = LaunchContext(run_id=run_id, stop_grace_s=services.settings.stop_grace_s)
     spec, launch = services.registry.build(body, ctx)
     quotas = backlog.quotas(services.settings)
+    inventory = services.cluster()
     refusal = None
     if inventory is not None:
         refusal = never_fits(launch.shape, inventory, spec.team, quotas.of(spec.team))
-    if refusal and not dry_run:
-        raise refusal
     if dry_run:
         candidate = QueuedRun(run_id, spec.team, PRIORITIES[spec.priority], launch.shape)
-        plan = backlog.plan(session, inventory, candidate, quotas, utcnow())
+        with db.read() as session:
+            plan = backlog.plan(session, inventory, candidate, quotas, utcnow())
         if refusal:
             plan |= {
                 "feasible_ever": False,
@@ -80,6 +83,9 @@ def create_run(
             }
         body = {"dry_run": True, "spec": spec.model_dump(mode="json"), **launch.as_dict()}
         return JSONResponse(body | {"plan": plan})
+    if refusal:
+        raise refusal
+    now = utcnow()
     run = Run(
         id=run_id,
         name=spec.name or f"{spec.recipe}-{run_id[-8:]}",
@@ -87,93 +93,104 @@ def create_run(
         team=spec.team,
         priority=PRIORITIES[spec.priority],
         status=RunStatus.QUEUED,
+        health="ok",
         spec=spec.model_dump(mode="json"),
         launch=launch.as_dict(),
         idempotency_key=idempotency_key,
         request_hash=digest,
+        created_at=now,
+        updated_at=now,
     )
-    try:
-        with session.begin_nested():
-            session.add(run)
-            session.flush()
-    except IntegrityError:
-        # A concurrent request with the same Idempotency-Key won the race.
-        existing = session.scalar(select(Run).where(Run.idempotency_key == idempotency_key))
-        if existing is None:
-            raise
-        return _replay(session, existing, digest, response)
-    session.add(
-        RunEvent(
-            run_id=run.id,
-            at=run.created_at,
-            from_status=None,
-            to_status=RunStatus.QUEUED,
-            reason="accepted",
-        )
-    )
-    session.flush()
-    response.headers["Location"] = f"/runs/{run.id}"
-    # After the response, so the submitter sees the committed row.
-    background.add_task(services.wake, "submitter")
-    return run_out(run, events_of(session, run.id))
+    accepted = RunEvent(run_id=run_id, at=now, to_status=RunStatus.QUEUED, reason="accepted")
+    with db.transaction() as session:
+        if idempotency_key:
+            try:
+                with session.begin_nested():
+                    session.add(run)
+                    session.flush()
+            except IntegrityError:
+                # A concurrent request with the same Idempotency-Key won the race.
+                replayed = _replay(session, idempotency_key, digest)
+                if replayed is None:
+                    raise
+                return replayed
+        session.add_all([run, accepted])
+        session.flush()
+        doc = run_doc(run, [accepted])
+    # Committed: the submitter sees the row.
+    services.wake("submitter")
+    return json_response(doc, 201, {"Location": f"/runs/{run_id}"})
 
 
-def _replay(session: Session, run: Run, digest: str, response: Response) -> RunOut:
+def _replay(session: Session, key: str, digest: str) -> Response | None:
+    """The answer for an Idempotency-Key already used, or None if it was not."""
+    run = session.execute(
+        select(*RUN_COLUMNS, Run.request_hash).where(Run.idempotency_key == key)
+    ).one_or_none()
+    if run is None:
+        return None
     if run.request_hash != digest:
         raise Conflict(
             "this Idempotency-Key was used with a different request body",
             run_id=run.id,
         )
-    response.headers["Location"] = f"/runs/{run.id}"
-    response.headers["Idempotent-Replayed"] = "true"
-    return run_out(run, events_of(session, run.id))
+    headers = {"Location": f"/runs/{run.id}", "Idempotent-Replayed": "true"}
+    return json_response(run_doc(run, events_of(session, run.id)), 201, headers)
 
 
 @router.get("", response_model=RunPage)
 def list_runs(
-    session: SessionDep,
+    services: ServicesDep,
     status: Annotated[list[RunStatus] | None, Query()] = None,
     team: str | None = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: str | None = None,
-) -> RunPage:
+) -> Response:
     """A page of runs, newest first; pass ``next_cursor`` back as ``cursor`` for the next."""
-    query = select(Run).order_by(Run.id.desc()).limit(limit + 1)
+    query = select(*SUMMARY_COLUMNS).order_by(Run.id.desc()).limit(limit + 1)
     if status:
         query = query.where(Run.status.in_(status))
     if team:
         query = query.where(Run.team == team)
     if cursor:
         query = query.where(Run.id < cursor)
-    rows = list(session.scalars(query))
+    with services.db.read() as session:
+        rows = session.execute(query).all()
     page = rows[:limit]
-    return RunPage(
-        items=[run_summary(r) for r in page],
-        next_cursor=page[-1].id if len(rows) > limit else None,
+    return json_response(
+        {
+            "items": [summary_doc(r) for r in page],
+            "next_cursor": page[-1].id if len(rows) > limit else None,
+        }
     )
 
 
 @router.get("/{run_id}", response_model=RunOut)
-def get_run(session: SessionDep, run_id: str) -> RunOut:
-    """The run with its progress and latest metrics."""
-    run = load_run(session, run_id)
-    return run_out(run, events_of(session, run_id), store.latest(session, run_id))
+def get_run(services: ServicesDep, run_id: str) -> Response:
+    """The run with its progress and latest metrics (three queries, whatever the run holds)."""
+    with services.db.read() as session:
+        run = run_row(session, run_id)
+        doc = run_doc(run, events_of(session, run_id), store.latest(session, run_id))
+    return json_response(doc)
 
 
 @router.post("/{run_id}/cancel", response_model=RunOut)
-def cancel_run(
-    services: ServicesDep, session: SessionDep, background: BackgroundTasks, run_id: str
-) -> RunOut:
+def cancel_run(services: ServicesDep, run_id: str) -> Response:
     """Queued: CANCELLED at once (Ray never sees it). Active: a stop is requested."""
-    run = load_run(session, run_id, lock=True)
-    if run.status in TERMINAL:
-        raise Conflict(f"run {run_id} is already {run.status}", status_of_run=run.status)
-    if run.status == RunStatus.QUEUED:
-        transition(session, run, RunStatus.CANCELLED, "cancelled before submission")
-        # Its place in the queue is free: let the runs behind it move up now.
-        background.add_task(services.wake, "submitter")
-    elif run.status in ACTIVE and run.stop_requested_at is None:
-        run.stop_requested_at = utcnow()
-        note(session, run, "stop requested")
-        background.add_task(services.wake, "reconciler")
-    return run_out(run, events_of(session, run_id))
+    wake = None
+    with services.db.transaction() as session:
+        run = load_run(session, run_id, lock=True)
+        if run.status in TERMINAL:
+            raise Conflict(f"run {run_id} is already {run.status}", status_of_run=run.status)
+        if run.status == RunStatus.QUEUED:
+            transition(session, run, RunStatus.CANCELLED, "cancelled before submission")
+            # Its place in the queue is free: let the runs behind it move up now.
+            wake = "submitter"
+        elif run.status in ACTIVE and run.stop_requested_at is None:
+            run.stop_requested_at = utcnow()
+            note(session, run, "stop requested")
+            wake = "reconciler"
+        doc = run_doc(run, events_of(session, run_id))
+    if wake:
+        services.wake(wake)
+    return json_response(doc)

@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 
-from service.api.deps import SessionDep
+from service.api.deps import ServicesDep
 from service.store.runs import load_run
 
 router = APIRouter(prefix="/runs", tags=["runs"])
@@ -32,9 +32,10 @@ ADD_JOBS_MODULE = (
     response_class=PlainTextResponse,
     responses={200: {"content": {"text/x-shellscript": {}}}, 404: {}},
 )
-def run_script(session: SessionDep, run_id: str) -> PlainTextResponse:
+def run_script(services: ServicesDep, run_id: str) -> PlainTextResponse:
     """A bash script that submits this run's job with ``ray job submit``."""
-    run = load_run(session, run_id)
+    with services.db.read() as session:
+        run = load_run(session, run_id)
     return PlainTextResponse(
         render_script(run.id, run.name, run.launch), media_type="text/x-shellscript"
     )
