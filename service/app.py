@@ -13,12 +13,14 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from types import FrameType
 
+import anyio.to_thread
 from fastapi import FastAPI
 
 from service import dashboard
 from service.api import cluster as cluster_api
 from service.api import probes, prometheus, run_metrics, runs, script
 from service.api.deps import Services
+from service.api.overload import ShedLoad
 from service.cluster.local_ray import LocalRayCluster
 from service.cluster.ray_jobs import RayJobs
 from service.errors import install_handlers
@@ -55,6 +57,7 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        anyio.to_thread.current_default_thread_limiter().total_tokens = settings.request_threads
         if settings.migrate_on_start:
             await asyncio.to_thread(dbmod.upgrade, settings.database_url)
         cluster: LocalRayCluster | None = None
@@ -100,6 +103,7 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
         max_body_size=settings.max_body_bytes,
     )
     app.state.services = services
+    app.add_middleware(ShedLoad, limit=settings.max_requests_in_progress)
     install_handlers(app)
     app.include_router(probes.router)
     app.include_router(runs.router)

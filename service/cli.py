@@ -38,6 +38,9 @@ def serve(
     from service.settings import Settings
 
     settings = Settings()
+    # Hand the interpreter lock over every millisecond (default 5): the event loop, which
+    # answers /healthz and feeds live streams, waits less behind busy worker threads.
+    sys.setswitchinterval(0.001)
     uvicorn.run(
         create_app(settings),
         host=host,

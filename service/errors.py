@@ -67,14 +67,22 @@ class Unavailable(ProblemError):
     title = "Service unavailable"
 
 
-class DatabaseBusy(Unavailable):
-    """The database could not be had within its bound: try again shortly."""
+class Busy(Unavailable):
+    """A passing shortage: try again shortly (``Retry-After``)."""
 
     title = "Service busy"
     retry_after_s: ClassVar[int] = 1
 
     def headers(self) -> dict[str, str]:
         return {"Retry-After": str(self.retry_after_s)}
+
+
+class DatabaseBusy(Busy):
+    """The database could not be had within its bound."""
+
+
+class Overloaded(Busy):
+    """Too many requests in progress: this one was refused before doing anything."""
 
 
 def field_error(loc: Sequence[str | int], msg: str, kind: str = "value_error") -> dict[str, Any]:
@@ -100,13 +108,14 @@ def invalid_from_pydantic(
     return InvalidSpec(f"{len(errors)} invalid field(s), first: {first}", errors)
 
 
-def _problem(request: Request, exc: ProblemError) -> JSONResponse:
+def problem_response(exc: ProblemError, path: str | None = None) -> JSONResponse:
     return JSONResponse(
-        exc.body(request.url.path),
-        status_code=exc.status,
-        media_type=PROBLEM_JSON,
-        headers=exc.headers(),
+        exc.body(path), status_code=exc.status, media_type=PROBLEM_JSON, headers=exc.headers()
     )
+
+
+def _problem(request: Request, exc: ProblemError) -> JSONResponse:
+    return problem_response(exc, request.url.path)
 
 
 def install_handlers(app: FastAPI) -> None:

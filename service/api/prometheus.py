@@ -38,6 +38,12 @@ def prometheus(services: ServicesDep) -> str:
             f"rlrun_follower_lag_seconds {lag:.3f}",
         ]
     out += [
+        "# HELP rlrun_loop_ticks_total Ticks each background loop has run (failed or not).",
+        "# TYPE rlrun_loop_ticks_total counter",
+        *(
+            f'rlrun_loop_ticks_total{{loop="{n}"}} {loop.ticks}'
+            for n, loop in services.loops.items()
+        ),
         "# HELP rlrun_event_streams Runs with live event subscribers on this replica.",
         "# TYPE rlrun_event_streams gauge",
         f"rlrun_event_streams {services.broker.upstreams}",

@@ -28,7 +28,7 @@ from service.scheduling.fit import never_fits
 from service.schemas import RunOut, RunPage, json_response, run_doc, summary_doc
 from service.store.lifecycle import note, transition
 from service.store.models import Run, RunEvent, utcnow
-from service.store.runs import RUN_COLUMNS, SUMMARY_COLUMNS, events_of, load_run, run_row
+from service.store.runs import RUN_COLUMNS, events_of, load_run, page_query, run_row
 from service.store.status import ACTIVE, TERMINAL, RunStatus
 
 router = APIRouter(prefix="/runs", tags=["runs"])
@@ -147,15 +147,10 @@ def list_runs(
     cursor: str | None = None,
 ) -> Response:
     """A page of runs, newest first; pass ``next_cursor`` back as ``cursor`` for the next."""
-    query = select(*SUMMARY_COLUMNS).order_by(Run.id.desc()).limit(limit + 1)
-    if status:
-        query = query.where(Run.status.in_(status))
-    if team:
-        query = query.where(Run.team == team)
-    if cursor:
-        query = query.where(Run.id < cursor)
+    query = page_query(bool(status), bool(team), bool(cursor))
+    params = {"limit": limit + 1, "status": status, "team": team, "cursor": cursor}
     with services.db.read() as session:
-        rows = session.execute(query).all()
+        rows = session.connection().execute(query, params).all()
     page = rows[:limit]
     return json_response(
         {

@@ -28,6 +28,7 @@ class Loop:
         self._wake = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.failures = 0
+        self.ticks = 0  # ticks run to the end, failed or not
 
     def wake(self) -> None:
         """Run the next tick now; safe to call from any thread."""
@@ -58,6 +59,7 @@ class Loop:
             except Exception:
                 self.failures += 1
                 log.exception("%s: tick failed", self.name)
+            self.ticks += 1
             delay = min(self.interval_s * 2 ** min(self.failures, 10), self.max_backoff_s)
             if not self.failures:
                 delay = self.interval_s

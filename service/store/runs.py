@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, TypeAlias, Unpack
+from functools import lru_cache
+from typing import Any, TypeAlias
 
-from sqlalchemy import Row, select
+from sqlalchemy import Row, Select, bindparam, select
 from sqlalchemy.orm import Session
 
 from service.errors import NotFound
 from service.store.models import Run, RunEvent
 
-AnyRow: TypeAlias = Row[Unpack[tuple[Any, ...]]]
+AnyRow: TypeAlias = Row[*tuple[Any, ...]]
 
 # What a run's page shows (``schemas.run_doc``), without the claim and idempotency columns.
 SUMMARY_COLUMNS = (
@@ -55,20 +56,39 @@ def load_run(session: Session, run_id: str, lock: bool = False) -> Run:
     return run
 
 
+# Built once, run on the session's connection: the hot reads only bind their parameters and
+# skip the ORM's result handling (building a statement costs more than running it on SQLite).
+_RUN = select(*RUN_COLUMNS).where(Run.id == bindparam("run_id"))
+_EXISTS = select(Run.id).where(Run.id == bindparam("run_id"))
+_EVENTS = select(*EVENT_COLUMNS).where(RunEvent.run_id == bindparam("run_id")).order_by(RunEvent.id)
+
+
 def run_row(session: Session, run_id: str) -> AnyRow:
     """The columns of one run that its page shows (one query, no ORM object)."""
-    row = session.execute(select(*RUN_COLUMNS).where(Run.id == run_id)).one_or_none()
+    row = session.connection().execute(_RUN, {"run_id": run_id}).one_or_none()
     if row is None:
         raise NotFound(f"no run {run_id!r}")
     return row
 
 
 def require_run(session: Session, run_id: str) -> None:
-    if session.scalar(select(Run.id).where(Run.id == run_id)) is None:
+    if session.connection().scalar(_EXISTS, {"run_id": run_id}) is None:
         raise NotFound(f"no run {run_id!r}")
 
 
 def events_of(session: Session, run_id: str) -> Sequence[AnyRow]:
-    return session.execute(
-        select(*EVENT_COLUMNS).where(RunEvent.run_id == run_id).order_by(RunEvent.id)
-    ).all()
+    return session.connection().execute(_EVENTS, {"run_id": run_id}).all()
+
+
+@lru_cache(maxsize=8)
+def page_query(by_status: bool, by_team: bool, after: bool) -> Select[*tuple[Any, ...]]:
+    """Summaries newest first; parameters ``limit``, and ``status`` (a list), ``team``,
+    ``cursor`` (runs before this id) for the filters asked for."""
+    query = select(*SUMMARY_COLUMNS).order_by(Run.id.desc()).limit(bindparam("limit"))
+    if by_status:
+        query = query.where(Run.status.in_(bindparam("status", expanding=True)))
+    if by_team:
+        query = query.where(Run.team == bindparam("team"))
+    if after:
+        query = query.where(Run.id < bindparam("cursor"))
+    return query
