@@ -18,6 +18,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,6 +90,36 @@ def test_a_write_that_cannot_get_the_database_is_a_503_with_retry_after_while_re
         assert 0.25 < waited < 3
         assert read.status_code == 200 and read.json()["status"] == "QUEUED"
         assert http.post(f"/runs/{run_id}/cancel").json()["status"] == "CANCELLED"
+
+
+def test_past_the_limit_a_request_is_refused_at_once_and_healthz_still_answers(
+    db_url: str,
+) -> None:
+    settings = make_settings(
+        db_url, "http://127.0.0.1:9", run_loops=False, db_wait_s=5, max_requests_in_progress=2
+    )
+    app = create_app(settings)
+    with ServerThread(app) as url, httpx.Client(base_url=url, timeout=10) as http:
+        run_id = http.post("/runs", json=SPEC).json()["id"]
+        with ThreadPoolExecutor(2) as pool:
+            with _hold_write_lock(db_url, run_id):
+                # Two cancels wait for the database: the limit is reached.
+                cancels = [
+                    pool.submit(httpx.post, f"{url}/runs/{run_id}/cancel", timeout=10)
+                    for _ in range(2)
+                ]
+                time.sleep(1)
+                started = time.monotonic()
+                refused = http.get(f"/runs/{run_id}")
+                took = time.monotonic() - started
+                health = http.get("/healthz")
+            answered = sorted(c.result().status_code for c in cancels)
+    assert refused.status_code == 503, refused.text
+    assert refused.headers["retry-after"] == "1"
+    assert refused.json()["title"] == "Service busy"
+    assert took < 0.5
+    assert health.status_code == 200
+    assert answered == [200, 409]
 
 
 @contextmanager
