@@ -28,6 +28,7 @@ import aiohttp
 import anyio.to_thread
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, select, text
 
 from service.app import create_app
@@ -349,3 +350,24 @@ def test_500_clients_get_bounded_answers_lose_no_run_and_sigterm_stops_it(
     assert stop_s < GRACE_S + 2
     # The loops kept ticking under load (the watchdog every second).
     assert ticks_during["watchdog"] - ticks_before["watchdog"] >= (LOAD_S - 3) / 3
+
+
+@pytest.mark.postgres
+def test_a_connection_postgresql_dropped_is_one_503_then_the_pool_is_renewed(
+    pg_database: str,
+) -> None:
+    app = create_app(make_settings(pg_database, "http://127.0.0.1:9", run_loops=False))
+    with TestClient(app) as api:
+        run_id = api.post("/runs", json=SPEC).json()["id"]
+        admin = create_engine(pg_database, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            )
+        admin.dispose()
+        dropped = api.get(f"/runs/{run_id}")
+        assert dropped.status_code == 503 and dropped.headers["retry-after"] == "1"
+        assert api.get(f"/runs/{run_id}").status_code == 200

@@ -2,9 +2,10 @@
 
 Every wait for the database is bounded by ``wait_s``: this process's turn to write (SQLite),
 a pooled connection, SQLite's busy handler, a PostgreSQL row lock. Past it, ``DatabaseBusy``
-(a 503 with ``Retry-After``). A transaction is opened and closed by one thread in one call
-(``with db.read() as s:`` inside a route body or a loop's tick), never across a hand-over to
-another thread: so no thread ever waits on a lock whose release needs another worker thread.
+(a 503 with ``Retry-After``); so is a connection the server dropped. A transaction is opened
+and closed by one thread in one call (``with db.read() as s:`` inside a route body or a loop's
+tick), never across a hand-over to another thread: so no thread ever waits on a lock whose
+release needs another worker thread.
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ def make_engine(
         "pool_timeout": wait_s,
     }
     if url.startswith("postgresql"):
-        # A server restart drops pooled connections: find out before a request uses one.
-        kwargs["pool_pre_ping"] = True
+        # No ping before each use (a round trip per request): a connection the server dropped
+        # fails once, the pool is renewed and that request is a 503 to retry (see _bounded).
+        kwargs["pool_recycle"] = 1800
         lock_ms = int(wait_s * 1000)
         kwargs["connect_args"] = {"options": f"-c lock_timeout={lock_ms}"}
     if url.startswith("sqlite"):
@@ -153,10 +155,12 @@ def _bounded(wait_s: float) -> Iterator[None]:
         yield
     except sa_exc.TimeoutError as exc:  # no pooled connection within pool_timeout
         raise DatabaseBusy(f"no database connection within {wait_s:g} s") from exc
-    except sa_exc.OperationalError as exc:
-        if not _is_lock_wait(exc.orig):
-            raise
-        raise DatabaseBusy(f"the database stayed locked for {wait_s:g} s") from exc
+    except sa_exc.DBAPIError as exc:
+        if exc.connection_invalidated:
+            raise DatabaseBusy("the database connection was lost; it is being renewed") from exc
+        if isinstance(exc, sa_exc.OperationalError) and _is_lock_wait(exc.orig):
+            raise DatabaseBusy(f"the database stayed locked for {wait_s:g} s") from exc
+        raise
 
 
 def _is_lock_wait(orig: BaseException | None) -> bool:

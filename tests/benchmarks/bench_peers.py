@@ -93,7 +93,7 @@ async def _drive(target: Target, clients: int, seconds: float, warmup: float = 0
     """``clients`` connections, each sending its next request as soon as the last is answered."""
     latencies: list[float] = []
     errors = 0
-    timeout = aiohttp.ClientTimeout(total=30)
+    timeout = aiohttp.ClientTimeout(total=120)
     connector = aiohttp.TCPConnector(limit=clients)
     async with aiohttp.ClientSession(target.base_url, timeout=timeout, connector=connector) as s:
         start = time.perf_counter()
