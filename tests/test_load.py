@@ -32,9 +32,12 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, select, text
 
 from service.app import create_app
-from service.store.db import Database
+from service.metrics.broker import Broker, Cursor
+from service.store.db import Database, upgrade
 from service.store.models import Run
+from service.store.status import RunStatus
 from tests.conftest import make_settings
+from tests.factories import add_run
 from tests.live import ServerThread
 from tests.service_process import ServiceProcess
 
@@ -371,3 +374,33 @@ def test_a_connection_postgresql_dropped_is_one_503_then_the_pool_is_renewed(
         dropped = api.get(f"/runs/{run_id}")
         assert dropped.status_code == 503 and dropped.headers["retry-after"] == "1"
         assert api.get(f"/runs/{run_id}").status_code == 200
+
+
+def test_at_shutdown_a_live_stream_ends_at_once_without_an_end_event(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/broker.db"
+    upgrade(url)
+    db = Database(url)
+    run_id = add_run(db, "queued", RunStatus.QUEUED)  # never ends by itself
+    broker = Broker(db, poll_s=0.05)
+
+    async def follow() -> list[str]:
+        kinds = []
+        async for item, _cursor in broker.subscribe(run_id, Cursor()):
+            kinds.append(item.kind)
+        return kinds
+
+    async def main() -> tuple[list[str], float, list[str]]:
+        stream = asyncio.create_task(follow())
+        await asyncio.sleep(0.5)
+        started = time.monotonic()
+        broker.close_streams()
+        kinds = await asyncio.wait_for(stream, 5)
+        took = time.monotonic() - started
+        later = [item.kind async for item, _ in broker.subscribe(run_id, Cursor())]
+        await broker.close()
+        return kinds, took, later
+
+    kinds, took, later = asyncio.run(main())
+    db.dispose()
+    assert "end" not in kinds and took < 1
+    assert later == []
