@@ -52,7 +52,8 @@ class Services:
         try:
             return self.inventory.get()
         except (RayUnavailable, RayRejected) as exc:
-            log.warning("cluster inventory unavailable: %s", exc)
+            # Not a warning per request: the loops already warn while Ray is away.
+            log.debug("cluster inventory unavailable: %s", exc)
             return None
 
 
