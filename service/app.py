@@ -5,11 +5,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import socket
+import threading
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from types import FrameType
 
+import anyio.to_thread
 from fastapi import FastAPI
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
@@ -28,6 +32,7 @@ from service.api import (
 )
 from service.api import cluster as cluster_api
 from service.api.deps import Services
+from service.api.overload import ShedLoad
 from service.cluster.local_ray import LocalRayCluster
 from service.cluster.ray_jobs import RayJobs
 from service.errors import install_handlers
@@ -50,7 +55,12 @@ log = logging.getLogger(__name__)
 
 def create_app(settings: Settings | None = None, registry: RecipeRegistry | None = None) -> FastAPI:
     settings = settings or Settings()
-    db = dbmod.Database(settings.database_url)
+    db = dbmod.Database(
+        settings.database_url,
+        wait_s=settings.db_wait_s,
+        pool_size=settings.db_pool_size,
+        max_overflow=settings.db_max_overflow,
+    )
     services = Services(
         settings=settings,
         db=db,
@@ -67,6 +77,7 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
                 settings.auth,
                 settings.listen_host,
             )
+        anyio.to_thread.current_default_thread_limiter().total_tokens = settings.request_threads
         if settings.migrate_on_start:
             await asyncio.to_thread(dbmod.upgrade, settings.database_url)
         cluster: LocalRayCluster | None = None
@@ -90,7 +101,8 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
             services.loops = build_loops(services, ray, inventory)
             tasks = [asyncio.create_task(loop.run(stop)) for loop in services.loops.values()]
         try:
-            yield
+            with on_shutdown_signal(services.broker.close_streams):
+                yield
         finally:
             stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -113,6 +125,7 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
         redoc_url=None,
     )
     app.state.services = services
+    app.add_middleware(ShedLoad, limit=settings.max_requests_in_progress)
     install_handlers(app)
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.allowed_hosts)
     app.add_middleware(browser.SecurityHeaders)
@@ -174,3 +187,32 @@ def build_loops(services: Services, ray: RayJobs, inventory: InventoryCache) -> 
         "watchdog": Loop("watchdog", watchdog.tick, settings.watchdog_interval_s, backoff),
         "follower": Loop("follower", services.follower.tick, settings.follow_interval_s, backoff),
     }
+
+
+@contextmanager
+def on_shutdown_signal(callback: Callable[[], None]) -> Iterator[None]:
+    """Run ``callback`` on the event loop as soon as SIGTERM or SIGINT arrives, then the
+    server's own handler (uvicorn's starts its graceful shutdown, which waits for open
+    responses: live event streams must end first). Only in the main thread, where signals are."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def handler(sig: int, frame: FrameType | None) -> None:
+        loop.call_soon_threadsafe(callback)
+        before = previous[signal.Signals(sig)]
+        if callable(before):
+            before(sig, frame)
+        elif before == signal.SIG_DFL:
+            signal.signal(sig, signal.SIG_DFL)
+            signal.raise_signal(sig)
+
+    for sig in previous:
+        signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, before in previous.items():
+            signal.signal(sig, before)

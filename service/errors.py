@@ -98,6 +98,25 @@ class Unavailable(ProblemError):
     title = "Service unavailable"
 
 
+class Busy(Unavailable):
+    """A passing shortage: try again shortly (``Retry-After``)."""
+
+    title = "Service busy"
+    retry_after_s: ClassVar[int] = 1
+
+    def __init__(self, detail: str, **extra: Any) -> None:
+        super().__init__(detail, **extra)
+        self.headers["Retry-After"] = str(self.retry_after_s)
+
+
+class DatabaseBusy(Busy):
+    """The database could not be had within its bound."""
+
+
+class Overloaded(Busy):
+    """Too many requests in progress: this one was refused before doing anything."""
+
+
 def field_error(loc: Sequence[str | int], msg: str, kind: str = "value_error") -> dict[str, Any]:
     """One entry of a 422's ``errors``: the path as a list and as a dotted ``field``."""
     return {"loc": list(loc), "field": dotted(loc), "msg": msg, "type": kind}
@@ -121,13 +140,14 @@ def invalid_from_pydantic(
     return InvalidSpec(f"{len(errors)} invalid field(s), first: {first}", errors)
 
 
-def _problem(request: Request, exc: ProblemError) -> JSONResponse:
+def problem_response(exc: ProblemError, path: str | None = None) -> JSONResponse:
     return JSONResponse(
-        exc.body(request.url.path),
-        status_code=exc.status,
-        media_type=PROBLEM_JSON,
-        headers=exc.headers or None,
+        exc.body(path), status_code=exc.status, media_type=PROBLEM_JSON, headers=exc.headers or None
     )
+
+
+def _problem(request: Request, exc: ProblemError) -> JSONResponse:
+    return problem_response(exc, request.url.path)
 
 
 def install_handlers(app: FastAPI) -> None:

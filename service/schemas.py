@@ -1,30 +1,38 @@
-"""Run responses built from the database rows (the models themselves are in ``service.wire``)."""
+"""Run answers built from database rows as plain documents, serialised once.
+
+The models that document these answers (and that the client reads them into) are in
+``service.wire``; routes send the documents as they are (``json_response``), without validating
+them again. A document is built from a ``Run`` or from a row with the same columns.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
+
+from fastapi import Response
+from pydantic_core import to_json
 
 from service.metrics.store import json_value
 from service.recipes.base import PRIORITIES
 from service.secrets import masked_runtime_env, masked_spec
-from service.store.models import Run, RunEvent
-from service.wire import EventOut, HealthOut, MetricsOut, ProgressOut, RayOut, RunOut, RunSummary
 
 PRIORITY_NAMES = {v: k for k, v in PRIORITIES.items()}
-
-
+STEP_KEY = "fully_async/count/current_param_version"
+TRAINER_STEP_KEY = "training/global_step"
+REWARD_KEY = "critic/score/mean"
 # What a run's summary shows of its metrics: progress and the latest mean reward.
-SUMMARY_KEYS = (
-    "fully_async/count/current_param_version",
-    "training/global_step",
-    "critic/score/mean",
-)
+SUMMARY_KEYS = (STEP_KEY, TRAINER_STEP_KEY, REWARD_KEY)
+
+Latest = dict[str, tuple[int, float]]
 
 
-def summary_fields(run: Run, latest: dict[str, tuple[int, float]] | None = None) -> dict[str, Any]:
+def summary_doc(run: Any, latest: Latest | None = None) -> dict[str, Any]:
+    """A ``RunSummary``."""
     latest = latest or {}
-    reward = latest.get("critic/score/mean")
+    reward = latest.get(REWARD_KEY)
+    total = run.total_steps if hasattr(run, "total_steps") else run.launch.get("total_steps")
     return {
         "id": run.id,
         "name": run.name,
@@ -32,9 +40,9 @@ def summary_fields(run: Run, latest: dict[str, tuple[int, float]] | None = None)
         "team": run.team,
         "priority": PRIORITY_NAMES.get(run.priority, str(run.priority)),
         "status": run.status,
-        "health": HealthOut(status=run.health, reason=run.health_reason),
+        "health": {"status": run.health, "reason": run.health_reason},
         "queue_reason": run.queue_reason if run.status == "QUEUED" else None,
-        "progress": progress_of(run.launch, latest),
+        "progress": progress_doc(total, latest),
         "reward": json_value(reward[1]) if reward else None,
         "created_at": run.created_at,
         "submitted_at": run.submitted_at,
@@ -47,52 +55,60 @@ def summary_fields(run: Run, latest: dict[str, tuple[int, float]] | None = None)
     }
 
 
-def run_summary(run: Run, latest: dict[str, tuple[int, float]] | None = None) -> RunSummary:
-    return RunSummary(**summary_fields(run, latest))
-
-
-def run_out(
-    run: Run, events: list[RunEvent], latest: dict[str, tuple[int, float]] | None = None
-) -> RunOut:
+def run_doc(run: Any, events: Sequence[Any], latest: Latest | None = None) -> dict[str, Any]:
+    """A ``RunOut``; ``events`` are rows or RunEvents. Secrets and key-like values masked."""
     launch = run.launch
     latest = latest or {}
-    return RunOut(
-        **summary_fields(run, latest),
-        spec=masked_spec(run.spec),
-        command=launch["argv"],
-        entrypoint=launch["entrypoint"],
-        runtime_env=masked_runtime_env(launch["runtime_env"]),
-        shape=launch["shape"],
-        warnings=launch.get("warnings", []),
-        ray=RayOut(
-            submission_id=run.id,
-            status=run.ray_status,
-            message=run.ray_message,
-            error_type=run.ray_error_type,
-            exit_code=run.ray_exit_code,
-        ),
-        stop_requested=run.stop_requested_at is not None,
-        preflight=run.preflight,
-        metrics=MetricsOut(
-            step=max((s for s, _ in latest.values()), default=None),
-            latest={k: json_value(v) for k, (_, v) in sorted(latest.items())},
-        ),
-        events=[
-            EventOut(
-                id=e.id, at=e.at, from_status=e.from_status, to_status=e.to_status, reason=e.reason
-            )
-            for e in events
-        ],
-    )
+    return summary_doc(run, latest) | {
+        "spec": masked_spec(run.spec),
+        "command": launch["argv"],
+        "entrypoint": launch["entrypoint"],
+        "runtime_env": masked_runtime_env(launch["runtime_env"]),
+        "shape": launch["shape"],
+        "warnings": launch.get("warnings", []),
+        "ray": {
+            "submission_id": run.id,
+            "status": run.ray_status,
+            "message": run.ray_message,
+            "error_type": run.ray_error_type,
+            "exit_code": run.ray_exit_code,
+        },
+        "stop_requested": run.stop_requested_at is not None,
+        "preflight": run.preflight,
+        "metrics": {
+            "step": max((s for s, _ in latest.values()), default=None),
+            "latest": {k: json_value(v) for k, (_, v) in sorted(latest.items())},
+        },
+        "events": [event_doc(e) for e in events],
+    }
 
 
-def progress_of(launch: dict[str, Any], latest: dict[str, tuple[int, float]]) -> ProgressOut:
+def event_doc(event: Any) -> dict[str, Any]:
+    return {
+        "id": event.id,
+        "at": event.at,
+        "from_status": event.from_status,
+        "to_status": event.to_status,
+        "reason": event.reason,
+    }
+
+
+def progress_doc(total_steps: int | None, latest: Latest) -> dict[str, int | None]:
+    """``step`` is the parameter version (weight syncs) of ``total_steps`` planned syncs."""
+
     def count(key: str) -> int | None:
         value = latest.get(key, (0, math.nan))[1]
         return int(value) if math.isfinite(value) else None
 
-    return ProgressOut(
-        step=count("fully_async/count/current_param_version"),
-        total_steps=launch.get("total_steps"),
-        trainer_step=count("training/global_step"),
-    )
+    return {
+        "step": count(STEP_KEY),
+        "total_steps": total_steps,
+        "trainer_step": count(TRAINER_STEP_KEY),
+    }
+
+
+def json_response(
+    doc: Any, status_code: int = 200, headers: dict[str, str] | None = None
+) -> Response:
+    """``doc`` serialised once by pydantic's serializer (datetimes as the models write them)."""
+    return Response(to_json(doc), status_code, headers, media_type="application/json")

@@ -16,6 +16,20 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RLRUN_", extra="ignore")
 
     database_url: str = "sqlite:///rlrun.db"
+    # The longest anything waits for the database (a turn to write, a pooled connection, a
+    # lock); past it a request answers 503 with Retry-After. The pool serves the request
+    # threads, the background loops (4) and the live event streams' reads.
+    db_wait_s: float = 5.0
+    db_pool_size: int = 20
+    db_max_overflow: int = 30
+    # Worker threads for requests. Python runs one at a time: more only add waiting for the
+    # interpreter lock, the event loop's included (it answers /healthz and live streams).
+    request_threads: int = 8
+    # Requests waiting for their answer (for a thread included) past which new ones get a 503
+    # with Retry-After at once, so that the admitted ones never wait long (/healthz: never).
+    max_requests_in_progress: int = 128
+    # SIGTERM: live event streams end at once; other requests get this long to finish.
+    shutdown_grace_s: float = 10.0
     # "local": start an embedded Ray head; otherwise the dashboard address of a cluster.
     ray_address: str = "local"
     ray_token: str | None = Field(default=None, description="Bearer token for a token-auth head")

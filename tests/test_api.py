@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, event, text
+
+from service.store.models import RunEvent
 
 PROBLEM = "application/problem+json"
 
@@ -136,3 +139,40 @@ def test_health_and_readiness_report_database_and_ray_apart(api: TestClient) -> 
 def test_openapi_document_lists_the_contract(api: TestClient) -> None:
     paths = api.get("/openapi.json").json()["paths"]
     assert {"/runs", "/runs/{run_id}", "/runs/{run_id}/cancel", "/healthz", "/readyz"} <= set(paths)
+
+
+def _queries(api: TestClient, path: str) -> int:
+    """How many SQL statements answering ``path`` sends (the transaction's own not counted)."""
+    engine = api.app.state.services.db.engine  # type: ignore[attr-defined]
+    sent: list[str] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if not statement.startswith(("BEGIN", "SELECT 1", "COMMIT", "ROLLBACK")):
+            sent.append(statement)
+
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        assert api.get(path).status_code == 200
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    return len(sent)
+
+
+def test_reads_send_as_many_queries_for_a_big_run_and_a_long_list_as_for_small_ones(
+    api: TestClient,
+) -> None:
+    small = post(api).json()["id"]
+    big = post(api).json()["id"]
+    for _ in range(20):
+        api.post(f"/runs/{post(api).json()['id']}/cancel")
+    assert _queries(api, f"/runs/{big}") == _queries(api, f"/runs/{small}") == 3
+    # The page, then the summary metrics (progress, reward) of all its runs at once.
+    assert _queries(api, "/runs?limit=2") == _queries(api, "/runs?limit=100") == 2
+
+
+def test_a_read_transaction_refuses_to_write(api: TestClient) -> None:
+    db = api.app.state.services.db  # type: ignore[attr-defined]
+    run_id = post(api).json()["id"]
+    with pytest.raises(RuntimeError, match="must not write"), db.read() as session:
+        session.add(RunEvent(run_id=run_id, to_status="QUEUED", reason="x"))
+        session.flush()

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
 from service.api.auth import Admin, audited
-from service.api.deps import INT32_MAX, SessionDep
+from service.api.deps import INT32_MAX, ServicesDep
 from service.store import audit, tokens
 from service.store.models import ApiToken
 from service.store.tokens import Role
@@ -74,22 +74,25 @@ def token_out(row: ApiToken) -> dict[str, Any]:
 
 @router.post("/tokens", status_code=201, response_model=NewToken)
 def create_token(
-    session: SessionDep, principal: Admin, request: Request, body: TokenIn
+    services: ServicesDep, principal: Admin, request: Request, body: TokenIn
 ) -> NewToken:
     """A new token for a user of a team; its secret is in this answer only."""
-    row, secret = tokens.create(session, body.user, body.team, body.role, principal.user)
-    audited(session, request, principal, "token.create", target=f"{row.id} {row.role}@{row.team}")
-    return NewToken(**token_out(row), token=secret)
+    with services.db.transaction() as session:
+        row, secret = tokens.create(session, body.user, body.team, body.role, principal.user)
+        target = f"{row.id} {row.role}@{row.team}"
+        audited(session, request, principal, "token.create", target=target)
+        return NewToken(**token_out(row), token=secret)
 
 
 @router.get("/tokens", response_model=TokenPage)
 def list_tokens(
-    session: SessionDep,
+    services: ServicesDep,
     principal: Admin,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: str | None = None,
 ) -> TokenPage:
-    rows = tokens.page(session, limit + 1, cursor)
+    with services.db.read() as session:
+        rows = tokens.page(session, limit + 1, cursor)
     return TokenPage(
         items=[TokenOut(**token_out(r)) for r in rows[:limit]],
         next_cursor=rows[limit - 1].id if len(rows) > limit else None,
@@ -98,25 +101,27 @@ def list_tokens(
 
 @router.delete("/tokens/{token_id}", response_model=TokenOut)
 def revoke_token(
-    session: SessionDep, principal: Admin, request: Request, token_id: str
+    services: ServicesDep, principal: Admin, request: Request, token_id: str
 ) -> TokenOut:
     """Revoked at once: the next request with it is a 401."""
-    row = tokens.revoke(session, token_id)
-    audited(session, request, principal, "token.revoke", target=row.id)
-    return TokenOut(**token_out(row))
+    with services.db.transaction() as session:
+        row = tokens.revoke(session, token_id)
+        audited(session, request, principal, "token.revoke", target=row.id)
+        return TokenOut(**token_out(row))
 
 
 @router.get("/audit", response_model=AuditPage)
 def read_audit(
-    session: SessionDep,
+    services: ServicesDep,
     principal: Admin,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
     cursor: Annotated[int | None, Query(ge=0, le=INT32_MAX)] = None,
     run_id: str | None = None,
 ) -> AuditPage:
     """State-changing calls, newest first; pass ``next_cursor`` back as ``cursor``."""
-    rows = audit.page(session, limit + 1, cursor, run_id)
-    return AuditPage(
-        items=[AuditOut.model_validate(r, from_attributes=True) for r in rows[:limit]],
-        next_cursor=rows[limit - 1].id if len(rows) > limit else None,
-    )
+    with services.db.read() as session:
+        rows = audit.page(session, limit + 1, cursor, run_id)
+        return AuditPage(
+            items=[AuditOut.model_validate(r, from_attributes=True) for r in rows[:limit]],
+            next_cursor=rows[limit - 1].id if len(rows) > limit else None,
+        )

@@ -17,12 +17,12 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from service.api.deps import ServicesDep, SessionDep
+from service.api.deps import ServicesDep
 from service.errors import Forbidden, NotFound, Unauthorized
 from service.settings import Settings
 from service.store import audit, tokens
 from service.store.models import Run
-from service.store.runs import load_run
+from service.store.runs import load_run, team_of
 from service.store.tokens import ROLES, Role
 
 bearer = HTTPBearer(auto_error=False, description="an API token from `rlrun token create`")
@@ -64,11 +64,12 @@ def principal_from(
     return Principal(user=row.user, team=row.team, role=row.role, token_id=row.id)  # type: ignore[arg-type]
 
 
-def current_principal(
-    services: ServicesDep, session: SessionDep, credentials: CredentialsDep
-) -> Principal:
-    """The caller, read in the request's own transaction."""
-    return principal_from(services.settings, credentials, session)
+def current_principal(services: ServicesDep, credentials: CredentialsDep) -> Principal:
+    """The caller, read in a short transaction of its own (open mode reads nothing)."""
+    if not services.settings.auth_enabled:
+        return ANONYMOUS
+    with services.db.read() as session:
+        return principal_from(services.settings, credentials, session)
 
 
 def requires(role: Role) -> Callable[[Principal], Principal]:
@@ -88,9 +89,18 @@ Admin = Annotated[Principal, Depends(requires("admin"))]
 def visible_run(session: Session, principal: Principal, run_id: str, lock: bool = False) -> Run:
     """The run if the caller may see it; another team's run is not found (a 404, not a 403)."""
     run = load_run(session, run_id, lock=lock)
-    if not principal.sees(run.team):
-        raise NotFound(f"no run {run_id!r}")
+    ensure_sees(principal, run.team, run_id)
     return run
+
+
+def require_visible(session: Session, principal: Principal, run_id: str) -> None:
+    """Whether the run exists for the caller, in one small query (no ORM object)."""
+    ensure_sees(principal, team_of(session, run_id), run_id)
+
+
+def ensure_sees(principal: Principal, team: str, run_id: str) -> None:
+    if not principal.sees(team):
+        raise NotFound(f"no run {run_id!r}")
 
 
 def client_of(request: Request) -> str | None:

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 from sqlalchemy import select
 
 from service.api.auth import Viewer
-from service.api.deps import InventoryDep, ServicesDep, SessionDep
+from service.api.deps import ServicesDep
 from service.scheduling import backlog
 from service.scheduling.admission import PRIORITY_NAMES, decide, held_by_team
 from service.scheduling.inventory import Inventory
@@ -20,8 +20,6 @@ router = APIRouter(tags=["cluster"])
 @router.get("/cluster")
 def get_cluster(
     services: ServicesDep,
-    inventory: InventoryDep,
-    session: SessionDep,
     principal: Viewer,
     limit: Annotated[
         int | None, Query(ge=1, le=100_000, description="rows of active and queue at most")
@@ -35,17 +33,19 @@ def get_cluster(
     def name(team: str, value: str) -> str | None:
         return value if principal.sees(team) else None
 
+    inventory = services.cluster()
     now = utcnow()
     quotas = backlog.quotas(services.settings)
-    rows = backlog.queued(session, now)
-    held = backlog.held(session, now, inventory.fetched_at if inventory else now.timestamp())
+    with services.db.read() as session:
+        rows = backlog.queued(session, now)
+        held = backlog.held(session, now, inventory.fetched_at if inventory else now.timestamp())
+        active = session.execute(
+            select(Run.id, Run.name, Run.team, Run.status, Run.priority, Run.launch)
+            .where(backlog.is_held(now))
+            .order_by(Run.id)
+        ).all()
     decision = decide([r.run for r in rows], held, inventory or Inventory(()), quotas)
     by_id = {r.run.id: r for r in rows}
-    active = session.execute(
-        select(Run.id, Run.name, Run.team, Run.status, Run.priority, Run.launch)
-        .where(backlog.is_held(now))
-        .order_by(Run.id)
-    ).all()
     teams = {
         team: {"accelerators": used, "quota": quotas.of(team)}
         for team, used in sorted(held_by_team(held).items())

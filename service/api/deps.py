@@ -1,14 +1,19 @@
-"""What routes depend on: the app's services, and one DB transaction per request."""
+"""What routes depend on: the app's services.
+
+A route opens its own transaction in its body, ``with services.db.read() as s:`` or
+``with services.db.transaction() as s:`` (writes), so the transaction is opened and closed by
+the one thread that runs the body. A dependency that held a transaction would hand it from one
+worker thread to another: with every worker waiting for that transaction's lock, none is left
+to finish it.
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
-from sqlalchemy.orm import Session
 
 from service.api.limits import StreamSlots
 from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable
@@ -38,38 +43,28 @@ class Services:
     streams: StreamSlots = field(default_factory=StreamSlots)
 
     def wake(self, name: str) -> None:
+        """Run a loop's next tick now; safe from any thread, cheap (no thread of its own)."""
         if name in self.loops:
             self.loops[name].wake()
 
+    def cluster(self) -> Inventory | None:
+        """The cached cluster inventory, or None while Ray cannot be read.
 
-def get_services(request: Request) -> Services:
+        It may call Ray: never inside a transaction."""
+        if self.inventory is None:
+            return None
+        try:
+            return self.inventory.get()
+        except (RayUnavailable, RayRejected) as exc:
+            # Not a warning per request: the loops already warn while Ray is away.
+            log.debug("cluster inventory unavailable: %s", exc)
+            return None
+
+
+async def get_services(request: Request) -> Services:
+    # async: a plain function dependency would cost each request a worker thread hand-over.
     services: Services = request.app.state.services
     return services
 
 
-def get_session(services: Annotated[Services, Depends(get_services)]) -> Iterator[Session]:
-    """The request's one transaction: committed before the response is sent."""
-    with services.db.transaction() as session:
-        yield session
-
-
 ServicesDep = Annotated[Services, Depends(get_services)]
-
-
-def get_inventory(services: ServicesDep) -> Inventory | None:
-    """The cached cluster inventory, or None while Ray cannot be read.
-
-    Declare it before the session in a route, so the Ray call never runs inside a transaction.
-    """
-    if services.inventory is None:
-        return None
-    try:
-        return services.inventory.get()
-    except (RayUnavailable, RayRejected) as exc:
-        log.warning("cluster inventory unavailable: %s", exc)
-        return None
-
-
-InventoryDep = Annotated[Inventory | None, Depends(get_inventory)]
-# scope="function": the transaction commits before the response is sent (durable first).
-SessionDep = Annotated[Session, Depends(get_session, scope="function")]

@@ -15,7 +15,8 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz")
-def healthz() -> dict[str, str]:
+async def healthz() -> dict[str, str]:
+    """Alive: answered on the event loop, never waiting for a worker thread or the database."""
     return {"status": "ok"}
 
 
@@ -24,7 +25,7 @@ def readyz(services: ServicesDep) -> JSONResponse:
     """Ready when the database answers: runs can be accepted (and queue) while Ray is away."""
     checks: dict[str, Any] = {}
     try:
-        with services.db.transaction() as session:
+        with services.db.read() as session:
             session.execute(text("SELECT 1"))
         checks["database"] = {"ok": True}
     except Exception as exc:

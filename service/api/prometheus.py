@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 from sqlalchemy import func, select
 
-from service.api.deps import ServicesDep, SessionDep
+from service.api.deps import ServicesDep
 from service.store.models import Run
 from service.store.status import RunStatus
 
@@ -16,9 +16,10 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/metrics", response_class=PlainTextResponse)
-def prometheus(services: ServicesDep, session: SessionDep) -> str:
-    rows = session.execute(select(Run.status, func.count()).group_by(Run.status)).tuples()
-    counts = {status: count for status, count in rows}
+def prometheus(services: ServicesDep) -> str:
+    with services.db.read() as session:
+        rows = session.execute(select(Run.status, func.count()).group_by(Run.status)).tuples()
+        counts = {status: count for status, count in rows}
     out = ["# HELP rlrun_runs Runs by status.", "# TYPE rlrun_runs gauge"]
     out += [f'rlrun_runs{{status="{s.value}"}} {counts.get(s.value, 0)}' for s in RunStatus]
     follower = services.follower
@@ -37,6 +38,12 @@ def prometheus(services: ServicesDep, session: SessionDep) -> str:
             f"rlrun_follower_lag_seconds {lag:.3f}",
         ]
     out += [
+        "# HELP rlrun_loop_ticks_total Ticks each background loop has run (failed or not).",
+        "# TYPE rlrun_loop_ticks_total counter",
+        *(
+            f'rlrun_loop_ticks_total{{loop="{n}"}} {loop.ticks}'
+            for n, loop in services.loops.items()
+        ),
         "# HELP rlrun_event_streams Runs with live event subscribers on this replica.",
         "# TYPE rlrun_event_streams gauge",
         f"rlrun_event_streams {services.broker.upstreams}",

@@ -1,4 +1,8 @@
-"""A run's metrics and log: downsampled history, the live event stream, the kept log copy."""
+"""A run's metrics and log: downsampled history, the live event stream, the kept log copy.
+
+Each route checks the run exists for the caller and reads in one read transaction of its own;
+the event stream checks in a short one and holds none while it streams.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +13,8 @@ from fastapi import APIRouter, Depends, Header, Query
 from fastapi.responses import PlainTextResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
-from service.api.auth import CredentialsDep, Principal, Viewer, principal_from, visible_run
-from service.api.deps import INT32_MAX, ServicesDep, SessionDep
+from service.api.auth import CredentialsDep, Principal, Viewer, principal_from, require_visible
+from service.api.deps import INT32_MAX, ServicesDep
 from service.errors import InvalidSpec, field_error
 from service.metrics import logcopy, store
 from service.metrics.broker import Cursor
@@ -20,19 +24,11 @@ from service.wire import PointOut, SeriesOut
 router = APIRouter(prefix="/runs", tags=["metrics"])
 
 
-def existing_run(session: SessionDep, principal: Viewer, run_id: str) -> str:
-    visible_run(session, principal, run_id)
-    return run_id
-
-
-RunIdDep = Annotated[str, Depends(existing_run)]
-
-
 @router.get("/{run_id}/metrics", response_model=SeriesOut)
 def metric_series(
     services: ServicesDep,
-    session: SessionDep,
-    run_id: RunIdDep,
+    principal: Viewer,
+    run_id: str,
     keys: Annotated[str | None, Query(description="comma-separated keys; all when absent")] = None,
     max_points: Annotated[int, Query(ge=2, le=100_000)] = 1000,
     from_step: Annotated[int | None, Query(ge=0, le=INT32_MAX)] = None,
@@ -48,7 +44,12 @@ def metric_series(
     if len(names) > limit:
         msg = f"at most {limit} keys per request"
         raise InvalidSpec(msg, [field_error(["query", "keys"], msg)])
-    names = names or sorted(store.keys_of(session, run_id))[:limit]
+    with services.db.read() as session:
+        require_visible(session, principal, run_id)
+        names = names or sorted(store.keys_of(session, run_id))[:limit]
+        series = {
+            key: store.series(session, run_id, key, max_points, from_step, to_step) for key in names
+        }
     return SeriesOut(
         run_id=run_id,
         series={
@@ -59,17 +60,19 @@ def metric_series(
                     min=json_value(p.min),
                     max=json_value(p.max),
                 )
-                for p in store.series(session, run_id, key, max_points, from_step, to_step)
+                for p in points
             ]
-            for key in names
+            for key, points in series.items()
         },
     )
 
 
 @router.get("/{run_id}/metrics/keys")
-def metric_keys(session: SessionDep, run_id: RunIdDep) -> list[str]:
+def metric_keys(services: ServicesDep, principal: Viewer, run_id: str) -> list[str]:
     """Every key the run has logged, sorted."""
-    return sorted(store.keys_of(session, run_id))
+    with services.db.read() as session:
+        require_visible(session, principal, run_id)
+        return sorted(store.keys_of(session, run_id))
 
 
 @router.get(
@@ -78,8 +81,9 @@ def metric_keys(session: SessionDep, run_id: RunIdDep) -> list[str]:
     responses={200: {"headers": {"Log-Offset": {}, "Log-Complete": {}}}},
 )
 def run_logs(
-    session: SessionDep,
-    run_id: RunIdDep,
+    services: ServicesDep,
+    principal: Viewer,
+    run_id: str,
     tail: Annotated[
         int | None, Query(ge=0, le=10_000_000, description="only the last N lines")
     ] = None,
@@ -91,14 +95,14 @@ def run_logs(
     """The service's own copy of the job log (the newest part, up to its configured size),
     without terminal escape codes unless ``ansi=true``. ``Log-Offset`` is where this answer
     ends (pass it as ``offset`` to read on); ``Log-Complete: true`` once nothing more will come."""
-    if offset is not None:
-        text, end = logcopy.since(session, run_id, offset)
-    else:
-        text, end = logcopy.tail(session, run_id, tail), logcopy.end(session, run_id)
-    headers = {
-        "Log-Offset": str(end),
-        "Log-Complete": str(logcopy.finished(session, run_id)).lower(),
-    }
+    with services.db.read() as session:
+        require_visible(session, principal, run_id)
+        if offset is not None:
+            text, end = logcopy.since(session, run_id, offset)
+        else:
+            text, end = logcopy.tail(session, run_id, tail), logcopy.end(session, run_id)
+        finished = logcopy.finished(session, run_id)
+    headers = {"Log-Offset": str(end), "Log-Complete": str(finished).lower()}
     return PlainTextResponse(text if ansi else logcopy.strip_ansi(text), headers=headers)
 
 
@@ -106,10 +110,10 @@ def _stream_caller(
     services: ServicesDep, credentials: CredentialsDep, run_id: str
 ) -> Iterator[Principal]:
     """The caller, holding one of its stream slots until the stream ends (auth on)."""
-    # Checked in its own short transaction: the stream must not hold one open.
-    with services.db.transaction() as session:
+    # Checked in its own short read: the stream must not hold a transaction open.
+    with services.db.read() as session:
         principal = principal_from(services.settings, credentials, session)
-        visible_run(session, principal, run_id)
+        require_visible(session, principal, run_id)
     if not services.settings.auth_enabled:
         yield principal
         return

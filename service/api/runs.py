@@ -1,4 +1,9 @@
-"""Runs: accept (durably), list, read, cancel."""
+"""Runs: accept (durably), list, read, cancel.
+
+Each route opens its transaction in its body (see ``service.api.deps``): reads a read
+transaction, accepting and cancelling one short write transaction, with validation, Hydra
+composition and the cluster's inventory (a Ray call) done before it opens.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +13,14 @@ import math
 from datetime import timedelta
 from typing import Annotated, Any
 
-from fastapi import APIRouter, BackgroundTasks, Body, Header, Query, Request, Response
+from fastapi import APIRouter, Body, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from service.api.auth import Member, Principal, Viewer, audited, visible_run
-from service.api.deps import InventoryDep, ServicesDep, SessionDep
+from service.api.auth import Member, Principal, Viewer, audited, ensure_sees, visible_run
+from service.api.deps import ServicesDep
 from service.errors import Conflict, Forbidden, TooManyRequests
 from service.ids import new_run_id
 from service.metrics import store
@@ -23,12 +28,12 @@ from service.recipes.base import PRIORITIES, LaunchContext
 from service.scheduling import backlog
 from service.scheduling.admission import QueuedRun
 from service.scheduling.fit import never_fits
-from service.schemas import SUMMARY_KEYS, run_out, run_summary
+from service.schemas import SUMMARY_KEYS, json_response, run_doc, summary_doc
 from service.secrets import masked_runtime_env, masked_spec
 from service.settings import Settings
 from service.store.lifecycle import note, transition
 from service.store.models import Run, RunEvent, utcnow
-from service.store.runs import events_of
+from service.store.runs import RUN_COLUMNS, events_of, page_query, run_row
 from service.store.status import ACTIVE, TERMINAL, RunStatus
 from service.wire import RunOut, RunPage
 
@@ -55,41 +60,37 @@ def request_hash(body: Any) -> str:
 )
 def create_run(
     services: ServicesDep,
-    inventory: InventoryDep,
-    session: SessionDep,
     principal: Member,
     request: Request,
-    response: Response,
-    background: BackgroundTasks,
     body: Annotated[dict[str, Any], Body(examples=[SPEC_EXAMPLE])],
     dry_run: bool = False,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
-) -> Any:
+) -> Response:
     """Accept a run: validated, stored as QUEUED and committed before the answer.
 
     The team is the token's: a member may leave ``team`` out or name its own (another is a
     403); an admin may name any team. Priority ``high`` is an admin's, or a granted team's."""
+    db = services.db
     digest = request_hash(body)
     key = _scoped_key(principal, idempotency_key)
     if key and not dry_run:
-        existing = session.scalar(select(Run).where(Run.idempotency_key == key))
-        if existing is not None:
-            return _replay(session, existing, digest, response)
+        with db.read() as session:
+            replayed = _replay(session, key, digest)
+        if replayed is not None:
+            return replayed
     run_id = new_run_id()
     ctx = LaunchContext(run_id=run_id, stop_grace_s=services.settings.stop_grace_s)
     spec, launch = services.registry.build(_with_team(body, principal), ctx)
     _check_priority(services.settings, principal, spec.team, spec.priority)
-    if not dry_run:
-        _check_rate(services.settings, session, spec.team)
     quotas = backlog.quotas(services.settings)
+    inventory = services.cluster()
     refusal = None
     if inventory is not None:
         refusal = never_fits(launch.shape, inventory, spec.team, quotas.of(spec.team))
-    if refusal and not dry_run:
-        raise refusal
     if dry_run:
         candidate = QueuedRun(run_id, spec.team, PRIORITIES[spec.priority], launch.shape)
-        plan = backlog.plan(session, inventory, candidate, quotas, utcnow())
+        with db.read() as session:
+            plan = backlog.plan(session, inventory, candidate, quotas, utcnow())
         if refusal:
             plan |= {
                 "feasible_ever": False,
@@ -100,6 +101,9 @@ def create_run(
         shown = launch.as_dict() | {"runtime_env": masked_runtime_env(launch.runtime_env)}
         body = {"dry_run": True, "spec": masked_spec(spec.model_dump(mode="json"))}
         return JSONResponse(body | launch_view(shown) | {"plan": plan})
+    if refusal:
+        raise refusal
+    now = utcnow()
     run = Run(
         id=run_id,
         name=spec.name or f"{spec.recipe}-{run_id[-8:]}",
@@ -107,40 +111,39 @@ def create_run(
         team=spec.team,
         priority=PRIORITIES[spec.priority],
         status=RunStatus.QUEUED,
+        health="ok",
         spec=spec.model_dump(mode="json"),
         launch=launch.as_dict(),
         idempotency_key=key,
         request_hash=digest,
+        created_at=now,
+        updated_at=now,
     )
-    try:
-        with session.begin_nested():
-            session.add(run)
-            session.flush()
-    except IntegrityError:
-        # A concurrent request with the same Idempotency-Key won the race.
-        existing = session.scalar(select(Run).where(Run.idempotency_key == key))
-        if existing is None:
-            raise
-        return _replay(session, existing, digest, response)
-    session.add(
-        RunEvent(
-            run_id=run.id,
-            at=run.created_at,
-            from_status=None,
-            to_status=RunStatus.QUEUED,
-            reason="accepted",
-        )
-    )
-    session.flush()
-    audited(session, request, principal, "run.create", run_id=run.id, target=run.team)
-    response.headers["Location"] = f"/runs/{run.id}"
-    # After the response, so the submitter sees the committed row.
-    background.add_task(services.wake, "submitter")
-    return run_out(run, events_of(session, run.id))
+    accepted = RunEvent(run_id=run_id, at=now, to_status=RunStatus.QUEUED, reason="accepted")
+    with db.transaction() as session:
+        _check_rate(services.settings, session, spec.team)
+        if key:
+            try:
+                with session.begin_nested():
+                    session.add(run)
+                    session.flush()
+            except IntegrityError:
+                # A concurrent request with the same Idempotency-Key won the race.
+                replayed = _replay(session, key, digest)
+                if replayed is None:
+                    raise
+                return replayed
+        session.add_all([run, accepted])
+        session.flush()
+        audited(session, request, principal, "run.create", run_id=run_id, target=run.team)
+        doc = run_doc(run, [accepted])
+    # Committed: the submitter sees the row.
+    services.wake("submitter")
+    return json_response(doc, 201, {"Location": f"/runs/{run_id}"})
 
 
 def launch_view(launch: dict[str, Any]) -> dict[str, Any]:
-    """A stored launch in the API's words: ``command`` (the argv list), as a run answers."""
+    """A launch in the API's words: ``command`` (the argv list), as a run answers."""
     view = dict(launch)
     view["command"] = view.pop("argv")
     return view
@@ -192,51 +195,57 @@ def _scoped_key(principal: Principal, key: str | None) -> str | None:
     return hashlib.sha256(f"{principal.team}\0{principal.user}\0{key}".encode()).hexdigest()
 
 
-def _replay(session: Session, run: Run, digest: str, response: Response) -> RunOut:
+def _replay(session: Session, key: str, digest: str) -> Response | None:
+    """The answer for an Idempotency-Key already used, or None if it was not."""
+    run = session.execute(
+        select(*RUN_COLUMNS, Run.request_hash).where(Run.idempotency_key == key)
+    ).one_or_none()
+    if run is None:
+        return None
     if run.request_hash != digest:
         raise Conflict(
             "this Idempotency-Key was used with a different request body",
             run_id=run.id,
         )
-    response.headers["Location"] = f"/runs/{run.id}"
-    response.headers["Idempotent-Replayed"] = "true"
-    return run_out(run, events_of(session, run.id))
+    headers = {"Location": f"/runs/{run.id}", "Idempotent-Replayed": "true"}
+    return json_response(run_doc(run, events_of(session, run.id)), 201, headers)
 
 
 @router.get("", response_model=RunPage)
 def list_runs(
-    session: SessionDep,
+    services: ServicesDep,
     principal: Viewer,
     status: Annotated[list[RunStatus] | None, Query()] = None,
     team: str | None = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: str | None = None,
-) -> RunPage:
+) -> Response:
     """A page of runs, newest first; pass ``next_cursor`` back as ``cursor`` for the next.
     A non-admin sees its own team's runs only."""
     if principal.role != "admin":
         team = principal.team
-    query = select(Run).order_by(Run.id.desc()).limit(limit + 1)
-    if status:
-        query = query.where(Run.status.in_(status))
-    if team:
-        query = query.where(Run.team == team)
-    if cursor:
-        query = query.where(Run.id < cursor)
-    rows = list(session.scalars(query))
-    page = rows[:limit]
-    latest = store.latest_of_runs(session, [r.id for r in page], SUMMARY_KEYS)
-    return RunPage(
-        items=[run_summary(r, latest.get(r.id)) for r in page],
-        next_cursor=page[-1].id if len(rows) > limit else None,
+    query = page_query(bool(status), bool(team), bool(cursor))
+    params = {"limit": limit + 1, "status": status, "team": team, "cursor": cursor}
+    with services.db.read() as session:
+        rows = session.connection().execute(query, params).all()
+        page = rows[:limit]
+        latest = store.latest_of_runs(session, [r.id for r in page], SUMMARY_KEYS)
+    return json_response(
+        {
+            "items": [summary_doc(r, latest.get(r.id)) for r in page],
+            "next_cursor": page[-1].id if len(rows) > limit else None,
+        }
     )
 
 
 @router.get("/{run_id}", response_model=RunOut)
-def get_run(session: SessionDep, principal: Viewer, run_id: str) -> RunOut:
-    """The run with its progress and latest metrics."""
-    run = visible_run(session, principal, run_id)
-    return run_out(run, events_of(session, run_id), store.latest(session, run_id))
+def get_run(services: ServicesDep, principal: Viewer, run_id: str) -> Response:
+    """The run with its progress and latest metrics (three queries, whatever the run holds)."""
+    with services.db.read() as session:
+        run = run_row(session, run_id)
+        ensure_sees(principal, run.team, run_id)
+        doc = run_doc(run, events_of(session, run_id), store.latest(session, run_id))
+    return json_response(doc)
 
 
 @router.post(
@@ -244,25 +253,23 @@ def get_run(session: SessionDep, principal: Viewer, run_id: str) -> RunOut:
     response_model=RunOut,
     responses={409: {"description": "the run has already ended"}},
 )
-def cancel_run(
-    services: ServicesDep,
-    session: SessionDep,
-    principal: Member,
-    request: Request,
-    background: BackgroundTasks,
-    run_id: str,
-) -> RunOut:
+def cancel_run(services: ServicesDep, principal: Member, request: Request, run_id: str) -> Response:
     """Queued: CANCELLED at once (Ray never sees it). Active: a stop is requested."""
-    run = visible_run(session, principal, run_id, lock=True)
-    if run.status in TERMINAL:
-        raise Conflict(f"run {run_id} is already {run.status}", status_of_run=run.status)
-    if run.status == RunStatus.QUEUED:
-        transition(session, run, RunStatus.CANCELLED, "cancelled before submission")
-        # Its place in the queue is free: let the runs behind it move up now.
-        background.add_task(services.wake, "submitter")
-    elif run.status in ACTIVE and run.stop_requested_at is None:
-        run.stop_requested_at = utcnow()
-        note(session, run, "stop requested")
-        background.add_task(services.wake, "reconciler")
-    audited(session, request, principal, "run.cancel", run_id=run.id, target=run.team)
-    return run_out(run, events_of(session, run_id))
+    wake = None
+    with services.db.transaction() as session:
+        run = visible_run(session, principal, run_id, lock=True)
+        if run.status in TERMINAL:
+            raise Conflict(f"run {run_id} is already {run.status}", status_of_run=run.status)
+        if run.status == RunStatus.QUEUED:
+            transition(session, run, RunStatus.CANCELLED, "cancelled before submission")
+            # Its place in the queue is free: let the runs behind it move up now.
+            wake = "submitter"
+        elif run.status in ACTIVE and run.stop_requested_at is None:
+            run.stop_requested_at = utcnow()
+            note(session, run, "stop requested")
+            wake = "reconciler"
+        audited(session, request, principal, "run.cancel", run_id=run.id, target=run.team)
+        doc = run_doc(run, events_of(session, run_id))
+    if wake:
+        services.wake(wake)
+    return json_response(doc)

@@ -18,7 +18,7 @@ from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 
 from service.api.auth import Viewer, visible_run
-from service.api.deps import SessionDep
+from service.api.deps import ServicesDep
 from service.secrets import MASK, masked_runtime_env
 
 router = APIRouter(prefix="/runs", tags=["runs"])
@@ -39,13 +39,13 @@ ADD_JOBS_MODULE = (
     response_class=PlainTextResponse,
     responses={200: {"content": {"text/x-shellscript": {}}}},
 )
-def run_script(session: SessionDep, principal: Viewer, run_id: str) -> PlainTextResponse:
+def run_script(services: ServicesDep, principal: Viewer, run_id: str) -> PlainTextResponse:
     """A bash script that submits this run's job with ``ray job submit``; secrets and values
     that look like keys are read from the operator's environment, never written in it."""
-    run = visible_run(session, principal, run_id)
-    return PlainTextResponse(
-        render_script(run.id, run.name, run.launch), media_type="text/x-shellscript"
-    )
+    with services.db.read() as session:
+        run = visible_run(session, principal, run_id)
+        script = render_script(run.id, run.name, run.launch)
+    return PlainTextResponse(script, media_type="text/x-shellscript")
 
 
 def render_script(run_id: str, name: str, launch: dict[str, Any]) -> str:

@@ -1,12 +1,18 @@
-"""A periodic loop that runs a blocking ``tick`` off the event loop, backing off on failure."""
+"""A periodic loop that runs a blocking ``tick`` off the event loop, backing off on failure.
+
+Each loop has its own thread: requests and event streams never leave it without one, and it
+never takes one of theirs.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from service.cluster.ray_jobs import RayUnavailable
+from service.errors import DatabaseBusy
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +28,7 @@ class Loop:
         self._wake = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.failures = 0
+        self.ticks = 0  # ticks run to the end, failed or not
 
     def wake(self) -> None:
         """Run the next tick now; safe to call from any thread."""
@@ -30,17 +37,29 @@ class Loop:
 
     async def run(self, stop: asyncio.Event) -> None:
         self._loop = asyncio.get_running_loop()
+        thread = ThreadPoolExecutor(1, thread_name_prefix=f"loop-{self.name}")
+        try:
+            await self._run(stop, thread)
+        finally:
+            thread.shutdown(wait=False)
+
+    async def _run(self, stop: asyncio.Event, thread: ThreadPoolExecutor) -> None:
+        assert self._loop is not None
         while not stop.is_set():
             self._wake.clear()
             try:
-                await asyncio.to_thread(self._tick)
+                await self._loop.run_in_executor(thread, self._tick)
                 self.failures = 0
             except RayUnavailable as exc:
                 self.failures += 1
                 log.warning("%s: Ray unavailable (%s); backing off", self.name, exc)
+            except DatabaseBusy as exc:
+                self.failures += 1
+                log.warning("%s: %s; backing off", self.name, exc.detail)
             except Exception:
                 self.failures += 1
                 log.exception("%s: tick failed", self.name)
+            self.ticks += 1
             delay = min(self.interval_s * 2 ** min(self.failures, 10), self.max_backoff_s)
             if not self.failures:
                 delay = self.interval_s

@@ -121,6 +121,11 @@ def head(session: Session, run_id: str) -> Cursor:
     return Cursor(event_id or 0, offset or 0)
 
 
+# Put in a subscriber's queue when the server shuts down: the stream ends without ``end`` (the
+# run has not ended), and the client resumes elsewhere with Last-Event-ID.
+_CLOSED = Item("end", -1, {})
+
+
 @dataclass
 class _Topic:
     cursor: Cursor = field(default_factory=Cursor)
@@ -136,6 +141,7 @@ class Broker:
         self.poll_s = poll_s
         self._topics: dict[str, _Topic] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._closing = False
 
     @property
     def upstreams(self) -> int:
@@ -147,17 +153,26 @@ class Broker:
         if topic is not None and self._loop is not None:
             self._loop.call_soon_threadsafe(topic.wake.set)
 
+    def close_streams(self) -> None:
+        """The server is shutting down: end every live stream now, and any opened later."""
+        self._closing = True
+        for topic in self._topics.values():
+            for queue in topic.queues:
+                queue.put_nowait(_CLOSED)
+
     def _read(self, run_id: str, cursor: Cursor) -> Read:
-        with self.db.transaction() as session:
+        with self.db.read() as session:
             return read_after(session, run_id, cursor)
 
     def _head(self, run_id: str) -> Cursor:
-        with self.db.transaction() as session:
+        with self.db.read() as session:
             return head(session, run_id)
 
     async def subscribe(self, run_id: str, cursor: Cursor) -> AsyncIterator[tuple[Item, Cursor]]:
         """Items past ``cursor``: first the stored ones, then live ones; last an ``end`` item once
         the run has ended and its log has been read to the end."""
+        if self._closing:
+            return
         self._loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Item] = asyncio.Queue()
         topic = self._topics.get(run_id)
@@ -180,6 +195,8 @@ class Broker:
             complete = read.complete
             while not complete:
                 item = await queue.get()
+                if item is _CLOSED:
+                    return
                 complete = item.kind == "end"
                 if not complete and item.after(cursor):
                     cursor = item.advance(cursor)

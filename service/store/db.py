@@ -1,50 +1,82 @@
-"""Engine, sessions, the transaction boundary, and migrations to head."""
+"""Engine, sessions, the two transaction boundaries (read and write), and migrations to head.
+
+Every wait for the database is bounded by ``wait_s``: this process's turn to write (SQLite),
+a pooled connection, SQLite's busy handler, a PostgreSQL row lock. Past it, ``DatabaseBusy``
+(a 503 with ``Retry-After``); so is a connection the server dropped. A transaction is opened
+and closed by one thread in one call (``with db.read() as s:`` inside a route body or a loop's
+tick), never across a hand-over to another thread: so no thread ever waits on a lock whose
+release needs another worker thread.
+"""
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session, sessionmaker
 
 import migrations
+from service.errors import DatabaseBusy
 
 MIGRATIONS_DIR = Path(migrations.__file__).parent
+# Marks the engine of read transactions (same pool): SQLite opens them with a deferred BEGIN.
+READ_ONLY = "rlrun_read_only"
 
 
-def make_engine(url: str) -> Engine:
-    kwargs: dict[str, Any] = {"pool_pre_ping": True}
+def make_engine(
+    url: str, wait_s: float = 5.0, pool_size: int = 20, max_overflow: int = 30
+) -> Engine:
+    kwargs: dict[str, Any] = {
+        "pool_size": pool_size,
+        "max_overflow": max_overflow,
+        "pool_timeout": wait_s,
+    }
     if url.startswith("postgresql"):
-        kwargs |= {"pool_size": 20, "max_overflow": 20}
+        # No ping before each use (a round trip per request): a connection the server dropped
+        # fails once, the pool is renewed and that request is a 503 to retry (see _bounded).
+        kwargs["pool_recycle"] = 1800
+        lock_ms = int(wait_s * 1000)
+        kwargs["connect_args"] = {"options": f"-c lock_timeout={lock_ms}"}
     if url.startswith("sqlite"):
-        # The driver's own transaction handling is off; we BEGIN IMMEDIATE ourselves so that a
-        # transaction that reads and then writes never fails on a lock upgrade.
+        # The driver's own transaction handling is off; we BEGIN ourselves: IMMEDIATE for
+        # writes (a transaction that reads then writes never fails on a lock upgrade), deferred
+        # for reads (WAL readers take no lock and run beside the writer).
         kwargs["connect_args"] = {
             "check_same_thread": False,
-            "timeout": 30,
+            "timeout": wait_s,
             "isolation_level": None,
         }
     engine = create_engine(url, **kwargs)
     if engine.dialect.name == "sqlite":
-        event.listen(engine, "connect", _sqlite_pragmas)
-        event.listen(engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN IMMEDIATE"))
+        event.listen(engine, "connect", _sqlite_pragmas(wait_s))
+        event.listen(engine, "begin", _sqlite_begin)
     return engine
 
 
-def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
-    cur = dbapi_conn.cursor()
-    # WAL lets readers run beside the one writer; FKs are off by default in SQLite.
-    cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA synchronous=NORMAL")
-    cur.execute("PRAGMA foreign_keys=ON")
-    cur.execute("PRAGMA busy_timeout=30000")
-    cur.close()
+def _sqlite_pragmas(wait_s: float) -> Any:
+    def on_connect(dbapi_conn: Any, _record: Any) -> None:
+        cur = dbapi_conn.cursor()
+        # WAL lets readers run beside the one writer; FKs are off by default in SQLite.
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute(f"PRAGMA busy_timeout={int(wait_s * 1000)}")
+        cur.close()
+
+    return on_connect
+
+
+def _sqlite_begin(conn: Connection) -> None:
+    read_only = conn.get_execution_options().get(READ_ONLY, False)
+    conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
 def alembic_config(url: str) -> Config:
@@ -63,23 +95,76 @@ def downgrade(url: str, revision: str) -> None:
 
 
 class Database:
-    """Owns the engine and the transaction boundary: ``with db.transaction() as s: ...``."""
+    """Owns the engine and the transaction boundaries:
+    ``with db.read() as s: ...`` and ``with db.transaction() as s: ...`` (the write one)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(
+        self, url: str, wait_s: float = 5.0, pool_size: int = 20, max_overflow: int = 30
+    ) -> None:
         self.url = url
-        self.engine = make_engine(url)
-        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
-        # SQLite has one writer at a time; queueing threads here is fairer and faster than
-        # letting them sleep in SQLite's busy handler. Other processes still meet busy_timeout.
-        # A plain Lock (not RLock): FastAPI may close a dependency in another thread than
-        # the one that opened it. Transactions never nest.
-        self._sqlite_lock = threading.Lock() if self.engine.dialect.name == "sqlite" else None
+        self.wait_s = wait_s
+        self.engine = make_engine(url, wait_s, pool_size, max_overflow)
+        self._writers = sessionmaker(self.engine, expire_on_commit=False)
+        self._readers = sessionmaker(
+            self.engine.execution_options(**{READ_ONLY: True}), expire_on_commit=False
+        )
+        event.listen(self._readers, "before_flush", _refuse_writes)
+        # SQLite has one writer at a time; queueing this process's writers here is fairer and
+        # faster than letting them sleep in SQLite's busy handler (other processes still meet
+        # busy_timeout). Taken and released by the same thread, within one call.
+        self._write_turn = threading.Lock() if self.engine.dialect.name == "sqlite" else None
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        """A read transaction (one snapshot); it takes no write lock and must not write."""
+        with _bounded(self.wait_s), self._readers() as session, session.begin():
+            yield session
 
     @contextmanager
     def transaction(self) -> Iterator[Session]:
-        """One transaction: commit on success, roll back on any error."""
-        with self._sqlite_lock or nullcontext(), self._sessions() as session, session.begin():
+        """A write transaction: commit on success, roll back on any error. Keep it short: no
+        validation, no Ray call inside it."""
+        with _bounded(self.wait_s), self._turn(), self._writers() as session, session.begin():
             yield session
+
+    @contextmanager
+    def _turn(self) -> Iterator[None]:
+        if self._write_turn is None:
+            yield
+            return
+        if not self._write_turn.acquire(timeout=self.wait_s):
+            raise DatabaseBusy(f"no turn to write within {self.wait_s:g} s")
+        try:
+            yield
+        finally:
+            self._write_turn.release()
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def _refuse_writes(session: Session, _context: Any, _instances: Any) -> None:
+    if session.new or session.dirty or session.deleted:
+        raise RuntimeError("a read transaction must not write; use Database.transaction()")
+
+
+@contextmanager
+def _bounded(wait_s: float) -> Iterator[None]:
+    """Waits for the database that ran out of time become ``DatabaseBusy``."""
+    try:
+        yield
+    except sa_exc.TimeoutError as exc:  # no pooled connection within pool_timeout
+        raise DatabaseBusy(f"no database connection within {wait_s:g} s") from exc
+    except sa_exc.DBAPIError as exc:
+        if exc.connection_invalidated:
+            raise DatabaseBusy("the database connection was lost; it is being renewed") from exc
+        if isinstance(exc, sa_exc.OperationalError) and _is_lock_wait(exc.orig):
+            raise DatabaseBusy(f"the database stayed locked for {wait_s:g} s") from exc
+        raise
+
+
+def _is_lock_wait(orig: BaseException | None) -> bool:
+    if isinstance(orig, sqlite3.OperationalError):
+        return "locked" in str(orig) or "busy" in str(orig)
+    # PostgreSQL: lock_not_available (lock_timeout).
+    return getattr(orig, "sqlstate", None) == "55P03"

@@ -1,0 +1,263 @@
+"""rlrun's API side by side with a peer's own API (Ray's job REST API), in one run.
+
+    python -m tests.benchmarks.bench_peers [--seconds 3] [--clients 1,16,64] [--db sqlite,postgres]
+
+The service runs as deployed (uvicorn child process, one worker, background loops off) with Ray
+unreachable, so only its own path counts; the peer is the dashboard of a local Ray head started
+here. Each row is measured at each client count, first one side, then the other, each while the
+other is idle; the table gives requests per second, p50 and the ratio of req/s (rlrun / peer).
+
+Rows (a section per database): a no-op (``GET /healthz`` / ``GET /api/version``: what each
+server's HTTP stack costs alone), accept a run (``POST /runs`` / ``POST /api/jobs/``, Ray's jobs
+wait for a resource no node has, so no process is started), read one run (``GET /runs/{id}``,
+also for a run with 1,000,000 stored metric points, / ``GET /api/jobs/{id}``), list 100
+(``GET /runs?limit=100`` / ``GET /api/jobs/`` holding 100 jobs). Accepting runs last keeps the
+peer's listing at 100 jobs.
+
+Another peer adds a section: a function ``(ExitStack, args) -> Section`` (set-up registered
+on the stack) passed to ``run`` with the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import httpx
+
+from service.cluster.local_ray import LocalRayCluster
+from service.metrics import store
+from service.metrics.parse import MetricLine
+from service.store.db import Database
+from tests.benchmarks.bench_metrics import databases
+from tests.service_process import ServiceProcess
+
+RAY_PORT = int(os.environ.get("RLRUN_TEST_RAY_PORT", "46379")) + 300
+RUN_SPEC = {"recipe": "tiny-grpo", "name": "bench", "team": "bench"}
+# A resource no node has: Ray accepts the job and keeps it PENDING without starting anything.
+RAY_JOB = {"entrypoint": "true", "entrypoint_resources": {"bench_never": 1}}
+POINTS_KEYS, POINTS_STEPS = 100, 10_000  # 1,000,000 points
+
+
+@dataclass(frozen=True)
+class Target:
+    """One side of a row: requests ``(method, url path, json body)`` answered with ``ok``."""
+
+    base_url: str
+    method: str
+    path: str
+    body: dict[str, Any] | None = None
+    ok: int = 200
+
+
+@dataclass(frozen=True)
+class Row:
+    what: str
+    ours: Target
+    peer: Target
+
+
+@dataclass
+class Section:
+    title: str
+    peer: str
+    rows: list[Row]
+
+
+@dataclass(frozen=True)
+class Result:
+    count: int
+    errors: int
+    req_s: float
+    p50_ms: float
+    p99_ms: float
+
+    def cell(self) -> str:
+        if not self.count:
+            return f"no answer ({self.errors} errors)"
+        bad = f", {self.errors} errors" if self.errors else ""
+        return f"{self.req_s:,.0f}/s, p50 {self.p50_ms:.1f} ms{bad}"
+
+
+async def _drive(target: Target, clients: int, seconds: float, warmup: float = 0.5) -> Result:
+    """``clients`` connections, each sending its next request as soon as the last is answered;
+    counted: the answers that arrive within ``seconds`` after the warm-up. Requests still out
+    at the end are waited for (not counted), so the next measurement starts on an idle server."""
+    latencies: list[float] = []
+    errors = 0
+    timeout = aiohttp.ClientTimeout(total=300)
+    connector = aiohttp.TCPConnector(limit=clients)
+    async with aiohttp.ClientSession(target.base_url, timeout=timeout, connector=connector) as s:
+        start = time.perf_counter()
+        measure_from, stop_at = start + warmup, start + warmup + seconds
+
+        async def client() -> None:
+            nonlocal errors
+            while (t0 := time.perf_counter()) < stop_at:
+                try:
+                    async with s.request(target.method, target.path, json=target.body) as resp:
+                        await resp.read()
+                        good = resp.status == target.ok
+                except (aiohttp.ClientError, TimeoutError):
+                    good = False
+                t1 = time.perf_counter()
+                if measure_from <= t1 <= stop_at:
+                    if good:
+                        latencies.append(t1 - t0)
+                    else:
+                        errors += 1
+
+        await asyncio.gather(*(client() for _ in range(clients)))
+    latencies.sort()
+    if not latencies:
+        return Result(0, errors, 0.0, 0.0, 0.0)
+    return Result(
+        len(latencies),
+        errors,
+        len(latencies) / seconds,
+        statistics.median(latencies) * 1000,
+        latencies[int(len(latencies) * 0.99)] * 1000,
+    )
+
+
+def measure(target: Target, clients: int, seconds: float) -> Result:
+    return asyncio.run(_drive(target, clients, seconds))
+
+
+def run(
+    sections: Sequence[Callable[[ExitStack, argparse.Namespace], Section]],
+    args: argparse.Namespace,
+) -> None:
+    """Set every section up, then measure row by row (the n-th row of each section, at each
+    client count, before any n+1-th row), so that rows that add data come last everywhere."""
+    counts = [int(c) for c in args.clients.split(",")]
+    with ExitStack() as stack:
+        built = [make(stack, args) for make in sections]
+        tables: dict[int, list[str]] = {id(s): [] for s in built}
+        for index in range(max(len(s.rows) for s in built)):
+            for clients in counts:
+                for section in built:
+                    if index < len(section.rows):
+                        line = _measure_row(section.rows[index], clients, args.seconds)
+                        print(f"{section.title}: {line}", flush=True)
+                        tables[id(section)].append(line)
+    print(f"\n{args.seconds:g} s per cell; ratio = rlrun req/s / peer req/s")
+    for section in built:
+        print(f"\n### {section.title}\n")
+        print(f"| what | clients | rlrun | {section.peer} | ratio |")
+        print("| --- | --- | --- | --- | --- |")
+        print("\n".join(tables[id(section)]))
+
+
+def _measure_row(row: Row, clients: int, seconds: float) -> str:
+    ours = measure(row.ours, clients, seconds)
+    peer = measure(row.peer, clients, seconds)
+    ratio = f"{ours.req_s / peer.req_s:.1f}x" if peer.req_s and ours.req_s else "—"
+    return f"| {row.what} | {clients} | {ours.cell()} | {peer.cell()} | {ratio} |"
+
+
+# --- rlrun against Ray's job API ---------------------------------------------------------------
+
+
+def ray_head(stack: ExitStack, args: argparse.Namespace) -> tuple[str, str]:
+    """A local Ray head holding 100 pending jobs; its address and one job's id (made once)."""
+    if not hasattr(args, "ray"):
+        cluster = LocalRayCluster(
+            [8], cpus_per_node=4, port=RAY_PORT, dashboard_port=RAY_PORT + 2000
+        )
+        cluster.start()
+        stack.callback(cluster.cleanup)
+        with httpx.Client(base_url=cluster.address, timeout=30) as http:
+            ids = [
+                http.post("/api/jobs/", json=RAY_JOB).json()["submission_id"] for _ in range(100)
+            ]
+        args.ray = (cluster.address, ids[0])
+    address_and_id: tuple[str, str] = args.ray
+    return address_and_id
+
+
+def service_on(stack: ExitStack, db_url: str, workdir: Path) -> tuple[str, str, str]:
+    """The service on ``db_url`` with 100 runs, one of them holding 1,000,000 metric points."""
+    service = ServiceProcess(db_url, "http://127.0.0.1:9", workdir / f"{uuid.uuid4().hex}.log")
+    service.env["RLRUN_RUN_LOOPS"] = "false"
+    service.start()
+    stack.callback(service.stop)
+    with httpx.Client(base_url=service.url, timeout=30) as http:
+        ids = [http.post("/runs", json=RUN_SPEC).json()["id"] for _ in range(100)]
+    db = Database(db_url)
+    keys = [*store.LATEST_KEYS, "val-core/geo3k/reward/acc/mean@1"]
+    keys += [f"bench/key_{i}" for i in range(POINTS_KEYS - len(keys))]
+    for lo in range(0, POINTS_STEPS, 500):
+        with db.transaction() as s:
+            lines = [
+                (step, MetricLine(step, dict.fromkeys(keys, step / 7)))
+                for step in range(lo, lo + 500)
+            ]
+            store.add_lines(s, ids[1], lines)
+    db.dispose()
+    return service.url, ids[0], ids[1]
+
+
+def ray_section(db: str) -> Callable[[ExitStack, argparse.Namespace], Section]:
+    def make(stack: ExitStack, args: argparse.Namespace) -> Section:
+        ray_url, job_id = ray_head(stack, args)
+        url, run_id, big_id = service_on(stack, dict(args.db_urls)[db], args.workdir)
+        return Section(
+            f"rlrun on {db} vs Ray's job API",
+            "Ray",
+            [
+                Row(
+                    "no-op (the HTTP stack alone)",
+                    Target(url, "GET", "/healthz"),
+                    Target(ray_url, "GET", "/api/version"),
+                ),
+                Row(
+                    "read one run",
+                    Target(url, "GET", f"/runs/{run_id}"),
+                    Target(ray_url, "GET", f"/api/jobs/{job_id}"),
+                ),
+                Row(
+                    "read one run, 1,000,000 points",
+                    Target(url, "GET", f"/runs/{big_id}"),
+                    Target(ray_url, "GET", f"/api/jobs/{job_id}"),
+                ),
+                Row(
+                    "list 100",
+                    Target(url, "GET", "/runs?limit=100"),
+                    Target(ray_url, "GET", "/api/jobs/"),
+                ),
+                Row(
+                    "accept a run",
+                    Target(url, "POST", "/runs", RUN_SPEC, ok=201),
+                    Target(ray_url, "POST", "/api/jobs/", RAY_JOB),
+                ),
+            ],
+        )
+
+    return make
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--clients", default="1,16,64")
+    parser.add_argument("--db", default="sqlite,postgres")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp, databases(Path(tmp)) as db_urls:
+        args.workdir, args.db_urls = Path(tmp), db_urls
+        run([ray_section(db) for db in args.db.split(",")], args)
+
+
+if __name__ == "__main__":
+    main()

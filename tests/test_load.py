@@ -1,0 +1,406 @@
+"""Under load the service never hangs: bounded waits, 503 with Retry-After, prompt SIGTERM.
+
+The fast tests run the app with four worker threads, so that a lock held from one worker
+thread into the next (the old deadlock) would hang them at once. The slow suite drives the real
+service (a child process, loops running, Ray unreachable) with 500 concurrent clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import anyio.to_thread
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, select, text
+
+from service.app import create_app
+from service.metrics.broker import Broker, Cursor
+from service.store.db import Database, upgrade
+from service.store.models import Run
+from service.store.status import RunStatus
+from tests.conftest import make_settings
+from tests.factories import add_run
+from tests.live import ServerThread
+from tests.service_process import ServiceProcess
+
+SPEC = {"recipe": "test-script", "name": "load"}
+
+
+@pytest.fixture
+def small_server(db_url: str) -> Iterator[str]:
+    """The app (no loops, Ray unreachable) served with 4 worker threads instead of 40."""
+    app = create_app(make_settings(db_url, "http://127.0.0.1:9", run_loops=False, db_wait_s=1))
+    server = ServerThread(app)
+    with server as url:
+
+        async def shrink() -> None:
+            anyio.to_thread.current_default_thread_limiter().total_tokens = 4
+
+        loop = server.server.servers[0].get_loop()
+        asyncio.run_coroutine_threadsafe(shrink(), loop).result(10)
+        yield url
+
+
+def test_a_hundred_concurrent_requests_on_four_threads_all_answer(small_server: str) -> None:
+    async def burst() -> Counter[int]:
+        limits = httpx.Limits(max_connections=200)
+        async with httpx.AsyncClient(base_url=small_server, timeout=20, limits=limits) as http:
+            run_id = (await http.post("/runs", json=SPEC)).json()["id"]
+            calls = [http.get("/runs", params={"limit": 5}) for _ in range(40)]
+            calls += [http.get(f"/runs/{run_id}") for _ in range(40)]
+            calls += [http.post("/runs", json=SPEC) for _ in range(20)]
+            answers = await asyncio.gather(*calls)
+            assert (await http.get("/healthz")).status_code == 200
+            return Counter(r.status_code for r in answers)
+
+    started = time.monotonic()
+    statuses = asyncio.run(asyncio.wait_for(burst(), 30))
+    assert statuses == {200: 80, 201: 20}
+    assert time.monotonic() - started < 30
+
+
+def test_a_write_that_cannot_get_the_database_is_a_503_with_retry_after_while_reads_go_on(
+    db_url: str,
+) -> None:
+    app = create_app(make_settings(db_url, "http://127.0.0.1:9", run_loops=False, db_wait_s=0.3))
+    with ServerThread(app) as url, httpx.Client(base_url=url, timeout=10) as http:
+        run_id = http.post("/runs", json=SPEC).json()["id"]
+        with _hold_write_lock(db_url, run_id):
+            started = time.monotonic()
+            busy = http.post(f"/runs/{run_id}/cancel")
+            waited = time.monotonic() - started
+            read = http.get(f"/runs/{run_id}")
+        assert busy.status_code == 503, busy.text
+        assert busy.headers["retry-after"] == "1"
+        assert busy.headers["content-type"] == "application/problem+json"
+        assert 0.25 < waited < 3
+        assert read.status_code == 200 and read.json()["status"] == "QUEUED"
+        assert http.post(f"/runs/{run_id}/cancel").json()["status"] == "CANCELLED"
+
+
+def test_past_the_limit_a_request_is_refused_at_once_and_healthz_still_answers(
+    db_url: str,
+) -> None:
+    settings = make_settings(
+        db_url, "http://127.0.0.1:9", run_loops=False, db_wait_s=5, max_requests_in_progress=2
+    )
+    app = create_app(settings)
+    with ServerThread(app) as url, httpx.Client(base_url=url, timeout=10) as http:
+        run_id = http.post("/runs", json=SPEC).json()["id"]
+        with ThreadPoolExecutor(2) as pool:
+            with _hold_write_lock(db_url, run_id):
+                # Two cancels wait for the database: the limit is reached.
+                cancels = [
+                    pool.submit(httpx.post, f"{url}/runs/{run_id}/cancel", timeout=10)
+                    for _ in range(2)
+                ]
+                time.sleep(1)
+                started = time.monotonic()
+                refused = http.get(f"/runs/{run_id}")
+                took = time.monotonic() - started
+                health = http.get("/healthz")
+            answered = sorted(c.result().status_code for c in cancels)
+    assert refused.status_code == 503, refused.text
+    assert refused.headers["retry-after"] == "1"
+    assert refused.json()["title"] == "Service busy"
+    assert took < 0.5
+    assert health.status_code == 200
+    assert answered == [200, 409]
+
+
+@contextmanager
+def _hold_write_lock(db_url: str, run_id: str) -> Iterator[None]:
+    """Another process's writer: SQLite's write lock, or a PostgreSQL row lock on the run."""
+    engine = create_engine(db_url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        if engine.dialect.name == "sqlite":
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        else:
+            conn.exec_driver_sql("BEGIN")
+            conn.execute(text("SELECT id FROM runs WHERE id = :id FOR UPDATE"), {"id": run_id})
+        try:
+            yield
+        finally:
+            conn.exec_driver_sql("ROLLBACK")
+    engine.dispose()
+
+
+# --- the load suite ------------------------------------------------------------------------
+
+CLIENTS = 500
+# Per database (CI time): 30 s on SQLite, 30 s on PostgreSQL.
+LOAD_S = 30.0
+# No request may wait longer than this for its answer (streams: for their headers).
+BOUND_S = 15.0
+# RLRUN_SHUTDOWN_GRACE_S for the service under test; SIGTERM must stop it within it.
+GRACE_S = 5.0
+# /healthz polled from its own thread throughout.
+HEALTH_BOUND_S = 1.0
+
+
+@dataclass
+class Tally:
+    """What the clients saw: latencies, statuses per action, and answers outside the contract."""
+
+    latencies: list[float] = field(default_factory=list)
+    statuses: Counter[tuple[str, int]] = field(default_factory=Counter)
+    bad: list[str] = field(default_factory=list)
+    accepted: set[str] = field(default_factory=set)
+    known: list[str] = field(default_factory=list)
+    stopping: bool = False
+    by_action: dict[str, list[float]] = field(default_factory=dict)
+
+    def answer(self, action: str, status: int, headers: Any, took: float, text: str = "") -> None:
+        self.statuses[action, status] += 1
+        self.latencies.append(took)
+        self.by_action.setdefault(action, []).append(took)
+        busy = status in (429, 503)
+        if busy and "Retry-After" not in headers:
+            self.bad.append(f"{action}: {status} without Retry-After")
+        elif not (200 <= status < 300 or busy or (action == "cancel" and status == 409)):
+            self.bad.append(f"{action}: {status} {text[:200]}")
+        if took > BOUND_S:
+            self.bad.append(f"{action}: answered after {took:.1f} s")
+
+    def failed(self, action: str, exc: BaseException) -> None:
+        if not self.stopping:
+            self.bad.append(f"{action}: {exc!r}")
+
+
+# ``GET /healthz`` every 0.2 s until the time argv[2] from its own process (the load's client
+# process is too busy to time it); prints the latencies and failures as JSON.
+PROBE = """
+import json, sys, time, httpx
+latencies, failures = [], []
+with httpx.Client(base_url=sys.argv[1], timeout=5) as http:
+    while time.time() < float(sys.argv[2]):
+        t0 = time.perf_counter()
+        try:
+            http.get("/healthz").raise_for_status()
+            latencies.append(time.perf_counter() - t0)
+        except httpx.HTTPError as exc:
+            failures.append(repr(exc))
+        time.sleep(0.2)
+print(json.dumps({"latencies": latencies, "failures": failures}))
+"""
+
+
+def _pick(rng: random.Random, run_id: str) -> tuple[str, str, str, Any]:
+    """The next request of a client: (action, method, path, json body)."""
+    pick = rng.random()
+    if pick < 0.15:
+        return "post", "POST", "/runs", SPEC
+    if pick < 0.60:
+        return "get", "GET", f"/runs/{run_id}", None
+    if pick < 0.75:
+        return "list", "GET", "/runs?limit=20", None
+    if pick < 0.85:
+        return "metrics", "GET", f"/runs/{run_id}/metrics", None
+    if pick < 0.92:
+        return "cancel", "POST", f"/runs/{run_id}/cancel", None
+    return "events", "GET", f"/runs/{run_id}/events", None
+
+
+async def _client(http: aiohttp.ClientSession, tally: Tally, rng: random.Random) -> None:
+    while not tally.stopping:
+        await asyncio.sleep(rng.uniform(0, 0.1))
+        action, method, path, body = _pick(rng, rng.choice(tally.known))
+        t0 = time.perf_counter()
+        try:
+            async with http.request(method, path, json=body) as resp:
+                took = time.perf_counter() - t0
+                if action == "events" and resp.status == 200:
+                    # Read the live stream for a while (or to its end), then leave.
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(rng.uniform(0.5, 3)):
+                            async for _line in resp.content:
+                                pass
+                    text = ""
+                else:
+                    text = await resp.text()
+                    took = time.perf_counter() - t0
+                tally.answer(action, resp.status, resp.headers, took, text)
+                if resp.status in (429, 503):
+                    await asyncio.sleep(float(resp.headers.get("Retry-After", 1)))
+                if action == "post" and resp.status == 201:
+                    run_id = json.loads(text)["id"]
+                    tally.accepted.add(run_id)
+                    tally.known.append(run_id)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            tally.failed(action, exc)
+
+
+async def _load(service: ServiceProcess, tally: Tally) -> float:
+    """Drive the service for LOAD_S, then SIGTERM it under load: how long it took to exit."""
+    timeout = aiohttp.ClientTimeout(sock_connect=BOUND_S, sock_read=BOUND_S)
+    connector = aiohttp.TCPConnector(limit=CLIENTS + 50)
+    async with aiohttp.ClientSession(service.url, timeout=timeout, connector=connector) as http:
+        for _ in range(20):
+            async with http.post("/runs", json=SPEC) as resp:
+                run_id = (await resp.json())["id"]
+                tally.accepted.add(run_id)
+                tally.known.append(run_id)
+        clients = [
+            asyncio.create_task(_client(http, tally, random.Random(i))) for i in range(CLIENTS)
+        ]
+        await asyncio.sleep(LOAD_S)
+        assert service.proc is not None
+        tally.stopping = True
+        signalled = time.monotonic()
+        service.proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            await asyncio.to_thread(service.proc.wait, GRACE_S + 10)
+        stop_s = time.monotonic() - signalled
+        await asyncio.gather(*clients, return_exceptions=True)
+    return stop_s
+
+
+def _loop_ticks(url: str) -> dict[str, float]:
+    resp = httpx.get(f"{url}/metrics", timeout=BOUND_S)
+    while resp.status_code == 503:
+        time.sleep(float(resp.headers["Retry-After"]))
+        resp = httpx.get(f"{url}/metrics", timeout=BOUND_S)
+    text = resp.text
+    prefix = 'rlrun_loop_ticks_total{loop="'
+    return {
+        line[len(prefix) :].split('"')[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(prefix)
+    }
+
+
+def _p99(values: list[float]) -> float:
+    return sorted(values)[int(len(values) * 0.99)]
+
+
+@pytest.mark.slow
+def test_500_clients_get_bounded_answers_lose_no_run_and_sigterm_stops_it(
+    db_url: str, tmp_path: Path
+) -> None:
+    service = ServiceProcess(db_url, "http://127.0.0.1:9", tmp_path / "service.log")
+    service.env |= {
+        "RLRUN_SHUTDOWN_GRACE_S": str(GRACE_S),
+        "RLRUN_WATCHDOG_INTERVAL_S": "1",
+        "RLRUN_FOLLOW_INTERVAL_S": "1",
+    }
+    tally = Tally()
+    service.start()
+    try:
+        ticks_before = _loop_ticks(service.url)
+        probe = subprocess.Popen(
+            [sys.executable, "-c", PROBE, service.url, str(time.time() + LOAD_S - 1)],
+            stdout=subprocess.PIPE,
+        )
+        ticks_during: dict[str, float] = {}
+
+        async def load_and_count_ticks() -> float:
+            async def ticks_near_the_end() -> None:
+                await asyncio.sleep(LOAD_S - 3)
+                ticks_during.update(await asyncio.to_thread(_loop_ticks, service.url))
+
+            counting = asyncio.create_task(ticks_near_the_end())
+            stop_s = await _load(service, tally)
+            await counting
+            return stop_s
+
+        stop_s = asyncio.run(load_and_count_ticks())
+        health = json.loads(probe.communicate(timeout=30)[0])
+    finally:
+        service.stop()
+
+    db = Database(db_url)
+    with db.read() as session:
+        stored = set(session.scalars(select(Run.id).where(Run.id.in_(tally.accepted))))
+    db.dispose()
+    lost = tally.accepted - stored
+    lat = sorted(tally.latencies)
+    p99 = _p99(lat)
+    busy = sum(n for (_, status), n in tally.statuses.items() if status in (429, 503))
+    print(
+        f"\n{db_url.split(':')[0]}: {len(lat)} answers in {LOAD_S:.0f} s with {CLIENTS} clients, "
+        f"p50 {statistics.median(lat) * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, "
+        f"max {lat[-1]:.2f} s; 503/429: {busy}; runs accepted {len(tally.accepted)}, lost "
+        f"{len(lost)}; /healthz p50 {statistics.median(health['latencies']) * 1000:.0f} ms, "
+        f"max {max(health['latencies']) * 1000:.0f} ms; "
+        f"stopped {stop_s:.1f} s after SIGTERM; loop ticks {ticks_before} -> {ticks_during}; "
+        f"{dict(sorted(tally.statuses.items()))}; p99 per action (ms) "
+        f"{ {a: round(_p99(ts) * 1000) for a, ts in sorted(tally.by_action.items())} }"
+    )
+    assert not tally.bad, tally.bad[:20]
+    assert not lost
+    assert len(tally.accepted) > 100
+    assert len(lat) > 3 * CLIENTS
+    assert not health["failures"], health["failures"][:5]
+    assert max(health["latencies"]) < HEALTH_BOUND_S
+    assert stop_s < GRACE_S + 2
+    # The loops kept ticking under load (the watchdog every second).
+    assert ticks_during["watchdog"] - ticks_before["watchdog"] >= (LOAD_S - 3) / 3
+
+
+@pytest.mark.postgres
+def test_a_connection_postgresql_dropped_is_one_503_then_the_pool_is_renewed(
+    pg_database: str,
+) -> None:
+    app = create_app(make_settings(pg_database, "http://127.0.0.1:9", run_loops=False))
+    with TestClient(app) as api:
+        run_id = api.post("/runs", json=SPEC).json()["id"]
+        admin = create_engine(pg_database, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            )
+        admin.dispose()
+        dropped = api.get(f"/runs/{run_id}")
+        assert dropped.status_code == 503 and dropped.headers["retry-after"] == "1"
+        assert api.get(f"/runs/{run_id}").status_code == 200
+
+
+def test_at_shutdown_a_live_stream_ends_at_once_without_an_end_event(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/broker.db"
+    upgrade(url)
+    db = Database(url)
+    run_id = add_run(db, "queued", RunStatus.QUEUED)  # never ends by itself
+    broker = Broker(db, poll_s=0.05)
+
+    async def follow() -> list[str]:
+        kinds = []
+        async for item, _cursor in broker.subscribe(run_id, Cursor()):
+            kinds.append(item.kind)
+        return kinds
+
+    async def main() -> tuple[list[str], float, list[str]]:
+        stream = asyncio.create_task(follow())
+        await asyncio.sleep(0.5)
+        started = time.monotonic()
+        broker.close_streams()
+        kinds = await asyncio.wait_for(stream, 5)
+        took = time.monotonic() - started
+        later = [item.kind async for item, _ in broker.subscribe(run_id, Cursor())]
+        await broker.close()
+        return kinds, took, later
+
+    kinds, took, later = asyncio.run(main())
+    db.dispose()
+    assert "end" not in kinds and took < 1
+    assert later == []
