@@ -273,3 +273,33 @@ def test_sign_in_keeps_the_token_and_sends_it_as_a_bearer_header(live: Live, pag
     page.click("#sign-in button[type=submit]")
     wait_for(lambda: seen, lambda s: "Bearer tok-123" in s, timeout=15)
     assert page.evaluate("localStorage.getItem('rlrun-token')") == "tok-123"
+
+
+def test_with_auth_on_the_dashboard_shows_the_tokens_team_only(tmp_path: Path, page: Any) -> None:
+    from service.store.db import Database, upgrade
+    from service.store.tokens import create
+
+    url = f"sqlite:///{tmp_path}/ui.db"
+    upgrade(url)
+    db = Database(url)
+    with db.transaction() as s:
+        _, member = create(s, "ana", "vision", "member")
+        _, admin = create(s, "root", "ops", "admin")
+    db.dispose()
+    settings = make_settings(url, "http://127.0.0.1:9", run_loops=False, auth="on")
+    with ServerThread(create_app(settings)) as server:
+        with httpx.Client(base_url=server) as http:
+            assert http.get("/runs").status_code == 401
+            ids = {
+                team: http.post(
+                    "/runs",
+                    json={"recipe": "test-script", "team": team, "name": f"{team} run"},
+                    headers={"Authorization": f"Bearer {admin}"},
+                ).json()["id"]
+                for team in ("vision", "audio")
+            }
+        # Signed in before the first call (the form itself is tested above): no 401 is logged.
+        page.add_init_script(f"localStorage.setItem('rlrun-token', {member!r})")
+        page.goto(f"{server}/ui/#/runs")
+        page.locator(f"#runs tr[data-id='{ids['vision']}']").wait_for()
+        assert page.locator(f"#runs tr[data-id='{ids['audio']}']").count() == 0
