@@ -115,7 +115,13 @@ def build_loops(services: Services, ray: RayJobs, inventory: InventoryCache) -> 
         settings.claim_ttl_s,
         settings.submit_batch,
     )
-    reconciler = Reconciler(services.db, ray, on_end=lambda: services.wake("submitter"))
+    reconciler = Reconciler(
+        services.db,
+        ray,
+        on_end=lambda: services.wake("submitter"),
+        interval_s=settings.reconcile_interval_s,
+        max_backoff_s=settings.max_backoff_s,
+    )
     watchdog = Watchdog(
         services.db,
         settings.stuck_submitted_s,

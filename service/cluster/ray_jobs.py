@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,16 +47,26 @@ class JobInfo:
         )
 
 
+@dataclass
+class _Package:
+    name: str
+    payload: bytes
+    checked_at: float = float("-inf")
+
+
 class RayJobs:
     """A client for one Ray cluster's dashboard (``http://host:8265``)."""
 
     ALREADY_EXISTS = "already exists"
+    # A package found on the head is trusted this long. A restarted head has lost its packages,
+    # and a restart takes longer than this, so no submission can follow one unchecked.
+    PACKAGE_CHECK_S = 1.0
 
     def __init__(self, address: str, token: str | None = None, timeout_s: float = 10.0) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.address = address
         self._http = httpx.Client(base_url=address, headers=headers, timeout=timeout_s)
-        self._packages: dict[Path, str] = {}
+        self._packages: dict[Path, _Package] = {}
 
     def close(self) -> None:
         self._http.close()
@@ -139,17 +150,24 @@ class RayJobs:
         return data
 
     def package_uri(self, module_dir: Path) -> str:
-        """Upload ``module_dir`` as a py_modules package once; return its ``gcs://`` URI."""
+        """Upload ``module_dir`` as a py_modules package if the head lacks it; its ``gcs://`` URI.
+
+        The head's packages live in its GCS and go with it when it restarts, so their presence
+        is checked again (one cheap GET) before submissions more than ``PACKAGE_CHECK_S`` apart.
+        """
         module_dir = module_dir.resolve()
-        if module_dir in self._packages:
-            return self._packages[module_dir]
-        payload = zip_module(module_dir)
-        name = f"_ray_pkg_{hashlib.sha256(payload).hexdigest()[:32]}.zip"
-        if self._request("GET", f"/api/packages/gcs/{name}").status_code != 200:
-            self._check(self._request("PUT", f"/api/packages/gcs/{name}", content=payload))
-        uri = f"gcs://{name}"
-        self._packages[module_dir] = uri
-        return uri
+        package = self._packages.get(module_dir)
+        if package is None:
+            payload = zip_module(module_dir)
+            name = f"_ray_pkg_{hashlib.sha256(payload).hexdigest()[:32]}.zip"
+            package = self._packages[module_dir] = _Package(name, payload)
+        now = time.monotonic()
+        if now - package.checked_at > self.PACKAGE_CHECK_S:
+            path = f"/api/packages/gcs/{package.name}"
+            if self._request("GET", path).status_code != 200:
+                self._check(self._request("PUT", path, content=package.payload))
+            package.checked_at = now
+        return f"gcs://{package.name}"
 
 
 def zip_module(module_dir: Path) -> bytes:

@@ -11,6 +11,7 @@ of the log (even an unterminated last line) and the run's follower is finished.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,13 +20,15 @@ from datetime import datetime, timedelta
 from sqlalchemy import exists, or_, select
 from sqlalchemy.orm import Session
 
-from service.cluster.ray_jobs import RayJobs
+from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable
 from service.metrics import logcopy, store
 from service.metrics.health import HealthRules, evaluate
 from service.metrics.parse import MetricLine, parse_line
 from service.store.db import Database
 from service.store.models import Run, RunLog, utcnow
 from service.store.status import TERMINAL, RunStatus
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -73,8 +76,16 @@ class Follower:
         held = self._claim()
         now = time.time()
         self.last_read = {r.run_id: self.last_read.get(r.run_id, now) for r in held}
+        failed: list[Exception] = []
         for run in held:
-            self.follow(run)
+            try:
+                self.follow(run)
+            except (RayUnavailable, RayRejected) as exc:
+                # One run's log that Ray fails to give holds up no other run's.
+                log.warning("follower: reading the log of run %s failed: %s", run.run_id, exc)
+                failed.append(exc)
+        if failed and len(failed) == len(held):
+            raise failed[0]
 
     def _claim(self) -> list[Held]:
         now = utcnow()

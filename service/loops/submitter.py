@@ -100,11 +100,11 @@ class Submitter:
     def _submit(self, run: Claimed) -> None:
         launch = run.launch
         runtime_env = dict(launch["runtime_env"])
-        runtime_env["py_modules"] = [
-            *runtime_env.get("py_modules", []),
-            self.ray.package_uri(JOBS_DIR),
-        ]
         try:
+            runtime_env["py_modules"] = [
+                *runtime_env.get("py_modules", []),
+                self.ray.package_uri(JOBS_DIR),
+            ]
             fresh = self.ray.submit(
                 submission_id=run.id,
                 entrypoint=launch["entrypoint"],
