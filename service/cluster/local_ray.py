@@ -91,11 +91,16 @@ class LocalRayCluster:
             "--dashboard-host=127.0.0.1",
             f"--dashboard-port={self.dashboard_port}",
         ]
-        self._spawn([*head, *self._node_args(0)], 0)
-        self._wait_dashboard(timeout_s)
-        for index in range(1, len(self.npus_per_node)):
-            self._spawn([f"--address={self.gcs_address}", *self._node_args(index)], index)
-        self._wait_nodes(timeout_s)
+        try:
+            self._spawn([*head, *self._node_args(0)], 0)
+            self._wait_dashboard(timeout_s)
+            for index in range(1, len(self.npus_per_node)):
+                self._spawn([f"--address={self.gcs_address}", *self._node_args(index)], index)
+            self._wait_nodes(timeout_s)
+        except BaseException:
+            # A node that did start must not outlive the failed start, holding its ports.
+            self.stop()
+            raise
         return self
 
     def _wait_dashboard(self, timeout_s: float) -> None:

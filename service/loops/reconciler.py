@@ -75,7 +75,8 @@ class Reconciler:
             results = list(pool.map(lambda row: self._observe(*row), due))
         observed = {i: r for (i, _), r in zip(due, results, strict=True) if not isinstance(r, str)}
         failed = {i: r for (i, _), r in zip(due, results, strict=True) if isinstance(r, str)}
-        self._retry = {i: r for i, r in self._retry.items() if i in failed}
+        still = {i for i, _ in active} - observed.keys()
+        self._retry = {i: r for i, r in self._retry.items() if i in still}
         for run_id in failed:
             retry = self._retry.setdefault(run_id, _Retry(0, now))
             retry.failures += 1
