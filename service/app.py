@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from service import dashboard
 from service.api import cluster as cluster_api
 from service.api import probes, prometheus, run_metrics, runs, script
+from service.api.body_limit import BodyLimit
 from service.api.deps import Services
 from service.cluster.local_ray import LocalRayCluster
 from service.cluster.ray_jobs import RayJobs
@@ -88,9 +89,9 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
         summary="Asynchronous RL training runs on a shared Ray cluster",
         version="0.1.0",
         lifespan=lifespan,
-        max_body_size=settings.max_body_bytes,
     )
     app.state.services = services
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     install_handlers(app)
     app.include_router(probes.router)
     app.include_router(runs.router)

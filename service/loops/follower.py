@@ -25,7 +25,8 @@ from service.metrics import logcopy, store
 from service.metrics.health import HealthRules, evaluate
 from service.metrics.parse import MetricLine, parse_line
 from service.store.db import Database
-from service.store.models import Run, RunLog, utcnow
+from service.store.lifecycle import note
+from service.store.models import Run, RunEvent, RunLog, utcnow
 from service.store.status import TERMINAL, RunStatus
 
 log = logging.getLogger(__name__)
@@ -170,6 +171,11 @@ class Follower:
             logcopy.append(session, run.id, runlog.log_offset, new, self.keep_chars)
             runlog.log_offset += len(new)
             run.last_output_at = now
+        parsed, dropped = store.storable(parsed)
+        for prefix, text in dropped.items():
+            noted = exists().where(RunEvent.run_id == run.id, RunEvent.reason.startswith(prefix))
+            if not session.scalar(select(noted)):
+                note(session, run, text)  # once per run and kind: the log keeps the rest
         if parsed:
             self.points_ingested += store.add_lines(session, run.id, parsed)
             top = max(m.step for _, m in parsed)
