@@ -17,7 +17,7 @@ from service.api import cluster as cluster_api
 from service.api import probes, prometheus, run_metrics, runs, script
 from service.api.body_limit import BodyLimit
 from service.api.deps import Services
-from service.cluster.local_ray import LocalRayCluster
+from service.cluster.local_ray import LocalRayCluster, PortInUse
 from service.cluster.ray_jobs import RayJobs
 from service.errors import install_handlers
 from service.loops.base import Loop
@@ -59,9 +59,14 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
                 base_dir=settings.local_ray_dir,
                 port=settings.local_ray_port,
                 dashboard_port=settings.local_dashboard_port,
+                state_dir=settings.local_ray_state_path,
             )
             log.info("starting a local Ray head with NPUs per node %s", settings.local_npus)
-            await asyncio.to_thread(cluster.start)
+            try:
+                await asyncio.to_thread(cluster.start)
+            except PortInUse as exc:
+                log.error("cannot start the local Ray cluster: %s", exc)
+                raise
             address = cluster.address
         ray = services.ray = RayJobs(address, settings.ray_token, settings.ray_timeout_s)
         inventory = services.inventory = InventoryCache(ray, settings.inventory_ttl_s)
