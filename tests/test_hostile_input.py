@@ -7,7 +7,7 @@ at the door with a 422 naming the field, or stored alike on both without blockin
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from fastapi import FastAPI
@@ -15,9 +15,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from service.app import create_app
+from service.cluster.ray_jobs import RayJobs
 from service.loops.follower import Follower
 from service.metrics import logcopy, store
 from service.metrics.health import HealthRules
+from service.metrics.log_readers import WholeLogReader
 from service.store.db import Database
 from service.store.models import MetricPoint, Run, RunEvent, RunLog
 from service.store.status import RunStatus
@@ -138,7 +140,8 @@ def test_a_hostile_job_log_is_stored_alike_and_blocks_none_of_the_runs_points(
         "step:4 - a\x00b:1.0\n"  # a key with NUL: not a metric line
         "step:5 - a:3.0\n"
     )
-    follower = Follower(db, LogOf(log), "me", 30.0, 10_000, HealthRules())  # type: ignore[arg-type]
+    ray = cast(RayJobs, LogOf(log))
+    follower = Follower(db, ray, "me", 30.0, 10_000, HealthRules(), reader=WholeLogReader(ray))
     for _ in range(2):  # the second read finds nothing new and notes nothing twice
         follower.tick()
     with db.transaction() as s:

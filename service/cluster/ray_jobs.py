@@ -1,4 +1,5 @@
-"""The one module that talks to Ray: the Jobs REST API of the head's dashboard, with timeouts.
+"""The one client of Ray: the Jobs REST API of the head's dashboard, with timeouts (and the
+log tail stream, in ``log_tail``).
 
 Every call is synchronous and bounded by a timeout; callers run it off the event loop.
 """
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from service.cluster.log_tail import LogTail
 
 
 class RayUnavailable(Exception):
@@ -65,6 +68,7 @@ class RayJobs:
     def __init__(self, address: str, token: str | None = None, timeout_s: float = 10.0) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.address = address
+        self._token = token
         self._http = httpx.Client(base_url=address, headers=headers, timeout=timeout_s)
         self._packages: dict[Path, _Package] = {}
 
@@ -142,6 +146,10 @@ class RayJobs:
         if resp.status_code == 404:
             return None
         return str(self._check(resp).json().get("logs", ""))
+
+    def tail(self, submission_id: str, offset: int) -> LogTail:
+        """Follow the job's log from character ``offset`` on (see ``LogTail``)."""
+        return LogTail(self.address, submission_id, offset, self._token)
 
     def cluster_status(self) -> dict[str, Any]:
         data: dict[str, Any] = self._check(
