@@ -95,8 +95,14 @@ class LogTail:
 
     def _connect_once(self) -> bool:
         """Follow one connection to its end; whether Ray closed it normally."""
+        # No compression: Ray's dashboard proxies the handshake headers to its job module but
+        # not the negotiated extension, and breaks the stream of a client that asks for one.
         with connect(
-            self._url, additional_headers=self._headers, open_timeout=10, max_size=None
+            self._url,
+            additional_headers=self._headers,
+            open_timeout=10,
+            max_size=None,
+            compression=None,
         ) as ws:
             with self._cond:
                 if self._closed:
