@@ -138,9 +138,9 @@ def main() -> None:
     try:
         results = []
         for mode in ("whole", "tail"):
+            sizes = ["--mb", str(args.mb), "--seconds", str(args.seconds)]
             out = subprocess.run(
-                [sys.executable, __file__, "--child", mode, "--address", cluster.address]
-                + ["--mb", str(args.mb), "--seconds", str(args.seconds)],  # noqa: RUF005
+                [sys.executable, __file__, "--child", mode, "--address", cluster.address, *sizes],
                 capture_output=True,
                 text=True,
                 check=True,
