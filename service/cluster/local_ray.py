@@ -214,20 +214,22 @@ class LocalRayCluster:
 
 
 def _stop_group(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-    try:
-        pgid = os.getpgid(proc.pid)
-    except ProcessLookupError:
-        return
-    # SIGTERM to the blocking `ray start` makes it tear down its node's processes.
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    # Anything left in the node's session (raylet, workers) goes too.
+    pgid = proc.pid  # each node's `ray start` leads its own session, even after it exited
+    if proc.poll() is None:
+        # SIGTERM to the blocking `ray start` makes it tear down its node's processes.
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    # Anything left in the node's session (raylet, workers) goes too, and has gone (its ports
+    # are free) before this returns.
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout_s
+    while _group(pgid, "") and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def _check_free(port: int, what: str) -> None:
@@ -275,7 +277,7 @@ def _started(pid: int) -> str | None:
 
 
 def _group(pgid: int, marker: str) -> bool:
-    """Whether a live process of group ``pgid`` runs in the node dir ``marker``."""
+    """Whether a live process of group ``pgid`` has ``marker`` (a node dir) in its command."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -304,7 +306,7 @@ def clear_orphans(state_dir: Path) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(int(pgid), signal.SIGKILL)
         deadline = time.monotonic() + 15
-        while any(_group(int(g), base_dir) for g in groups) and time.monotonic() < deadline:
+        while any(_group(int(g), "") for g in groups) and time.monotonic() < deadline:
             time.sleep(0.2)
         if groups:
             log.warning(
