@@ -10,6 +10,7 @@ import socket
 import time
 from collections.abc import Callable
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 import httpx
@@ -119,7 +120,7 @@ def test_one_run_that_ray_fails_to_report_holds_up_no_other(
         # The failing runs say why, and are tried less and less often.
         for fault, run_id in bad.items():
             run = wait_for(
-                lambda r=run_id: client.get(f"/runs/{r}").json(),
+                partial(lambda r: client.get(f"/runs/{r}").json(), run_id),
                 lambda r: (
                     r["health"]["status"] == "ray_error" and len(FaultyRay.attempts[r["id"]]) > 4
                 ),

@@ -21,10 +21,11 @@ from service.metrics import logcopy, store
 from service.metrics.health import HealthRules
 from service.metrics.log_readers import WholeLogReader
 from service.store.db import Database
-from service.store.models import MetricPoint, Run, RunEvent, RunLog
+from service.store.models import Run, RunEvent, RunLog
 from service.store.status import RunStatus
 from tests.conftest import make_settings
 from tests.factories import add_run
+from tests.test_metric_store import points
 
 PROBLEM = "application/problem+json"
 
@@ -144,17 +145,13 @@ def test_a_hostile_job_log_is_stored_alike_and_blocks_none_of_the_runs_points(
     follower = Follower(db, ray, "me", 30.0, 10_000, HealthRules(), reader=WholeLogReader(ray))
     for _ in range(2):  # the second read finds nothing new and notes nothing twice
         follower.tick()
+    stored = points(db, run_id)
     with db.transaction() as s:
-        points = s.execute(
-            select(MetricPoint.step, MetricPoint.key, MetricPoint.value)
-            .where(MetricPoint.run_id == run_id)
-            .order_by(MetricPoint.step, MetricPoint.key)
-        ).all()
         runlog = s.get(RunLog, run_id)
         reasons = s.scalars(select(RunEvent.reason).where(RunEvent.run_id == run_id)).all()
         copy = logcopy.tail(s, run_id, None)
     db.dispose()
-    assert [tuple(p) for p in points] == [
+    assert stored == [
         (1, "a", 1.0),
         (1, "b", 2.0),
         (2, "a", 1.5),

@@ -29,7 +29,7 @@ def test_a_port_in_use_is_a_one_line_error_naming_it_and_nothing_starts(tmp_path
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
         for kwargs in ({"port": port}, {"dashboard_port": port}):
-            cluster = LocalRayCluster([1], base_dir=tmp_path / "ray", **kwargs)  # type: ignore[arg-type]
+            cluster = LocalRayCluster([1], base_dir=tmp_path / "ray", **kwargs)
             with pytest.raises(PortInUse) as err:
                 cluster.start()
             assert str(port) in str(err.value) and "\n" not in str(err.value)
