@@ -10,7 +10,8 @@ until the run's log is read to the end; once with each reader, each in its own p
   dropped (how the follower read before);
 - tail: Ray's log tail stream kept open, each read taking only what is new (the follower now).
 
-For each: CPU seconds of the follower process, its peak RSS over its baseline, the chars and
+For each: CPU seconds of the follower process, its peak RSS over its baseline, the CPU of a
+read that finds nothing new once the log is long (the steady cost of a quiet run), the chars and
 metric points stored (they must match), and how long after the job ended the log was all read.
 """
 
@@ -88,14 +89,21 @@ def child(mode: str, address: str, mb: int, seconds: float) -> dict[str, Any]:
     cpu0 = usage.ru_utime + usage.ru_stime
     ended_at: float | None = None
     ticks = 0
+    idle: list[float] = []  # CPU of reads that found (almost) nothing new: the steady cost
+    read = 0
     while True:
         started = time.monotonic()
+        tick_cpu = time.process_time()
         follower.tick()
         ticks += 1
         with db.transaction() as s:
             runlog = s.get(RunLog, run_id)
             if runlog is not None and runlog.finished_at is not None:
                 break
+            if runlog is not None:
+                if read > 1_000_000 and runlog.log_offset - read < 1000:
+                    idle.append(time.process_time() - tick_cpu)
+                read = runlog.log_offset
         if ended_at is None:
             info = ray.get(run_id)
             if info is not None and info.status in {"SUCCEEDED", "FAILED", "STOPPED"}:
@@ -121,6 +129,7 @@ def child(mode: str, address: str, mb: int, seconds: float) -> dict[str, Any]:
         "chars": chars,
         "points": points,
         "all_read_after_end_s": round(done - ended_at, 1),
+        "cpu_per_idle_read_s": round(sum(idle) / len(idle), 3) if idle else None,
     }
 
 
@@ -155,7 +164,8 @@ def main() -> None:
         f"{args.mb} MB log: follower CPU whole {whole['cpu_s']} s vs tail {tail['cpu_s']} s "
         f"({whole['cpu_s'] / max(tail['cpu_s'], 0.1):.1f}x); peak RSS over baseline "
         f"whole {whole['peak_rss_over_baseline_mb']} MB vs tail "
-        f"{tail['peak_rss_over_baseline_mb']} MB"
+        f"{tail['peak_rss_over_baseline_mb']} MB; CPU per read with nothing new whole "
+        f"{whole['cpu_per_idle_read_s']} s vs tail {tail['cpu_per_idle_read_s']} s"
     )
 
 
