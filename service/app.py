@@ -31,9 +31,10 @@ from service.api import (
     verl,
 )
 from service.api import cluster as cluster_api
+from service.api.body_limit import BodyLimit
 from service.api.deps import Services
 from service.api.overload import ShedLoad
-from service.cluster.local_ray import LocalRayCluster
+from service.cluster.local_ray import LocalRayCluster, PortInUse
 from service.cluster.ray_jobs import RayJobs
 from service.errors import install_handlers
 from service.loops.base import Loop
@@ -89,9 +90,14 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
                 base_dir=settings.local_ray_dir,
                 port=settings.local_ray_port,
                 dashboard_port=settings.local_dashboard_port,
+                state_dir=settings.local_ray_state_path,
             )
             log.info("starting a local Ray head with NPUs per node %s", settings.local_npus)
-            await asyncio.to_thread(cluster.start)
+            try:
+                await asyncio.to_thread(cluster.start)
+            except PortInUse as exc:
+                log.error("cannot start the local Ray cluster: %s", exc)
+                raise
             address = cluster.address
         ray = services.ray = RayJobs(address, settings.ray_token, settings.ray_timeout_s)
         inventory = services.inventory = InventoryCache(ray, settings.inventory_ttl_s)
@@ -120,12 +126,12 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
         summary="Asynchronous RL training runs on a shared Ray cluster",
         version="0.1.0",
         lifespan=lifespan,
-        max_body_size=settings.max_body_bytes,
         docs_url=None,
         redoc_url=None,
     )
     app.state.services = services
     app.add_middleware(ShedLoad, limit=settings.max_requests_in_progress)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     install_handlers(app)
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.allowed_hosts)
     app.add_middleware(browser.SecurityHeaders)
@@ -158,7 +164,13 @@ def build_loops(services: Services, ray: RayJobs, inventory: InventoryCache) -> 
         settings.submit_batch,
         SecretStore(settings.secrets_dir),
     )
-    reconciler = Reconciler(services.db, ray, on_end=lambda: services.wake("submitter"))
+    reconciler = Reconciler(
+        services.db,
+        ray,
+        on_end=lambda: services.wake("submitter"),
+        interval_s=settings.reconcile_interval_s,
+        max_backoff_s=settings.max_backoff_s,
+    )
     watchdog = Watchdog(
         services.db,
         settings.stuck_submitted_s,

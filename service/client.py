@@ -243,9 +243,9 @@ class Client:
         retry_s: float = 1.0,
         give_up_s: float = 300.0,
     ) -> Iterator[Event]:
-        """The run's events until ``end`` (which is yielded last). A dropped connection is
-        resumed with ``Last-Event-ID``, so no event is lost or repeated; after ``give_up_s``
-        without a connection, ``Unreachable``."""
+        """The run's events until ``end`` (which is yielded last). A dropped connection, or the
+        service's ``reconnect`` event, is resumed with ``Last-Event-ID``, so no event is lost or
+        repeated; after ``give_up_s`` without a connection, ``Unreachable``."""
         failing_since: float | None = None
         while True:
             headers = {"Accept": "text/event-stream"}
@@ -264,6 +264,8 @@ class Client:
                     failing_since = None
                     for event in parse_sse(resp.iter_lines()):
                         last_event_id = event.id or last_event_id
+                        if event.kind == "reconnect":  # the service asks for a fresh stream
+                            break
                         yield event
                         if event.kind == "end":
                             return
@@ -271,7 +273,7 @@ class Client:
                 failing_since = failing_since or time.monotonic()
                 if time.monotonic() - failing_since > give_up_s:
                     raise Unreachable(f"lost {self.url}: {exc}") from exc
-                time.sleep(retry_s)
+            time.sleep(retry_s)
 
     # Cluster and service
 

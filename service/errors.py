@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import logging
+import uuid
 from collections.abc import Sequence
+from http import HTTPStatus
 from typing import Any, ClassVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
-from sqlalchemy.exc import DataError
+from sqlalchemy.exc import DataError, DBAPIError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 PROBLEM_JSON = "application/problem+json"
+log = logging.getLogger(__name__)
 
 
 class ProblemError(Exception):
@@ -28,9 +32,8 @@ class ProblemError(Exception):
         self.headers: dict[str, str] = {}
 
     def body(self, instance: str | None = None) -> dict[str, Any]:
-        slug = self.title.lower().replace(" ", "-")
         out: dict[str, Any] = {
-            "type": f"urn:rlrun:problem:{slug}",
+            "type": problem_type(self.title),
             "title": self.title,
             "status": self.status,
             "detail": self.detail,
@@ -94,8 +97,29 @@ class Unstorable(ProblemError):
 
 
 class Unavailable(ProblemError):
+    """Try again later: every 503 says when (``Retry-After``)."""
+
     status = 503
     title = "Service unavailable"
+    retry_after_s: ClassVar[int] = 5
+
+    def __init__(self, detail: str, **extra: Any) -> None:
+        super().__init__(detail, **extra)
+        self.headers["Retry-After"] = str(self.retry_after_s)
+
+
+class ContentTooLarge(ProblemError):
+    status = 413
+    title = "Content too large"
+
+
+_BY_STATUS: dict[int, type[ProblemError]] = {
+    cls.status: cls for cls in (NotFound, Conflict, ContentTooLarge, Unavailable)
+}
+
+
+def problem_type(title: str) -> str:
+    return "urn:rlrun:problem:" + title.lower().replace(" ", "-")
 
 
 class Busy(Unavailable):
@@ -103,10 +127,6 @@ class Busy(Unavailable):
 
     title = "Service busy"
     retry_after_s: ClassVar[int] = 1
-
-    def __init__(self, detail: str, **extra: Any) -> None:
-        super().__init__(detail, **extra)
-        self.headers["Retry-After"] = str(self.retry_after_s)
 
 
 class DatabaseBusy(Busy):
@@ -146,25 +166,26 @@ def problem_response(exc: ProblemError, path: str | None = None) -> JSONResponse
     )
 
 
-def _problem(request: Request, exc: ProblemError) -> JSONResponse:
-    return problem_response(exc, request.url.path)
-
-
 def install_handlers(app: FastAPI) -> None:
     async def on_problem(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ProblemError)
-        return _problem(request, exc)
+        return problem_response(exc, request.url.path)
 
     async def on_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        return _problem(request, invalid_from_pydantic(exc))
+        return problem_response(invalid_from_pydantic(exc), request.url.path)
 
     async def on_http(request: Request, exc: Exception) -> JSONResponse:
+        """The framework's own errors (404 no route, 405, 413...), typed by their status."""
         assert isinstance(exc, StarletteHTTPException)
-        err = ProblemError(str(exc.detail))
-        body = err.body(request.url.path) | {
+        known = _BY_STATUS.get(exc.status_code)
+        title = known.title if known else _reason(exc.status_code)
+        body = {
+            "type": problem_type(title),
+            "title": title,
             "status": exc.status_code,
-            "title": _reason(exc.status_code),
+            "detail": str(exc.detail),
+            "instance": request.url.path,
         }
         return JSONResponse(
             body,
@@ -175,17 +196,41 @@ def install_handlers(app: FastAPI) -> None:
 
     async def on_data_error(request: Request, exc: Exception) -> JSONResponse:
         # The driver's message quotes the offending value: it is not passed on.
-        return _problem(request, Unstorable("a value in the request cannot be stored or compared"))
+        refused = Unstorable("a value in the request cannot be stored or compared")
+        return problem_response(refused, request.url.path)
+
+    async def on_database(request: Request, exc: Exception) -> JSONResponse:
+        """A lost or refused database connection is a 503 to retry; anything else a 500."""
+        assert isinstance(exc, DBAPIError)
+        if isinstance(exc, OperationalError) or exc.connection_invalidated:
+            log.warning("database unavailable on %s %s: %s", request.method, request.url.path, exc)
+            return problem_response(
+                Unavailable("the database cannot be reached; retry shortly"), request.url.path
+            )
+        return await on_unexpected(request, exc)
+
+    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        """Anything else: a 500 problem whose id is also in the log line with the traceback."""
+        error_id = uuid.uuid4().hex[:16]
+        log.error(
+            "unexpected error %s on %s %s",
+            error_id,
+            request.method,
+            request.url.path,
+            exc_info=(type(exc), exc, exc.__traceback__),
+        )
+        err = ProblemError(f"an unexpected error occurred (error id {error_id})", error_id=error_id)
+        return problem_response(err, request.url.path)
 
     app.add_exception_handler(ProblemError, on_problem)
     app.add_exception_handler(DataError, on_data_error)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
+    app.add_exception_handler(DBAPIError, on_database)
+    app.add_exception_handler(Exception, on_unexpected)
 
 
 def _reason(status: int) -> str:
-    from http import HTTPStatus
-
     try:
         return HTTPStatus(status).phrase
     except ValueError:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ipaddress
+import os
+import tempfile
 from pathlib import Path
 from typing import Literal
 
@@ -39,8 +41,12 @@ class Settings(BaseSettings):
     local_cpus_per_node: int = 16
     # Ray keeps sockets here: the path must stay short (default: a fresh dir under /tmp).
     local_ray_dir: str | None = None
-    local_ray_port: int = 26379
-    local_dashboard_port: int = 28265
+    # Unset: free ports chosen at start. Given but in use: the service refuses to start.
+    local_ray_port: int | None = None
+    local_dashboard_port: int | None = None
+    # Where the local nodes' process groups are recorded, so that the next start clears nodes
+    # a killed service left running (default: rlrun-<uid> in the system temp dir).
+    local_ray_state_dir: str | None = None
 
     submit_interval_s: float = 1.0
     reconcile_interval_s: float = 2.0
@@ -77,6 +83,11 @@ class Settings(BaseSettings):
     @property
     def local_npus_per_node(self) -> list[int]:
         return [int(p) for p in self.local_npus.split(",")]
+
+    @property
+    def local_ray_state_path(self) -> Path:
+        default = Path(tempfile.gettempdir()) / f"rlrun-{os.getuid()}"
+        return Path(self.local_ray_state_dir) if self.local_ray_state_dir else default
 
     @property
     def uses_local_ray(self) -> bool:

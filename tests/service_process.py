@@ -37,7 +37,7 @@ class ServiceProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.kills = 0
 
-    def start(self) -> None:
+    def start(self, timeout: float = 60) -> None:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 # As deployed: `rlrun serve`.
@@ -47,7 +47,7 @@ class ServiceProcess:
                 stderr=subprocess.STDOUT,
                 cwd=ROOT,
             )
-        wait_for(self._ready, bool, timeout=60, every=0.1)
+        wait_for(self._ready, bool, timeout=timeout, every=0.1)
 
     def _ready(self) -> bool:
         assert self.proc is not None

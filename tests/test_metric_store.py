@@ -14,6 +14,7 @@ from service.cluster.ray_jobs import RayJobs
 from service.loops.follower import Follower
 from service.metrics import logcopy, store
 from service.metrics.health import HealthRules
+from service.metrics.log_readers import WholeLogReader
 from service.metrics.parse import MetricLine
 from service.store.db import Database, upgrade
 from service.store.models import MetricPoint, Run, RunEvent, RunLog, utcnow
@@ -40,7 +41,8 @@ class FakeRay:
 
 
 def follower(db: Database, ray: FakeRay, owner: str, **rules: Any) -> Follower:
-    return Follower(db, cast(RayJobs, ray), owner, 30, 10_000, HealthRules(**rules))
+    fake = cast(RayJobs, ray)
+    return Follower(db, fake, owner, 30, 10_000, HealthRules(**rules), reader=WholeLogReader(fake))
 
 
 def points(db: Database, run_id: str) -> list[tuple[int, str, float | None]]:

@@ -58,6 +58,8 @@ def test_tiny_grpo_metrics_stream_live_and_match_the_log_across_a_service_restar
         run = wait_status(http, run_id, TERMINAL, timeout=120)
         for client in clients:
             assert client.ended.wait(60)
+        # The streams end once the whole log is read: the run then shows where it ended.
+        run = http.get(f"/runs/{run_id}").json()
         series = http.get(f"/runs/{run_id}/metrics", params={"max_points": 10_000}).json()
         tail = http.get(f"/runs/{run_id}/logs", params={"tail": 3}).text
         followed = CliRunner().invoke(cli, ["status", run_id, "--follow", "--server", url])

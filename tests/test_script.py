@@ -70,7 +70,7 @@ def test_shell_metacharacters_in_the_spec_run_nothing(api: TestClient, tmp_path:
     evil = f"x; touch {marker} $(touch {marker}) `touch {marker}` '\"\n"
     body = {
         **PRESET,
-        "name": evil,
+        "name": evil.strip(),  # a name is one line
         "trainer": {"experiment_name": evil, "project_name": evil},
         "data": {"train_files": "/" + evil},
         "runtime_env": {"env_vars": {"EVIL": evil}},

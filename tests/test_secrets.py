@@ -89,7 +89,7 @@ def test_secret_refs_follow_the_env_name_rules(api: TestClient) -> None:
     base = {"recipe": "test-script"}
     for secrets, field in [
         ({"LD_PRELOAD": "k"}, "secrets.LD_PRELOAD"),
-        ({"PATH\n": "k"}, "secrets"),
+        ({"PATH\n": "k"}, "secrets.PATH\n"),  # a line break: refused before the name rules
         ({"KEY": "../etc/passwd"}, "secrets"),
         ({"RAY_JOB_STOP_WAIT_TIME_S": "k"}, "secrets.RAY_JOB_STOP_WAIT_TIME_S"),
     ]:

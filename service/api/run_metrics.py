@@ -137,6 +137,8 @@ async def run_events(
 ) -> AsyncIterator[ServerSentEvent]:
     """``status`` and ``metrics`` events: everything after ``Last-Event-ID`` (or from the
     start), then live ones; a last ``end`` event once the run has ended and its log is read
-    to the end. Event ids are ``<status event id>-<log offset>`` (resume is exact for both)."""
+    to the end. Event ids are ``<status event id>-<log offset>`` (resume is exact for both).
+    A ``reconnect`` event, then the end of the stream, means the service could not read on:
+    connect again with ``Last-Event-ID``."""
     async for item, cursor in services.broker.subscribe(run_id, Cursor.parse(last_event_id)):
         yield ServerSentEvent(event=item.kind, data=item.data, id=cursor.encode())

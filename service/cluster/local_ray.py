@@ -2,16 +2,24 @@
 
 Each node is one ``ray start --block`` process in its own session and temp dir; stopping the
 handle stops exactly those nodes (``ray stop`` would kill every Ray process on the host).
-Ports stay outside 10002-19999, which Ray reserves for its workers.
+Ports stay outside 10002-19999, which Ray reserves for its workers; unset, free ones are chosen
+at start, and a port given but in use is a one-line ``PortInUse`` error before anything starts.
+
+With a ``state_dir``, the handle records its nodes' process groups there while they run. A
+process that dies without stopping them (SIGKILL) leaves that record behind, and the next handle
+started with the same ``state_dir`` kills those groups (only processes still running in that
+node's temp dir) before it starts its own.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -20,6 +28,13 @@ from pathlib import Path
 
 import httpx
 
+log = logging.getLogger(__name__)
+RAY_WORKER_PORTS = range(10002, 20000)
+
+
+class PortInUse(RuntimeError):
+    """A port the local cluster was told to use is taken."""
+
 
 class LocalRayCluster:
     def __init__(
@@ -27,16 +42,19 @@ class LocalRayCluster:
         npus_per_node: list[int],
         cpus_per_node: int = 16,
         base_dir: str | Path | None = None,
-        port: int = 26379,
-        dashboard_port: int = 28265,
+        port: int | None = None,
+        dashboard_port: int | None = None,
+        state_dir: str | Path | None = None,
     ) -> None:
         self.npus_per_node = npus_per_node
         self.cpus_per_node = cpus_per_node
         # Ray's socket paths must stay short; a temp dir under /tmp keeps them so.
         self._owns_dir = base_dir is None
         self.base_dir = Path(base_dir) if base_dir else Path(tempfile.mkdtemp(prefix="rlrun-ray-"))
-        self.port = port
-        self.dashboard_port = dashboard_port
+        self._want_port, self._want_dashboard = port, dashboard_port
+        self.port = port or 0
+        self.dashboard_port = dashboard_port or 0
+        self.state_dir = Path(state_dir) if state_dir else None
         self._procs: list[subprocess.Popen[bytes]] = []
 
     @property
@@ -80,8 +98,51 @@ class LocalRayCluster:
         )
         log.close()
         self._procs.append(proc)
+        self._record()
+
+    @property
+    def _record_path(self) -> Path | None:
+        if self.state_dir is None:
+            return None
+        return self.state_dir / f"local-ray-{os.getpid()}-{id(self):x}.json"
+
+    def _record(self) -> None:
+        """Write down this handle's running nodes, for whoever starts after a hard kill."""
+        path = self._record_path
+        if path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        record = {
+            "owner_pid": os.getpid(),
+            "owner_started": _started(os.getpid()),
+            "base_dir": str(self.base_dir.resolve()),
+            "owns_dir": self._owns_dir,
+            "pgids": [p.pid for p in self._procs],  # each `ray start` leads its own group
+        }
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record))
+        tmp.replace(path)
+
+    def _offsets(self) -> list[int]:
+        """Ports the nodes bind next to ``port``: GCS, Ray client server, each node's agent."""
+        return [0, 1, *(10 + i for i in range(len(self.npus_per_node)))]
+
+    def resolve_ports(self) -> None:
+        """Check the ports given, choose free ones for those not given."""
+        if self._want_port:
+            for offset in self._offsets():
+                _check_free(self._want_port + offset, "Ray head (GCS, client and agent ports)")
+        else:
+            self.port = _free_block(self._offsets())
+        if self._want_dashboard:
+            _check_free(self._want_dashboard, "Ray dashboard")
+        else:
+            self.dashboard_port = _free_block([0])
 
     def start(self, timeout_s: float = 90.0) -> LocalRayCluster:
+        if self.state_dir is not None:
+            clear_orphans(self.state_dir)
+        self.resolve_ports()
         self.base_dir.mkdir(parents=True, exist_ok=True)
         head = [
             "--head",
@@ -91,11 +152,16 @@ class LocalRayCluster:
             "--dashboard-host=127.0.0.1",
             f"--dashboard-port={self.dashboard_port}",
         ]
-        self._spawn([*head, *self._node_args(0)], 0)
-        self._wait_dashboard(timeout_s)
-        for index in range(1, len(self.npus_per_node)):
-            self._spawn([f"--address={self.gcs_address}", *self._node_args(index)], index)
-        self._wait_nodes(timeout_s)
+        try:
+            self._spawn([*head, *self._node_args(0)], 0)
+            self._wait_dashboard(timeout_s)
+            for index in range(1, len(self.npus_per_node)):
+                self._spawn([f"--address={self.gcs_address}", *self._node_args(index)], index)
+            self._wait_nodes(timeout_s)
+        except BaseException:
+            # A node that did start must not outlive the failed start, holding its ports.
+            self.stop()
+            raise
         return self
 
     def _wait_dashboard(self, timeout_s: float) -> None:
@@ -137,6 +203,8 @@ class LocalRayCluster:
         for proc in reversed(self._procs):
             _stop_group(proc, timeout_s)
         self._procs.clear()
+        if self._record_path is not None:
+            self._record_path.unlink(missing_ok=True)
 
     def cleanup(self) -> None:
         """Stop, and remove the temp dir if this handle made it."""
@@ -146,17 +214,104 @@ class LocalRayCluster:
 
 
 def _stop_group(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-    try:
-        pgid = os.getpgid(proc.pid)
-    except ProcessLookupError:
-        return
-    # SIGTERM to the blocking `ray start` makes it tear down its node's processes.
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    # Anything left in the node's session (raylet, workers) goes too.
+    pgid = proc.pid  # each node's `ray start` leads its own session, even after it exited
+    if proc.poll() is None:
+        # SIGTERM to the blocking `ray start` makes it tear down its node's processes.
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    # Anything left in the node's session (raylet, workers) goes too, and has gone (its ports
+    # are free) before this returns.
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout_s
+    while _group(pgid, "") and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def _check_free(port: int, what: str) -> None:
+    if port in RAY_WORKER_PORTS:
+        raise PortInUse(f"{what}: port {port} is in 10002-19999, which Ray keeps for its workers")
+    if not _is_free(port):
+        raise PortInUse(f"{what}: port {port} on 127.0.0.1 is already in use; choose another")
+
+
+def _is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # Like the servers that will bind it: a port in TIME_WAIT is free, a listener is not.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("0.0.0.0", port))  # only probing: nothing listens
+        except OSError:
+            return False
+    return True
+
+
+def _free_block(offsets: list[int]) -> int:
+    """A base port from the system's free ones such that every ``base + offset`` is free."""
+    for _ in range(200):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            base: int = sock.getsockname()[1]
+        ports = [base + o for o in offsets]
+        if all(p < 65536 and p not in RAY_WORKER_PORTS and _is_free(p) for p in ports):
+            return base
+    raise PortInUse("no block of free ports found for the local Ray cluster")
+
+
+def _stat(pid: int) -> list[str] | None:
+    """``/proc/<pid>/stat`` fields after the command name (state is [0], pgid [2])."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2 :].split()
+
+
+def _started(pid: int) -> str | None:
+    fields = _stat(pid)
+    return fields[19] if fields else None
+
+
+def _group(pgid: int, marker: str) -> bool:
+    """Whether a live process of group ``pgid`` has ``marker`` (a node dir) in its command."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        fields = _stat(int(entry.name))
+        if not fields or fields[2] != str(pgid) or fields[0] == "Z":
+            continue
+        with contextlib.suppress(OSError):
+            if marker.encode() in (entry / "cmdline").read_bytes():
+                return True
+    return False
+
+
+def clear_orphans(state_dir: Path) -> None:
+    """Stop the nodes recorded by handles whose process died without stopping them."""
+    for path in sorted(state_dir.glob("local-ray-*.json")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        owner = int(record["owner_pid"])
+        if _started(owner) == record["owner_started"]:
+            continue  # its owner still runs: those nodes are in use
+        base_dir = str(record["base_dir"])
+        groups = [g for g in record["pgids"] if _group(int(g), base_dir)]
+        for pgid in groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(int(pgid), signal.SIGKILL)
+        deadline = time.monotonic() + 15
+        while any(_group(int(g), "") for g in groups) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if groups:
+            log.warning(
+                "stopped local Ray nodes left by process %s (process groups %s)", owner, groups
+            )
+        if record.get("owns_dir"):
+            shutil.rmtree(base_dir, ignore_errors=True)
+        path.unlink(missing_ok=True)

@@ -1,4 +1,5 @@
-"""The one module that talks to Ray: the Jobs REST API of the head's dashboard, with timeouts.
+"""The one client of Ray: the Jobs REST API of the head's dashboard, with timeouts (and the
+log tail stream, in ``log_tail``).
 
 Every call is synchronous and bounded by a timeout; callers run it off the event loop.
 """
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import time
 import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -14,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from service.cluster.log_tail import LogTail
 
 
 class RayUnavailable(Exception):
@@ -47,16 +51,27 @@ class JobInfo:
         )
 
 
+@dataclass
+class _Package:
+    name: str
+    payload: bytes
+    checked_at: float = float("-inf")
+
+
 class RayJobs:
     """A client for one Ray cluster's dashboard (``http://host:8265``)."""
 
     ALREADY_EXISTS = "already exists"
+    # A package found on the head is trusted this long. A restarted head has lost its packages,
+    # and a restart takes longer than this, so no submission can follow one unchecked.
+    PACKAGE_CHECK_S = 1.0
 
     def __init__(self, address: str, token: str | None = None, timeout_s: float = 10.0) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.address = address
+        self._token = token
         self._http = httpx.Client(base_url=address, headers=headers, timeout=timeout_s)
-        self._packages: dict[Path, str] = {}
+        self._packages: dict[Path, _Package] = {}
 
     def close(self) -> None:
         self._http.close()
@@ -133,6 +148,10 @@ class RayJobs:
             return None
         return str(self._check(resp).json().get("logs", ""))
 
+    def tail(self, submission_id: str, offset: int) -> LogTail:
+        """Follow the job's log from character ``offset`` on (see ``LogTail``)."""
+        return LogTail(self.address, submission_id, offset, self._token)
+
     def cluster_status(self) -> dict[str, Any]:
         data: dict[str, Any] = self._check(
             self._request("GET", "/api/cluster_status", params={"format": 0})
@@ -140,18 +159,37 @@ class RayJobs:
         return data
 
     def package_uri(self, module_dir: Path) -> str:
-        """Upload ``module_dir`` as a py_modules package once; return its ``gcs://`` URI."""
+        """Upload ``module_dir`` as a py_modules package if the head lacks it; its ``gcs://`` URI.
+
+        The head's packages live in its GCS and go with it when it restarts, so their presence
+        is checked again (one cheap GET) before submissions more than ``PACKAGE_CHECK_S`` apart.
+        """
         module_dir = module_dir.resolve()
-        if module_dir not in self._packages:
-            self._packages[module_dir] = self.upload(zip_module(module_dir))
-        return self._packages[module_dir]
+        package = self._packages.get(module_dir)
+        if package is None:
+            package = self._packages[module_dir] = _Package(*_named(zip_module(module_dir)))
+        now = time.monotonic()
+        if now - package.checked_at > self.PACKAGE_CHECK_S:
+            self._ensure(package.name, package.payload)
+            package.checked_at = now
+        return f"gcs://{package.name}"
 
     def upload(self, payload: bytes) -> str:
         """Put a zip in the cluster's package store (once per content); its ``gcs://`` URI."""
-        name = f"_ray_pkg_{hashlib.sha256(payload).hexdigest()[:32]}.zip"
-        if self._request("GET", f"/api/packages/gcs/{name}").status_code != 200:
-            self._check(self._request("PUT", f"/api/packages/gcs/{name}", content=payload))
+        name, payload = _named(payload)
+        self._ensure(name, payload)
         return f"gcs://{name}"
+
+    def _ensure(self, name: str, payload: bytes) -> None:
+        """The package is on the head: one cheap GET, and a PUT only when it is missing."""
+        path = f"/api/packages/gcs/{name}"
+        if self._request("GET", path).status_code != 200:
+            self._check(self._request("PUT", path, content=payload))
+
+
+def _named(payload: bytes) -> tuple[str, bytes]:
+    """A package's content-addressed name, with its bytes."""
+    return f"_ray_pkg_{hashlib.sha256(payload).hexdigest()[:32]}.zip", payload
 
 
 def zip_module(module_dir: Path) -> bytes:

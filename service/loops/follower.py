@@ -1,31 +1,38 @@
 """The log follower: reads each active run's Ray job log from its own offset.
 
-Ray's log tail replays from the start and lags, so the follower polls the whole log, drops the
-prefix it has already consumed (``run_logs.log_offset``) and takes only complete lines. In one
+It reads through a ``LogReader``: Ray's log tail stream, kept open per run, so a read costs what
+the new lines cost however long the log grows. It takes only complete lines. In one
 transaction per read it stores the text (the service's copy), the metric points, the new offset
-and ``runs.last_output_at``: a restart resumes exactly where the last commit ended, with no gap
-and no duplicate. Each run's follower is held by one replica through a lease in ``run_logs``
-that another replica takes over when it lapses. After a run ends, one final read takes the rest
-of the log (even an unterminated last line) and the run's follower is finished.
+(``run_logs.log_offset``) and ``runs.last_output_at``: a restart resumes exactly where the last
+commit ended, with no gap and no duplicate. Each run's follower is held by one replica through a
+lease in ``run_logs`` that another replica takes over when it lapses. After a run ends and the
+reader has the whole log, one final read takes the rest (even an unterminated last line) and
+the run's follower is finished.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import exists, or_, select
 from sqlalchemy.orm import Session
 
-from service.cluster.ray_jobs import RayJobs
+from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable
 from service.metrics import logcopy, store
 from service.metrics.health import HealthRules, evaluate
+from service.metrics.log_readers import LogReader, TailReader
 from service.metrics.parse import MetricLine, parse_line, parse_preflight
 from service.store.db import Database
-from service.store.models import Run, RunLog, utcnow
+from service.store.lifecycle import note
+from service.store.models import Run, RunEvent, RunLog, utcnow
 from service.store.status import TERMINAL, RunStatus
+
+log = logging.getLogger(__name__)
+_LONG_AGO = datetime.min.replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -33,6 +40,7 @@ class Held:
     run_id: str
     status: RunStatus
     offset: int
+    ended_at: datetime | None = None
 
 
 def split_lines(text: str, start: int, final: bool) -> tuple[str, list[tuple[int, str]]]:
@@ -57,9 +65,10 @@ class Follower:
         keep_chars: int,
         rules: HealthRules,
         notify: Callable[[str], None] = lambda _run_id: None,
+        reader: LogReader | None = None,
     ) -> None:
         self.db = db
-        self.ray = ray
+        self.reader = reader or TailReader(ray)
         self.owner = owner
         self.lease = timedelta(seconds=lease_s)
         self.keep_chars = keep_chars
@@ -71,10 +80,19 @@ class Follower:
 
     def tick(self) -> None:
         held = self._claim()
+        self.reader.retain({r.run_id for r in held})
         now = time.time()
         self.last_read = {r.run_id: self.last_read.get(r.run_id, now) for r in held}
+        failed: list[Exception] = []
         for run in held:
-            self.follow(run)
+            try:
+                self.follow(run)
+            except (RayUnavailable, RayRejected) as exc:
+                # One run's log that Ray fails to give holds up no other run's.
+                log.warning("follower: reading the log of run %s failed: %s", run.run_id, exc)
+                failed.append(exc)
+        if failed and len(failed) == len(held):
+            raise failed[0]
 
     def _claim(self) -> list[Held]:
         now = utcnow()
@@ -97,34 +115,36 @@ class Follower:
                 RunLog.lease_expires_at < now,
             )
             rows = session.execute(
-                select(RunLog, Run.status)
+                select(RunLog, Run.status, Run.ended_at)
                 .join(Run, Run.id == RunLog.run_id)
                 .where(RunLog.finished_at.is_(None), free)
                 .order_by(RunLog.run_id)
                 .with_for_update(of=RunLog, skip_locked=True)
             ).all()
             held = []
-            for runlog, status in rows:
+            for runlog, status, ended_at in rows:
                 runlog.lease_owner = self.owner
                 runlog.lease_expires_at = now + self.lease
-                held.append(Held(runlog.run_id, RunStatus(status), runlog.log_offset))
+                held.append(Held(runlog.run_id, RunStatus(status), runlog.log_offset, ended_at))
         return held
 
     def release(self) -> None:
         """Give up this replica's leases (on shutdown) so another can take over at once."""
+        self.reader.retain(set())
         with self.db.transaction() as session:
             for runlog in session.scalars(select(RunLog).where(RunLog.lease_owner == self.owner)):
                 runlog.lease_owner = None
                 runlog.lease_expires_at = None
 
     def follow(self, held: Held) -> None:
-        """One read of one run's log. ``held.status`` was read before the log was fetched, so
-        when it is terminal the log is complete and this is the final read."""
-        final = held.status in TERMINAL
-        text = self.ray.logs(held.run_id)
+        """One read of one run's log; the final one when the run has ended (``held.status``
+        was read before the log) and the reader has all of it."""
+        ended_at = (held.ended_at or _LONG_AGO) if held.status in TERMINAL else None
+        text, complete = self.reader.read(held.run_id, held.offset, ended_at)
+        final = ended_at is not None and complete
         if text is None and not final:
             return  # Ray does not know the job (yet, or any more): the reconciler decides.
-        new, lines = split_lines((text or "")[held.offset :], held.offset, final)
+        new, lines = split_lines(text or "", held.offset, final)
         parsed = [(end, m) for end, line in lines if (m := parse_line(line)) is not None]
         reports = [r for _, line in lines if (r := parse_preflight(line)) is not None]
         with self.db.transaction() as session:
@@ -145,6 +165,9 @@ class Follower:
                 runlog.finished_at = now
                 runlog.lease_owner = None
                 runlog.lease_expires_at = None
+        self.reader.consumed(held.run_id, held.offset + len(new))
+        if final:
+            self.reader.retain(self.last_read.keys() - {held.run_id})
         self.last_read[held.run_id] = time.time()
         if new or final:
             self.notify(held.run_id)
@@ -162,6 +185,11 @@ class Follower:
             logcopy.append(session, run.id, runlog.log_offset, new, self.keep_chars)
             runlog.log_offset += len(new)
             run.last_output_at = now
+        parsed, dropped = store.storable(parsed)
+        for prefix, text in dropped.items():
+            noted = exists().where(RunEvent.run_id == run.id, RunEvent.reason.startswith(prefix))
+            if not session.scalar(select(noted)):
+                note(session, run, text)  # once per run and kind: the log keeps the rest
         if parsed:
             self.points_ingested += store.add_lines(session, run.id, parsed)
             top = max(m.step for _, m in parsed)

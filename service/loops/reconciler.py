@@ -2,20 +2,31 @@
 
 It also delivers stop requests. A run Ray no longer knows (404) is LOST: Ray keeps no durable
 state, so after a head restart our database is the only record of it.
+
+Each run is read on its own: a Ray error for one run (a 500, a timeout) puts that run alone on a
+backoff and, once it persists, into health ``ray_error`` saying why; the others go on. When every
+read of a round fails, Ray itself is down and the round fails (the loop backs off).
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.cluster.ray_jobs import JobInfo, RayJobs
+from service.cluster.ray_jobs import JobInfo, RayJobs, RayRejected, RayUnavailable
 from service.store.db import Database
-from service.store.lifecycle import transition
+from service.store.lifecycle import set_health, transition
 from service.store.models import Run
 from service.store.status import ACTIVE, TERMINAL, RunStatus
+
+log = logging.getLogger(__name__)
 
 _RAY_TO_RUN = {
     "RUNNING": RunStatus.RUNNING,
@@ -25,35 +36,87 @@ _RAY_TO_RUN = {
 }
 
 
+@dataclass
+class _Retry:
+    failures: int
+    next_at: float
+
+
 class Reconciler:
+    # A run's reads fail this many times in a row before its health says so (a blip is not news).
+    HEALTH_AFTER = 2
+    WORKERS = 8
+
     def __init__(
-        self, db: Database, ray: RayJobs, on_end: Callable[[], None] = lambda: None
+        self,
+        db: Database,
+        ray: RayJobs,
+        on_end: Callable[[], None] = lambda: None,
+        interval_s: float = 2.0,
+        max_backoff_s: float = 30.0,
     ) -> None:
         self.db = db
         self.ray = ray
         # Called after a round in which some run ended (its resources are free for the queue).
         self.on_end = on_end
+        self.interval_s = interval_s
+        self.max_backoff_s = max_backoff_s
+        self._retry: dict[str, _Retry] = {}
 
     def tick(self) -> None:
         with self.db.transaction() as session:
             active = session.execute(
                 select(Run.id, Run.stop_requested_at).where(Run.status.in_(ACTIVE))
             ).all()
-        observed: dict[str, JobInfo | None] = {}
-        for run_id, stop_requested_at in active:
-            if stop_requested_at is not None:
-                self.ray.stop(run_id)
-            observed[run_id] = self.ray.get(run_id)
+        now = time.monotonic()
+        due = [(i, s) for i, s in active if now >= getattr(self._retry.get(i), "next_at", now)]
+        # Read in parallel: one run that makes Ray time out delays no other.
+        with ThreadPoolExecutor(max_workers=self.WORKERS) as pool:
+            results = list(pool.map(lambda row: self._observe(*row), due))
+        observed = {i: r for (i, _), r in zip(due, results, strict=True) if not isinstance(r, str)}
+        failed = {i: r for (i, _), r in zip(due, results, strict=True) if isinstance(r, str)}
+        still = {i for i, _ in active} - observed.keys()
+        self._retry = {i: r for i, r in self._retry.items() if i in still}
+        for run_id in failed:
+            retry = self._retry.setdefault(run_id, _Retry(0, now))
+            retry.failures += 1
+            retry.next_at = now + min(self.interval_s * 2**retry.failures, self.max_backoff_s)
         ended = False
-        if observed:
+        if observed or failed:
             with self.db.transaction() as session:
                 for run_id, info in observed.items():
                     run = session.get(Run, run_id, with_for_update=True)
                     if run is not None and run.status in ACTIVE:
+                        if run.health == "ray_error":
+                            set_health(session, run, "ok", None)
                         apply(session, run, info)
                         ended = ended or run.status in TERMINAL
+                for run_id, error in failed.items():
+                    self._note_failure(session, run_id, error)
         if ended:
             self.on_end()
+        if failed and not observed:
+            first = next(iter(failed.values()))
+            raise RayUnavailable(f"every read of this round failed; first: {first}")
+
+    def _observe(self, run_id: str, stop_requested_at: datetime | None) -> JobInfo | str | None:
+        """What Ray says of one run, or the error (as text) that kept it from saying."""
+        try:
+            if stop_requested_at is not None:
+                self.ray.stop(run_id)
+            return self.ray.get(run_id)
+        except (RayUnavailable, RayRejected) as exc:
+            log.warning("reconciler: reading run %s from Ray failed: %s", run_id, exc)
+            return str(exc)
+
+    def _note_failure(self, session: Session, run_id: str, error: str) -> None:
+        retry = self._retry[run_id]
+        if retry.failures < self.HEALTH_AFTER:
+            return
+        run = session.get(Run, run_id, with_for_update=True)
+        if run is not None and run.status in ACTIVE and run.health in ("ok", "ray_error"):
+            reason = f"Ray fails to report this run (retrying with backoff): {error}"
+            set_health(session, run, "ray_error", reason[:1000])
 
 
 def apply(session: Session, run: Run, info: JobInfo | None) -> None:

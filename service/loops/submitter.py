@@ -112,13 +112,13 @@ class Submitter:
             return
         if values:
             runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **values}
-        runtime_env["py_modules"] = [
-            *runtime_env.get("py_modules", []),
-            self.ray.package_uri(JOBS_DIR),
-        ]
-        if launch.get("files"):  # the run's own files: its working directory on every node
-            runtime_env["working_dir"] = self.ray.upload(zip_files(launch["files"]))
         try:
+            runtime_env["py_modules"] = [
+                *runtime_env.get("py_modules", []),
+                self.ray.package_uri(JOBS_DIR),
+            ]
+            if launch.get("files"):  # the run's own files: its working directory on every node
+                runtime_env["working_dir"] = self.ray.upload(zip_files(launch["files"]))
             fresh = self.ray.submit(
                 submission_id=run.id,
                 entrypoint=launch["entrypoint"],

@@ -4,12 +4,17 @@ The upstream reads the database (status events past an event id, metric lines pa
 offset), so it sees what any replica's follower or reconciler wrote; the local follower wakes it
 at once after each commit. A subscriber's position is a ``Cursor`` of both: the SSE event id
 ``"<event id>-<log offset>"``, so resuming with ``Last-Event-ID`` is exact for both kinds.
+
+When the upstream's read fails (the database is away), the topic is dropped and every subscriber
+gets a ``reconnect`` item and its stream closes; a client that reconnects with ``Last-Event-ID``
+gets a fresh upstream and resumes exactly where it was.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -20,6 +25,9 @@ from sqlalchemy.orm import Session
 from service.metrics import logcopy, store
 from service.store.db import Database
 from service.store.models import MetricPoint, RunEvent
+
+log = logging.getLogger(__name__)
+_RECONNECT = "the live stream failed; reconnect with Last-Event-ID to resume"
 
 
 @dataclass(frozen=True, order=True)
@@ -42,7 +50,7 @@ class Cursor:
 
 @dataclass(frozen=True)
 class Item:
-    kind: Literal["status", "metrics", "end"]
+    kind: Literal["status", "metrics", "end", "reconnect"]
     position: int  # the event id (status) or the line's end offset (metrics)
     data: dict[str, Any]
 
@@ -133,6 +141,7 @@ class _Topic:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     queues: set[asyncio.Queue[Item]] = field(default_factory=set)
     task: asyncio.Task[None] | None = None
+    failed: Item | None = None  # set when the upstream's read failed: the topic is dead
 
 
 class Broker:
@@ -184,8 +193,16 @@ class Broker:
             # Once the upstream has its starting point, it delivers everything after it: the
             # replay below then overlaps the queue rather than leaving a hole.
             await topic.ready.wait()
+            if topic.failed is not None:
+                yield topic.failed, cursor
+                return
             while True:
-                read = await asyncio.to_thread(self._read, run_id, cursor)
+                try:
+                    read = await asyncio.to_thread(self._read, run_id, cursor)
+                except Exception as exc:
+                    log.warning("live stream of run %s: replay failed (%r)", run_id, exc)
+                    yield Item("reconnect", 0, {"detail": _RECONNECT}), cursor
+                    return
                 for item in read.items:
                     if item.after(cursor):
                         cursor = item.advance(cursor)
@@ -196,6 +213,9 @@ class Broker:
             while not complete:
                 item = await queue.get()
                 if item is _CLOSED:
+                    return
+                if item.kind == "reconnect":
+                    yield item, cursor
                     return
                 complete = item.kind == "end"
                 if not complete and item.after(cursor):
@@ -210,6 +230,18 @@ class Broker:
                     topic.task.cancel()
 
     async def _upstream(self, run_id: str, topic: _Topic) -> None:
+        try:
+            await self._follow(run_id, topic)
+        except Exception as exc:
+            log.warning("live stream of run %s: reading failed (%r); closing it", run_id, exc)
+            topic.failed = Item("reconnect", 0, {"detail": _RECONNECT})
+            if self._topics.get(run_id) is topic:
+                del self._topics[run_id]
+            for queue in topic.queues:
+                queue.put_nowait(topic.failed)
+            topic.ready.set()
+
+    async def _follow(self, run_id: str, topic: _Topic) -> None:
         topic.cursor = await asyncio.to_thread(self._head, run_id)
         topic.ready.set()
         while True:

@@ -20,8 +20,8 @@ from jobs.verl_launch import PREFIX as PREFLIGHT_PREFIX
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _RAY_PREFIX = re.compile(r"^\((?:[^()\s]+ )?pid=\d+(?:, ip=[^)]*)?\)\s*")
 _RAY_REPEAT = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
-_STEP = re.compile(r"^step:(\d+)(?: - |$)")
-_KEY = re.compile(r"^[^\s:]+$")
+_STEP = re.compile(r"^step:(\d{1,30})(?: - |$)")  # bounded: int() of any digit run is cheap
+_KEY = re.compile(r"^[^\s:\x00-\x1f\x7f]+$")
 _NUMPY = re.compile(r"^(?:np|numpy)\.(?:float|int|uint|bool_?)\d*\((.*)\)$")
 _NUMBER = re.compile(r"^[+-]?(?:\d+\.?\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|nan|inf)$")
 

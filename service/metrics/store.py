@@ -32,6 +32,11 @@ LATEST_KEYS = (
     "training/global_step",
 )
 LATEST_PATTERNS = ("val-core/%/acc/mean@%",)
+# What the columns hold (``metric_points.key``, ``.step``): anything past them is dropped.
+KEY_MAX = 200
+STEP_MAX = 2**63 - 1
+LONG_KEY = "metric points dropped: a key is longer than"
+BIG_STEP = "metric line dropped: its step is above"
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,26 @@ def dialect_insert(session: Session) -> Any:
     """The backend's INSERT (it has ``on_conflict_do_nothing`` on SQLite and PostgreSQL)."""
     dialect = session.get_bind().dialect.name
     return postgresql.insert if dialect == "postgresql" else sqlite.insert
+
+
+def storable(
+    lines: Iterable[tuple[int, MetricLine]],
+) -> tuple[list[tuple[int, MetricLine]], dict[str, str]]:
+    """The lines (and values) the columns can hold, and a note per kind of what was dropped,
+    keyed by the note's fixed prefix (``LONG_KEY``, ``BIG_STEP``)."""
+    kept: list[tuple[int, MetricLine]] = []
+    notes: dict[str, str] = {}
+    for offset, line in lines:
+        if line.step > STEP_MAX:
+            notes.setdefault(BIG_STEP, f"{BIG_STEP} {STEP_MAX} (step {str(line.step)[:40]})")
+            continue
+        values = {k: v for k, v in line.values.items() if len(k) <= KEY_MAX}
+        if len(values) < len(line.values):
+            key = next(k for k in line.values if len(k) > KEY_MAX)
+            notes.setdefault(LONG_KEY, f"{LONG_KEY} {KEY_MAX} characters (e.g. {key[:40]!r}...)")
+        if values:
+            kept.append((offset, MetricLine(line.step, values)))
+    return kept, notes
 
 
 def add_lines(session: Session, run_id: str, lines: Iterable[tuple[int, MetricLine]]) -> int:

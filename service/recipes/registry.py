@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from service.errors import InvalidSpec, field_error, invalid_from_pydantic
-from service.recipes import env_names
+from service.recipes import env_names, storable
 from service.recipes.base import Launch, LaunchContext, Recipe, RunSpec
 from service.recipes.tiny_grpo import TinyGrpoRecipe
 from service.recipes.verl import VerlFullyAsyncRecipe
@@ -37,6 +37,7 @@ class RecipeRegistry:
             raise InvalidSpec(
                 "the run spec must be a JSON object", [field_error([], "not an object")]
             )
+        storable.check(body)
         name = body.get("recipe")
         if name not in self._recipes:
             msg = f"unknown recipe {name!r}; known: {', '.join(self.names()) or 'none'}"

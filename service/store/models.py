@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
@@ -44,6 +45,20 @@ class UTCDateTime(TypeDecorator[datetime]):
 JSONDoc = JSON().with_variant(JSONB(), "postgresql")
 
 
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+class SafeText(TypeDecorator[str]):
+    """Text both databases store alike: NUL (which PostgreSQL refuses) and lone surrogates
+    become U+FFFD, one character for one, so offsets counted in characters still hold."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
+        return None if value is None else _UNSTORABLE.sub("\ufffd", value)
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
@@ -62,7 +77,7 @@ class Run(Base):
     priority: Mapped[int] = mapped_column(Integer, default=1)
     status: Mapped[str] = mapped_column(String(16), default=RunStatus.QUEUED)
     health: Mapped[str] = mapped_column(String(16), default="ok")
-    health_reason: Mapped[str | None] = mapped_column(Text)
+    health_reason: Mapped[str | None] = mapped_column(SafeText)
     # The validated request, and what the recipe made of it (argv, runtime env, shape, warnings).
     spec: Mapped[dict[str, Any]]
     launch: Mapped[dict[str, Any]]
@@ -70,7 +85,7 @@ class Run(Base):
     request_hash: Mapped[str | None] = mapped_column(String(64))
 
     ray_status: Mapped[str | None] = mapped_column(String(16))
-    ray_message: Mapped[str | None] = mapped_column(Text)
+    ray_message: Mapped[str | None] = mapped_column(SafeText)
     ray_error_type: Mapped[str | None] = mapped_column(String(64))
     ray_exit_code: Mapped[int | None] = mapped_column(Integer)
 
@@ -79,7 +94,7 @@ class Run(Base):
     claim_expires_at: Mapped[datetime | None]
     stop_requested_at: Mapped[datetime | None]
     # Why a queued run waits ("quota: ...", "capacity: ...", "behind ..."), kept by the submitter.
-    queue_reason: Mapped[str | None] = mapped_column(Text)
+    queue_reason: Mapped[str | None] = mapped_column(SafeText)
     # When the job last printed anything (set by whoever follows its log; read by health checks).
     last_output_at: Mapped[datetime | None]
     # The launcher's preflight report (every node's checks), read from the job log.
@@ -106,7 +121,7 @@ class RunEvent(Base):
     at: Mapped[datetime] = mapped_column(default=utcnow)
     from_status: Mapped[str | None] = mapped_column(String(16))
     to_status: Mapped[str] = mapped_column(String(16))
-    reason: Mapped[str] = mapped_column(Text)
+    reason: Mapped[str] = mapped_column(SafeText)
 
     run: Mapped[Run] = relationship(back_populates="events")
 
@@ -119,7 +134,7 @@ class MetricPoint(Base):
 
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
     key: Mapped[str] = mapped_column(String(200), primary_key=True)
-    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    step: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     value: Mapped[float | None] = mapped_column(Float)
     log_offset: Mapped[int] = mapped_column(BigInteger)
 
@@ -136,7 +151,7 @@ class RunLog(Base):
     log_offset: Mapped[int] = mapped_column(BigInteger, default=0)
     lease_owner: Mapped[str | None] = mapped_column(String(120))
     lease_expires_at: Mapped[datetime | None]
-    last_step: Mapped[int | None] = mapped_column(Integer)
+    last_step: Mapped[int | None] = mapped_column(BigInteger)
     last_step_at: Mapped[datetime | None]
     # Set after the final read of a terminal run: nothing more will come.
     finished_at: Mapped[datetime | None]
@@ -149,7 +164,7 @@ class LogChunk(Base):
 
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
     start_offset: Mapped[int] = mapped_column(BigInteger, primary_key=True)
-    text: Mapped[str] = mapped_column(Text)
+    text: Mapped[str] = mapped_column(SafeText)
 
 
 class ApiToken(Base):

@@ -34,7 +34,7 @@ ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {
 
 # A run's health beside its status: Ray says RUNNING even while a placement group waits forever;
 # health is how the service says what Ray does not.
-Health = Literal["ok", "stuck", "stalled", "nan", "reward_collapse"]
+Health = Literal["ok", "stuck", "stalled", "nan", "reward_collapse", "ray_error"]
 
 
 def is_allowed(src: RunStatus, dst: RunStatus) -> bool:
