@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -13,6 +12,8 @@ import httpx
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from service.sse import parse_sse
 
 app = typer.Typer(
     help="rlrun: asynchronous RL training runs on a shared Ray cluster.", no_args_is_help=True
@@ -148,21 +149,6 @@ def _follow(server: str, run_id: str) -> None:
         except httpx.HTTPError as exc:
             console.print(f"[yellow]stream interrupted ({exc}); reconnecting[/yellow]")
             time.sleep(1)
-
-
-def parse_sse(lines: Iterator[str]) -> Iterator[tuple[str, Any, str | None]]:
-    """Server-Sent Events from text lines: (event name, JSON data, id) per event."""
-    kind, data, event_id = "message", "", None
-    for line in lines:
-        if line.startswith("event: "):
-            kind = line[7:]
-        elif line.startswith("data: "):
-            data += line[6:]
-        elif line.startswith("id: "):
-            event_id = line[4:]
-        elif not line and (data or kind != "message"):
-            yield kind, json.loads(data) if data else None, event_id
-            kind, data, event_id = "message", "", None
 
 
 def _print_event(kind: str, data: Any) -> None:

@@ -8,11 +8,17 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from service.metrics.store import json_value
-from service.recipes.base import PRIORITIES
+from service.recipes.base import PRIORITY_NAMES
 from service.store.models import Run, RunEvent
 
-PRIORITY_NAMES = {v: k for k, v in PRIORITIES.items()}
+
+def json_value(value: float) -> float | str:
+    """JSON has no NaN/inf: they travel as the strings "NaN", "Infinity", "-Infinity"."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "Infinity" if value > 0 else "-Infinity"
+    return value
 
 
 class EventOut(BaseModel):

@@ -12,7 +12,7 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
-from service.cli import parse_sse
+from service.sse import parse_sse
 
 
 def free_port() -> int:

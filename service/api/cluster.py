@@ -8,8 +8,9 @@ from fastapi import APIRouter
 from sqlalchemy import select
 
 from service.api.deps import InventoryDep, ServicesDep, SessionDep
+from service.recipes.base import PRIORITY_NAMES
 from service.scheduling import backlog
-from service.scheduling.admission import PRIORITY_NAMES, decide, held_by_team
+from service.scheduling.admission import held_by_team, queue_order
 from service.scheduling.inventory import Inventory
 from service.store.models import Run, utcnow
 
@@ -20,13 +21,14 @@ router = APIRouter(tags=["cluster"])
 def get_cluster(
     services: ServicesDep, inventory: InventoryDep, session: SessionDep
 ) -> dict[str, Any]:
-    """The queue order and reasons are admission's own decision on the current inventory."""
+    """The queue in admission's order; each reason is the one the submitter stored with the run
+    (``queue_reason``; null until a round has considered it). Nothing is decided here."""
     now = utcnow()
     quotas = backlog.quotas(services.settings)
     rows = backlog.queued(session, now)
     held = backlog.held(session, now, inventory.fetched_at if inventory else now.timestamp())
-    decision = decide([r.run for r in rows], held, inventory or Inventory(()), quotas)
     by_id = {r.run.id: r for r in rows}
+    order = queue_order([r.run for r in rows], held, inventory or Inventory(()), quotas)
     active = session.execute(
         select(Run.id, Run.name, Run.team, Run.status, Run.priority, Run.launch)
         .where(backlog.is_held(now))
@@ -55,17 +57,13 @@ def get_cluster(
         "queue": [
             {
                 "position": position,
-                "id": run_id,
-                "name": by_id[run_id].name,
-                "team": by_id[run_id].run.team,
-                "priority": PRIORITY_NAMES.get(by_id[run_id].run.priority, "normal"),
-                "accelerators": by_id[run_id].run.shape.accelerators,
-                "reason": (
-                    decision.reasons.get(run_id, "admitted in the next round")
-                    if inventory
-                    else by_id[run_id].queue_reason
-                ),
+                "id": run.id,
+                "name": by_id[run.id].name,
+                "team": run.team,
+                "priority": PRIORITY_NAMES.get(run.priority, str(run.priority)),
+                "accelerators": run.shape.accelerators,
+                "reason": by_id[run.id].queue_reason,
             }
-            for position, run_id in enumerate(decision.order)
+            for position, run in enumerate(order)
         ],
     }

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -22,16 +22,18 @@ from service.store.db import Database
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Services:
+    """What one replica runs on; built once when the app starts (``app.build_services``)."""
+
     settings: Settings
     db: Database
     registry: RecipeRegistry
     broker: Broker
-    ray: RayJobs | None = None
-    inventory: InventoryCache | None = None
-    loops: dict[str, Loop] = field(default_factory=dict)
-    follower: Follower | None = None
+    ray: RayJobs
+    inventory: InventoryCache
+    loops: Mapping[str, Loop]
+    follower: Follower | None
 
     def wake(self, name: str) -> None:
         if name in self.loops:
@@ -57,8 +59,6 @@ def get_inventory(services: ServicesDep) -> Inventory | None:
 
     Declare it before the session in a route, so the Ray call never runs inside a transaction.
     """
-    if services.inventory is None:
-        return None
     try:
         return services.inventory.get()
     except (RayUnavailable, RayRejected) as exc:

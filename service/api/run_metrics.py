@@ -14,7 +14,7 @@ from service.api.deps import ServicesDep, SessionDep
 from service.errors import InvalidSpec, field_error
 from service.metrics import logcopy, store
 from service.metrics.broker import Cursor
-from service.metrics.store import json_value
+from service.schemas import json_value
 from service.store.runs import load_run
 
 router = APIRouter(prefix="/runs", tags=["metrics"])

@@ -21,10 +21,10 @@ from service.scheduling import backlog
 from service.scheduling.admission import QueuedRun
 from service.scheduling.fit import never_fits
 from service.schemas import RunOut, RunPage, run_out, run_summary
-from service.store.lifecycle import note, transition
-from service.store.models import Run, RunEvent, utcnow
+from service.store.lifecycle import accept, request_stop, transition
+from service.store.models import Run, utcnow
 from service.store.runs import events_of, load_run
-from service.store.status import ACTIVE, TERMINAL, RunStatus
+from service.store.status import TERMINAL, RunStatus
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 
@@ -102,16 +102,7 @@ def create_run(
         if existing is None:
             raise
         return _replay(session, existing, digest, response)
-    session.add(
-        RunEvent(
-            run_id=run.id,
-            at=run.created_at,
-            from_status=None,
-            to_status=RunStatus.QUEUED,
-            reason="accepted",
-        )
-    )
-    session.flush()
+    accept(session, run)
     response.headers["Location"] = f"/runs/{run.id}"
     # After the response, so the submitter sees the committed row.
     background.add_task(services.wake, "submitter")
@@ -172,8 +163,6 @@ def cancel_run(
         transition(session, run, RunStatus.CANCELLED, "cancelled before submission")
         # Its place in the queue is free: let the runs behind it move up now.
         background.add_task(services.wake, "submitter")
-    elif run.status in ACTIVE and run.stop_requested_at is None:
-        run.stop_requested_at = utcnow()
-        note(session, run, "stop requested")
+    elif request_stop(session, run):
         background.add_task(services.wake, "reconciler")
     return run_out(run, events_of(session, run_id))

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import hashlib
 import io
+import logging
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+log = logging.getLogger(__name__)
 
 
 class RayUnavailable(Exception):
@@ -150,6 +153,13 @@ class RayJobs:
         uri = f"gcs://{name}"
         self._packages[module_dir] = uri
         return uri
+
+
+def stop_job(ray: RayJobs, run_id: str, why: str) -> bool:
+    """Stop a run's job on Ray: the one place the loops do it (a stop request being delivered,
+    or a run cancelled while its submission was in flight)."""
+    log.debug("stopping run %s on Ray: %s", run_id, why)
+    return ray.stop(run_id)
 
 
 def zip_module(module_dir: Path) -> bytes:

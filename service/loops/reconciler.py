@@ -11,7 +11,7 @@ from collections.abc import Callable
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.cluster.ray_jobs import JobInfo, RayJobs
+from service.cluster.ray_jobs import JobInfo, RayJobs, stop_job
 from service.store.db import Database
 from service.store.lifecycle import transition
 from service.store.models import Run
@@ -42,7 +42,7 @@ class Reconciler:
         observed: dict[str, JobInfo | None] = {}
         for run_id, stop_requested_at in active:
             if stop_requested_at is not None:
-                self.ray.stop(run_id)
+                stop_job(self.ray, run_id, "stop requested")
             observed[run_id] = self.ray.get(run_id)
         ended = False
         if observed:

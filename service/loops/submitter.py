@@ -7,7 +7,6 @@ across a Ray call.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -17,7 +16,7 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 import jobs
-from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable
+from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable, stop_job
 from service.scheduling import backlog
 from service.scheduling.admission import Quotas, decide
 from service.scheduling.inventory import Inventory, InventoryCache
@@ -26,7 +25,6 @@ from service.store.lifecycle import transition
 from service.store.models import Run, utcnow
 from service.store.status import RunStatus
 
-log = logging.getLogger(__name__)
 JOBS_DIR = Path(jobs.__file__).parent
 
 
@@ -135,5 +133,4 @@ class Submitter:
                 transition(session, row, RunStatus.SUBMITTED, reason)
             cancelled = row is not None and row.status == RunStatus.CANCELLED
         if cancelled:
-            log.info("run %s was cancelled while being submitted; stopping it on Ray", run.id)
-            self.ray.stop(run.id)
+            stop_job(self.ray, run.id, "cancelled while being submitted")

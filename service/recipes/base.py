@@ -9,6 +9,7 @@ from typing import Any, ClassVar, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 PRIORITIES: dict[str, int] = {"low": 0, "normal": 1, "high": 2}
+PRIORITY_NAMES = {v: k for k, v in PRIORITIES.items()}
 
 
 class RunSpec(BaseModel):

@@ -264,11 +264,13 @@ class SyntheticRay:
         )
 
 app = create_app(Settings(database_url=url, ray_address="http://127.0.0.1:9", run_loops=False))
-services = app.state.services
-follower = Follower(
-    services.db, SyntheticRay(), "bench", 15, 8_000_000, HealthRules(), services.broker.notify
-)
 def loop():
+    while not hasattr(app.state, "services"):  # built when the app starts
+        time.sleep(0.1)
+    services = app.state.services
+    follower = Follower(
+        services.db, SyntheticRay(), "bench", 15, 8_000_000, HealthRules(), services.broker.notify
+    )
     while True:
         follower.tick()
         time.sleep(1.0)
