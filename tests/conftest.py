@@ -17,7 +17,7 @@ from service.app import create_app
 from service.cluster.local_ray import LocalRayCluster
 from service.cluster.ray_jobs import RayJobs
 from service.settings import Settings
-from service.store.db import upgrade
+from service.store.db import Database, upgrade
 from service.store.models import Base
 
 PG_ADMIN_URL = os.environ.get("RLRUN_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -84,6 +84,15 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
     url: str = request.getfixturevalue("pg_database")
     _truncate(url)
     return url
+
+
+@pytest.fixture
+def db(db_url: str) -> Iterator[Database]:
+    """A migrated database on each backend, for tests that use the store directly."""
+    upgrade(db_url)
+    database = Database(db_url)
+    yield database
+    database.dispose()
 
 
 def make_settings(db_url: str, ray_address: str, **overrides: Any) -> Settings:
