@@ -19,11 +19,21 @@ from service.cluster.ray_jobs import RayJobs
 from service.settings import Settings
 from service.store.db import Database, upgrade
 from service.store.models import Base
+from tests import postgres
 
-PG_ADMIN_URL = os.environ.get("RLRUN_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 # Ports for the session's Ray cluster; outside 10002-19999, which Ray keeps for its workers.
 RAY_PORT = int(os.environ.get("RLRUN_TEST_RAY_PORT", "46379"))
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED", "CANCELLED", "LOST"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The layers: a test on the session's Ray cluster is marked ``ray`` and ``slow`` (starting
+    Ray and running jobs takes seconds), so ``-m "not slow"`` is the fast layer: unit tests with
+    an in-memory Ray, and the API on SQLite and PostgreSQL."""
+    for item in items:
+        if "ray_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.ray)
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
@@ -54,13 +64,20 @@ def ray(ray_cluster: LocalRayCluster) -> Iterator[RayJobs]:
 
 
 @pytest.fixture(scope="session")
-def pg_database() -> Iterator[str]:
+def pg_admin_url() -> Iterator[str]:
+    """``RLRUN_TEST_PG``, the server on 127.0.0.1:5432, or a throwaway one (tests/postgres.py)."""
+    with postgres.admin_url() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def pg_database(pg_admin_url: str) -> Iterator[str]:
     """A fresh PostgreSQL database for this session, migrated to head, dropped at the end."""
     name = f"rlrun_test_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    admin = create_engine(pg_admin_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    url = pg_admin_url.rsplit("/", 1)[0] + f"/{name}"
     upgrade(url)
     yield url
     with admin.connect() as conn:
