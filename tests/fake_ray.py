@@ -57,13 +57,7 @@ class FakeRay(RayJobs):
         return {"ray_version": "fake"}
 
     def submit(
-        self,
-        submission_id: str,
-        entrypoint: str,
-        runtime_env: dict[str, Any],
-        metadata: dict[str, str],
-        entrypoint_num_cpus: float = 0.0,
-        entrypoint_resources: dict[str, float] | None = None,
+        self, submission_id: str, entrypoint: str, runtime_env: dict[str, Any], *_: Any, **__: Any
     ) -> bool:
         self._call("submit")
         if submission_id in self.jobs:

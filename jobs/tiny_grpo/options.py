@@ -3,41 +3,46 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 MODULE = "jobs.tiny_grpo"
 
 
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
 @dataclass(frozen=True)
 class Options:
-    prompts: int = 16
-    batch_prompts: int = 8
-    n: int = 8
-    total_rollout_steps: int = 480
-    trigger_parameter_sync_step: int = 2
-    staleness_threshold: float = 0.5
-    lr: float = 2.0
-    is_threshold: float = 2.0
-    rs_threshold: str = "0.5_2.0"
-    val_every: int = 5
-    gen_seconds: float = 0.2
-    train_seconds: float = 0.05
-    trainer_npus: int = 1
-    rollout_npus: int = 1
-    actor_cpus: float = 0.25
-    seed: int = 0
+    prompts: int = field(default=16, metadata=_help("distinct prompts in the dataset"))
+    batch_prompts: int = field(default=8, metadata=_help("prompts per trainer step"))
+    n: int = field(default=8, metadata=_help("responses per prompt (the GRPO group)"))
+    total_rollout_steps: int = field(default=480, metadata=_help("prompts to train on"))
+    trigger_parameter_sync_step: int = field(
+        default=2, metadata=_help("trainer steps between parameter syncs")
+    )
+    staleness_threshold: float = field(
+        default=0.5, metadata=_help("how many batches stale a response may be, per sync")
+    )
+    lr: float = field(default=2.0, metadata=_help("learning rate of the logit table"))
+    is_threshold: float = field(default=2.0, metadata=_help("sequence IS weight truncation"))
+    rs_threshold: str = field(
+        default="0.5_2.0", metadata=_help("seq_mean_k1 rejection bounds, lower_upper")
+    )
+    val_every: int = field(default=5, metadata=_help("validate every N parameter versions"))
+    gen_seconds: float = field(default=0.2, metadata=_help("simulated generation time"))
+    train_seconds: float = field(default=0.05, metadata=_help("simulated update time"))
+    trainer_npus: int = field(default=1, metadata=_help("virtual NPUs the trainer holds"))
+    rollout_npus: int = field(default=1, metadata=_help("virtual NPUs the rollout holds"))
+    actor_cpus: float = field(default=0.25, metadata=_help("CPUs each actor holds"))
+    seed: int = field(default=0, metadata=_help("random seed"))
 
 
-HELP = {
-    "prompts": "distinct prompts in the dataset",
-    "batch_prompts": "prompts per trainer step",
-    "n": "responses per prompt (the GRPO group)",
-    "total_rollout_steps": "prompts to train on",
-    "rs_threshold": "seq_mean_k1 rejection bounds, lower_upper",
-    "val_every": "validate every N parameter versions",
-    "gen_seconds": "simulated generation time",
-    "train_seconds": "simulated update time",
-}
+def help_of(name: str) -> str | None:
+    """The help text of option ``name`` (also the service's description of the spec field)."""
+    return Options.__dataclass_fields__[name].metadata.get("help")
+
+
 _TYPES = {"int": int, "float": float, "str": str}
 
 
@@ -57,6 +62,6 @@ def parse(argv: list[str] | None = None, description: str | None = None) -> Opti
     p = argparse.ArgumentParser(prog=f"python3 -m {MODULE}", description=description)
     for f in fields(Options):
         p.add_argument(
-            _flag(f.name), type=_TYPES[str(f.type)], default=f.default, help=HELP.get(f.name)
+            _flag(f.name), type=_TYPES[str(f.type)], default=f.default, help=f.metadata.get("help")
         )
     return Options(**vars(p.parse_args(argv)))

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from jobs.tiny_grpo.options import HELP, Options, to_argv
+from jobs.tiny_grpo.options import Options, help_of, to_argv
 from service.recipes.base import Group, Launch, LaunchContext, ResourceShape, RunSpec
 
 ACTOR_CPUS = Options.actor_cpus
@@ -25,7 +25,7 @@ OPTIONS = {f.name for f in fields(Options)} - {"actor_cpus"}
 
 def _field(name: str, **limits: Any) -> Any:
     """A spec field with the job's own default and help for its option ``name``."""
-    return Field(default=getattr(Options, name), description=HELP.get(name), **limits)
+    return Field(default=getattr(Options, name), description=help_of(name), **limits)
 
 
 class TinyGrpoSpec(RunSpec):
