@@ -143,6 +143,22 @@ def service_factory(ray_cluster: LocalRayCluster, ray: RayJobs) -> Callable[...,
     return make
 
 
+@pytest.fixture
+def sqlite_service(
+    service_factory: Callable[..., TestClient], tmp_path: Any
+) -> Callable[..., TestClient]:
+    """``service_factory`` on this test's own SQLite file (the same file on every call)."""
+    return lambda **overrides: service_factory(f"sqlite:///{tmp_path}/db.sqlite", **overrides)
+
+
+def submit(client: TestClient, **spec: Any) -> str:
+    """POST a ``test-script`` run (tests/recipes.py); its id."""
+    resp = client.post("/runs", json={"recipe": "test-script", **spec})
+    assert resp.status_code == 201, resp.text
+    run_id: str = resp.json()["id"]
+    return run_id
+
+
 def wait_for(
     fetch: Callable[[], Any], done: Callable[[Any], bool], timeout: float = 60.0, every: float = 0.2
 ) -> Any:

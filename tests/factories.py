@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import select
+
 from service.recipes.base import Group, Launch, ResourceShape
 from service.store.db import Database
-from service.store.models import Run, utcnow
+from service.store.models import Run, RunEvent, utcnow
 from service.store.status import RunStatus
 
 _NOT_ON_RAY = {RunStatus.QUEUED, RunStatus.CANCELLED}
@@ -51,3 +53,13 @@ def add_run(
     with db.transaction() as s:
         s.add(new_run(run_id, status, **kwargs))
     return run_id
+
+
+def read_run(db: Database, run_id: str = "r1") -> tuple[Run, list[str]]:
+    """The stored run (detached, every column loaded) and the reasons of its events, in order."""
+    with db.transaction() as s:
+        run = s.get(Run, run_id)
+        assert run is not None, run_id
+        reasons = list(s.scalars(select(RunEvent.reason).where(RunEvent.run_id == run_id)))
+        s.expunge(run)
+    return run, reasons

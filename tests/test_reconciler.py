@@ -3,24 +3,20 @@
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import select
 
 from service.cluster.ray_jobs import RayUnavailable
 from service.loops.reconciler import Reconciler
 from service.store.db import Database
 from service.store.lifecycle import request_stop
-from service.store.models import Run, RunEvent
+from service.store.models import Run
 from service.store.status import RunStatus
-from tests.factories import add_run
+from tests.factories import add_run, read_run
 from tests.fake_ray import FakeRay
 
 
-def status_and_reasons(db: Database, run_id: str = "r1") -> tuple[str, list[str]]:
-    with db.transaction() as s:
-        run = s.get(Run, run_id)
-        assert run is not None
-        reasons = s.scalars(select(RunEvent.reason).where(RunEvent.run_id == run_id)).all()
-        return run.status, list(reasons)
+def status_and_reasons(db: Database) -> tuple[str, list[str]]:
+    run, reasons = read_run(db)
+    return run.status, reasons
 
 
 def test_ray_s_running_and_success_become_the_run_s_and_an_end_wakes_the_queue(
@@ -48,9 +44,8 @@ def test_a_failure_keeps_ray_s_error_exit_code_and_last_message_line(db: Databas
     Reconciler(db, ray).tick()
     status, reasons = status_and_reasons(db)
     assert status == "FAILED" and reasons == ["JOB_FAILED: exit code 3: ValueError: boom"]
-    with db.transaction() as s:
-        run = s.get(Run, "r1")
-        assert run is not None and run.ray_exit_code == 3 and run.ray_error_type == "JOB_FAILED"
+    run, _ = read_run(db)
+    assert run.ray_exit_code == 3 and run.ray_error_type == "JOB_FAILED"
 
 
 def test_a_job_ray_no_longer_knows_is_lost(db: Database) -> None:

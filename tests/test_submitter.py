@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import select
 
 from service.cluster.ray_jobs import RayRejected, RayUnavailable
 from service.loops.submitter import Submitter
@@ -12,9 +11,9 @@ from service.scheduling.admission import Quotas
 from service.scheduling.inventory import InventoryCache
 from service.store.db import Database
 from service.store.lifecycle import transition
-from service.store.models import Run, RunEvent
+from service.store.models import Run
 from service.store.status import RunStatus
-from tests.factories import add_run
+from tests.factories import add_run, read_run
 from tests.fake_ray import FakeRay
 
 TWO_NODES = {"n1": {"NPU": 8.0, "CPU": 8.0}, "n2": {"NPU": 8.0, "CPU": 8.0}}
@@ -24,13 +23,11 @@ def submitter(db: Database, ray: FakeRay, quotas: Quotas | None = None) -> Submi
     return Submitter(db, ray, InventoryCache(ray, 0.0), quotas or Quotas(), "me", 30.0, 10)
 
 
-def stored(db: Database, run_id: str) -> tuple[Run, list[str]]:
-    with db.transaction() as s:
-        run = s.get(Run, run_id)
-        assert run is not None
-        s.expunge(run)
-        reasons = s.scalars(select(RunEvent.reason).where(RunEvent.run_id == run_id)).all()
-    return run, list(reasons)
+def first_round(db: Database, ray: FakeRay) -> tuple[Run, list[str]]:
+    """Queue run r1, tick once; the run as stored and its events."""
+    add_run(db, "r1", RunStatus.QUEUED)
+    submitter(db, ray).tick()
+    return read_run(db, "r1")
 
 
 def test_a_queued_run_that_fits_goes_to_ray_once_under_its_own_id(db: Database) -> None:
@@ -41,7 +38,7 @@ def test_a_queued_run_that_fits_goes_to_ray_once_under_its_own_id(db: Database) 
     loop.tick()
     assert [s["submission_id"] for s in ray.submitted] == ["r1"]
     assert ray.submitted[0]["runtime_env"]["py_modules"] == ["gcs://_ray_pkg_jobs.zip"]
-    run, reasons = stored(db, "r1")
+    run, reasons = read_run(db, "r1")
     assert run.status == RunStatus.SUBMITTED and run.ray_status == "PENDING"
     assert run.claim_owner == "me" and reasons == ["submitted to Ray"]
 
@@ -49,9 +46,7 @@ def test_a_queued_run_that_fits_goes_to_ray_once_under_its_own_id(db: Database) 
 def test_a_retry_that_ray_already_has_counts_as_submitted(db: Database) -> None:
     ray = FakeRay(TWO_NODES)
     ray.set_status("r1", "RUNNING")  # a replica died after Ray took the job
-    add_run(db, "r1", RunStatus.QUEUED)
-    submitter(db, ray).tick()
-    run, reasons = stored(db, "r1")
+    run, reasons = first_round(db, ray)
     assert ray.submitted == [] and run.status == RunStatus.SUBMITTED
     assert reasons == ["already on Ray (a retried submission)"]
 
@@ -59,9 +54,7 @@ def test_a_retry_that_ray_already_has_counts_as_submitted(db: Database) -> None:
 def test_a_job_ray_refuses_fails_with_ray_s_words(db: Database) -> None:
     ray = FakeRay(TWO_NODES)
     ray.fail("submit", RayRejected("Ray refused (400): bad runtime_env"))
-    add_run(db, "r1", RunStatus.QUEUED)
-    submitter(db, ray).tick()
-    run, reasons = stored(db, "r1")
+    run, reasons = first_round(db, ray)
     assert run.status == RunStatus.FAILED
     assert run.ray_message == "Ray refused (400): bad runtime_env"
     assert reasons == ["Ray refused the job: Ray refused (400): bad runtime_env"]
@@ -74,10 +67,10 @@ def test_ray_unavailable_hands_the_claim_back_and_the_next_tick_submits(db: Data
     loop = submitter(db, ray)
     with pytest.raises(RayUnavailable):
         loop.tick()
-    run, _ = stored(db, "r1")
+    run, _ = read_run(db, "r1")
     assert run.status == RunStatus.QUEUED and run.claim_owner is None
     loop.tick()
-    assert stored(db, "r1")[0].status == RunStatus.SUBMITTED
+    assert read_run(db, "r1")[0].status == RunStatus.SUBMITTED
 
 
 def test_ray_unreadable_submits_nothing(db: Database) -> None:
@@ -86,7 +79,7 @@ def test_ray_unreadable_submits_nothing(db: Database) -> None:
     add_run(db, "r1", RunStatus.QUEUED)
     with pytest.raises(RayUnavailable):
         submitter(db, ray).tick()
-    assert ray.submitted == [] and stored(db, "r1")[0].claim_owner is None
+    assert ray.submitted == [] and read_run(db, "r1")[0].claim_owner is None
 
 
 def test_a_run_cancelled_while_its_submission_was_in_flight_is_stopped_on_ray(
@@ -106,7 +99,7 @@ def test_a_run_cancelled_while_its_submission_was_in_flight_is_stopped_on_ray(
     ray.submit = submit_while_a_cancel_lands  # type: ignore[method-assign]
     submitter(db, ray).tick()
     assert ray.stopped == ["r1"] and ray.jobs["r1"].status == "STOPPED"
-    assert stored(db, "r1")[0].status == RunStatus.CANCELLED
+    assert read_run(db, "r1")[0].status == RunStatus.CANCELLED
 
 
 def test_waiting_runs_keep_the_reason_of_the_round_and_get_cluster_shows_it(
