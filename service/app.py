@@ -48,10 +48,10 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
         if settings.uses_local_ray:
             cluster = LocalRayCluster(
                 settings.local_npus_per_node,
-                cpus_per_node=settings.local_cpus_per_node,
-                base_dir=settings.local_ray_dir,
-                port=settings.local_ray_port,
-                dashboard_port=settings.local_dashboard_port,
+                settings.local_cpus_per_node,
+                settings.local_ray_dir,
+                settings.local_ray_port,
+                settings.local_dashboard_port,
             )
             log.info("starting a local Ray head with NPUs per node %s", settings.local_npus)
             await asyncio.to_thread(cluster.start)
@@ -126,10 +126,10 @@ def build_services(settings: Settings, registry: RecipeRegistry, ray_address: st
             settings.follower_lease_s,
             settings.log_keep_chars,
             HealthRules(
-                stall_after_s=settings.stall_after_s,
-                collapse_window=settings.collapse_window,
-                collapse_patience=settings.collapse_patience,
-                collapse_drop=settings.collapse_drop,
+                settings.stall_after_s,
+                settings.collapse_window,
+                settings.collapse_patience,
+                settings.collapse_drop,
             ),
             broker.notify,
         )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -73,16 +72,8 @@ def pg_admin_url() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def pg_database(pg_admin_url: str) -> Iterator[str]:
     """A fresh PostgreSQL database for this session, migrated to head, dropped at the end."""
-    name = f"rlrun_test_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(pg_admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = pg_admin_url.rsplit("/", 1)[0] + f"/{name}"
-    upgrade(url)
-    yield url
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-    admin.dispose()
+    with postgres.fresh_database(pg_admin_url, "rlrun_test") as url:
+        yield url
 
 
 def _truncate(url: str) -> None:

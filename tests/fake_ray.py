@@ -35,31 +35,27 @@ class FakeRay(RayJobs):
         """The next ``times`` calls of ``method`` raise ``exc``."""
         self._failures[method] += [exc] * times
 
-    def _call(self, method: str) -> None:
+    def _answer(self, method: str, value: Any) -> Any:
+        """``value``, unless a failure is scripted for this call of ``method``."""
         if self._failures[method]:
             raise self._failures[method].pop(0)
+        return value
 
-    def set_status(
-        self,
-        run_id: str,
-        status: str,
-        message: str | None = None,
-        error_type: str | None = None,
-        exit_code: int | None = None,
-    ) -> None:
+    def set_status(self, run_id: str, status: str, message: str | None = None, **more: Any) -> None:
+        """The job's status; ``more``: ``error_type``, ``exit_code`` (the driver's)."""
+        error_type, exit_code = more.get("error_type"), more.get("exit_code")
         self.jobs[run_id] = JobInfo(run_id, status, message, error_type, exit_code, None, None)
 
     def close(self) -> None:
         pass
 
     def version(self) -> dict[str, Any]:
-        self._call("version")
-        return {"ray_version": "fake"}
+        return self._answer("version", {"ray_version": "fake"})
 
     def submit(
         self, submission_id: str, entrypoint: str, runtime_env: dict[str, Any], *_: Any, **__: Any
     ) -> bool:
-        self._call("submit")
+        self._answer("submit", None)
         if submission_id in self.jobs:
             return False
         self.submitted.append(
@@ -69,29 +65,25 @@ class FakeRay(RayJobs):
         return True
 
     def get(self, submission_id: str) -> JobInfo | None:
-        self._call("get")
-        return self.jobs.get(submission_id)
+        return self._answer("get", self.jobs.get(submission_id))
 
     def list_jobs(self) -> list[JobInfo]:
-        self._call("list_jobs")
-        return list(self.jobs.values())
+        return self._answer("list_jobs", list(self.jobs.values()))
 
     def stop(self, submission_id: str) -> bool:
-        self._call("stop")
+        self._answer("stop", None)
         self.stopped.append(submission_id)
         job = self.jobs.get(submission_id)
-        if job is None or job.status in ENDED:
-            return False
-        if self.stop_ends_job:
+        running = job is not None and job.status not in ENDED
+        if running and self.stop_ends_job:
             self.set_status(submission_id, "STOPPED")
-        return True
+        return running
 
     def logs(self, submission_id: str) -> str | None:
-        self._call("logs")
-        return self.log.get(submission_id)
+        return self._answer("logs", self.log.get(submission_id))
 
     def cluster_status(self) -> dict[str, Any]:
-        self._call("cluster_status")
+        self._answer("cluster_status", None)
         usage = {
             node: {r: [self.used[node].get(r, 0.0), total] for r, total in resources.items()}
             for node, resources in self.nodes.items()

@@ -12,11 +12,16 @@ import shutil
 import socket
 import stat
 import tempfile
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from pytest_postgresql.executors import PostgreSQLExecutor
+from sqlalchemy import create_engine, text
+
+from service.store.db import upgrade
+from tests.live import free_port
 
 # Where a running server is looked for (the URL's database is the one the tests administer from).
 PORT = int(os.environ.get("RLRUN_TEST_PG_PORT", "5432"))
@@ -57,13 +62,6 @@ def _as_server_user(executable: str, workdir: Path) -> str:
     return str(wrapper)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @contextmanager
 def throwaway_server() -> Iterator[str]:
     """A new PostgreSQL server on a free port for as long as the block runs; its admin URL."""
@@ -88,6 +86,23 @@ def throwaway_server() -> Iterator[str]:
     finally:
         server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@contextmanager
+def fresh_database(admin: str, prefix: str) -> Iterator[str]:
+    """A new database on the server of ``admin`` (a URL), migrated to head; dropped after."""
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    engine = create_engine(admin, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = admin.rsplit("/", 1)[0] + f"/{name}"
+    upgrade(url)
+    try:
+        yield url
+    finally:
+        with engine.connect() as conn:
+            conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+        engine.dispose()
 
 
 @contextmanager

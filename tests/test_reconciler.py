@@ -40,7 +40,9 @@ def test_ray_s_running_and_success_become_the_run_s_and_an_end_wakes_the_queue(
 def test_a_failure_keeps_ray_s_error_exit_code_and_last_message_line(db: Database) -> None:
     ray = FakeRay()
     add_run(db, "r1", RunStatus.RUNNING)
-    ray.set_status("r1", "FAILED", "Traceback...\nValueError: boom", "JOB_FAILED", 3)
+    ray.set_status(
+        "r1", "FAILED", "Traceback...\nValueError: boom", error_type="JOB_FAILED", exit_code=3
+    )
     Reconciler(db, ray).tick()
     status, reasons = status_and_reasons(db)
     assert status == "FAILED" and reasons == ["JOB_FAILED: exit code 3: ValueError: boom"]

@@ -60,26 +60,18 @@ def test_a_job_ray_refuses_fails_with_ray_s_words(db: Database) -> None:
     assert reasons == ["Ray refused the job: Ray refused (400): bad runtime_env"]
 
 
-def test_ray_unavailable_hands_the_claim_back_and_the_next_tick_submits(db: Database) -> None:
+@pytest.mark.parametrize("call", ["submit", "cluster_status"])
+def test_ray_unavailable_leaves_the_run_queued_unclaimed_and_the_next_tick_submits(
+    db: Database, call: str
+) -> None:
     ray = FakeRay(TWO_NODES)
-    ray.fail("submit", RayUnavailable("no answer"))
-    add_run(db, "r1", RunStatus.QUEUED)
-    loop = submitter(db, ray)
+    ray.fail(call, RayUnavailable("no answer"))
     with pytest.raises(RayUnavailable):
-        loop.tick()
+        first_round(db, ray)
     run, _ = read_run(db, "r1")
-    assert run.status == RunStatus.QUEUED and run.claim_owner is None
-    loop.tick()
+    assert run.status == RunStatus.QUEUED and run.claim_owner is None and ray.submitted == []
+    submitter(db, ray).tick()
     assert read_run(db, "r1")[0].status == RunStatus.SUBMITTED
-
-
-def test_ray_unreadable_submits_nothing(db: Database) -> None:
-    ray = FakeRay(TWO_NODES)
-    ray.fail("cluster_status", RayUnavailable("no answer"))
-    add_run(db, "r1", RunStatus.QUEUED)
-    with pytest.raises(RayUnavailable):
-        submitter(db, ray).tick()
-    assert ray.submitted == [] and read_run(db, "r1")[0].claim_owner is None
 
 
 def test_a_run_cancelled_while_its_submission_was_in_flight_is_stopped_on_ray(

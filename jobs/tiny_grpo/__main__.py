@@ -16,12 +16,12 @@ from typing import Any
 import ray
 
 from jobs.tiny_grpo.actors import TinyGrpoRollouter, TinyGrpoTrainer
-from jobs.tiny_grpo.options import parse
+from jobs.tiny_grpo.options import parser
 from jobs.tiny_grpo.policy import Correction
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse(argv, __doc__)
+    args = parser(__doc__).parse_args(argv)
     lower, upper = (float(x) for x in args.rs_threshold.split("_"))
     ray.init()
     rollouter: Any = (

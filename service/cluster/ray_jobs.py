@@ -101,10 +101,11 @@ class RayJobs:
             "runtime_env": runtime_env,
             "metadata": metadata,
         }
-        if entrypoint_num_cpus:
-            body["entrypoint_num_cpus"] = entrypoint_num_cpus
-        if entrypoint_resources:
-            body["entrypoint_resources"] = entrypoint_resources
+        optional = {
+            "entrypoint_num_cpus": entrypoint_num_cpus,
+            "entrypoint_resources": entrypoint_resources,
+        }
+        body |= {k: v for k, v in optional.items() if v}
         resp = self._request("POST", "/api/jobs/", json=body)
         # Ray answers a duplicate submission_id with a 500 and this text, not a 409.
         if resp.status_code >= 400 and self.ALREADY_EXISTS in resp.text:
@@ -112,28 +113,27 @@ class RayJobs:
         self._check(resp)
         return True
 
+    def _known(self, method: str, path: str) -> Any | None:
+        """The JSON answer about a job, or None when Ray does not know the job (404)."""
+        resp = self._request(method, path)
+        return None if resp.status_code == 404 else self._check(resp).json()
+
     def get(self, submission_id: str) -> JobInfo | None:
         """The job, or None when Ray does not know it (404)."""
-        resp = self._request("GET", f"/api/jobs/{submission_id}")
-        if resp.status_code == 404:
-            return None
-        return JobInfo.from_json(self._check(resp).json())
+        data = self._known("GET", f"/api/jobs/{submission_id}")
+        return None if data is None else JobInfo.from_json(data)
 
     def list_jobs(self) -> list[JobInfo]:
         data = self._check(self._request("GET", "/api/jobs/")).json()
         return [JobInfo.from_json(j) for j in data if j.get("type") == "SUBMISSION"]
 
     def stop(self, submission_id: str) -> bool:
-        resp = self._request("POST", f"/api/jobs/{submission_id}/stop")
-        if resp.status_code == 404:
-            return False
-        return bool(self._check(resp).json().get("stopped", False))
+        data = self._known("POST", f"/api/jobs/{submission_id}/stop")
+        return bool(data and data.get("stopped", False))
 
     def logs(self, submission_id: str) -> str | None:
-        resp = self._request("GET", f"/api/jobs/{submission_id}/logs")
-        if resp.status_code == 404:
-            return None
-        return str(self._check(resp).json().get("logs", ""))
+        data = self._known("GET", f"/api/jobs/{submission_id}/logs")
+        return None if data is None else str(data.get("logs", ""))
 
     def cluster_status(self) -> dict[str, Any]:
         data: dict[str, Any] = self._check(

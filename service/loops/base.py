@@ -5,23 +5,22 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from service.cluster.ray_jobs import RayUnavailable
 
 log = logging.getLogger(__name__)
 
 
+@dataclass
 class Loop:
-    def __init__(
-        self, name: str, tick: Callable[[], None], interval_s: float, max_backoff_s: float
-    ) -> None:
-        self.name = name
-        self._tick = tick
-        self.interval_s = interval_s
-        self.max_backoff_s = max_backoff_s
-        self._wake = asyncio.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self.failures = 0
+    name: str
+    tick: Callable[[], None]
+    interval_s: float
+    max_backoff_s: float
+    failures: int = field(default=0, init=False)  # in a row; the backoff grows with them
+    _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False)
 
     def wake(self) -> None:
         """Run the next tick now; safe to call from any thread."""
@@ -33,7 +32,7 @@ class Loop:
         while not stop.is_set():
             self._wake.clear()
             try:
-                await asyncio.to_thread(self._tick)
+                await asyncio.to_thread(self.tick)
                 self.failures = 0
             except RayUnavailable as exc:
                 self.failures += 1

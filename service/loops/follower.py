@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from sqlalchemy import exists, or_, select
@@ -47,27 +47,18 @@ def split_lines(text: str, start: int, final: bool) -> tuple[str, list[tuple[int
     return text, lines
 
 
+@dataclass
 class Follower:
-    def __init__(
-        self,
-        db: Database,
-        ray: RayJobs,
-        owner: str,
-        lease_s: float,
-        keep_chars: int,
-        rules: HealthRules,
-        notify: Callable[[str], None] = lambda _run_id: None,
-    ) -> None:
-        self.db = db
-        self.ray = ray
-        self.owner = owner
-        self.lease = timedelta(seconds=lease_s)
-        self.keep_chars = keep_chars
-        self.rules = rules
-        self.notify = notify
-        # For /metrics: points this replica stored, and when each run it holds was last read.
-        self.points_ingested = 0
-        self.last_read: dict[str, float] = {}
+    db: Database
+    ray: RayJobs
+    owner: str
+    lease_s: float
+    keep_chars: int
+    rules: HealthRules
+    notify: Callable[[str], None] = lambda _run_id: None
+    # For /metrics: points this replica stored, and when each run it holds was last read.
+    points_ingested: int = field(default=0, init=False)
+    last_read: dict[str, float] = field(default_factory=dict, init=False)
 
     def tick(self) -> None:
         held = self._claim()
@@ -106,7 +97,7 @@ class Follower:
             held = []
             for runlog, status in rows:
                 runlog.lease_owner = self.owner
-                runlog.lease_expires_at = now + self.lease
+                runlog.lease_expires_at = now + timedelta(seconds=self.lease_s)
                 held.append(Held(runlog.run_id, RunStatus(status), runlog.log_offset))
         return held
 

@@ -7,6 +7,7 @@ state, so after a head restart our database is the only record of it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -25,14 +26,12 @@ _RAY_TO_RUN = {
 }
 
 
+@dataclass
 class Reconciler:
-    def __init__(
-        self, db: Database, ray: RayJobs, on_end: Callable[[], None] = lambda: None
-    ) -> None:
-        self.db = db
-        self.ray = ray
-        # Called after a round in which some run ended (its resources are free for the queue).
-        self.on_end = on_end
+    db: Database
+    ray: RayJobs
+    # Called after a round in which some run ended (its resources are free for the queue).
+    on_end: Callable[[], None] = lambda: None
 
     def tick(self) -> None:
         with self.db.transaction() as session:

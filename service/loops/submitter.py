@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import update
 from sqlalchemy.orm import Session
@@ -28,40 +27,25 @@ from service.store.status import RunStatus
 JOBS_DIR = Path(jobs.__file__).parent
 
 
-@dataclass(frozen=True)
-class Claimed:
-    id: str
-    launch: dict[str, Any]
-
-
+@dataclass
 class Submitter:
-    def __init__(
-        self,
-        db: Database,
-        ray: RayJobs,
-        inventory: InventoryCache,
-        quotas: Quotas,
-        owner: str,
-        claim_ttl_s: float,
-        batch: int,
-    ) -> None:
-        self.db = db
-        self.ray = ray
-        self.inventory = inventory
-        self.quotas = quotas
-        self.owner = owner
-        self.claim_ttl = timedelta(seconds=claim_ttl_s)
-        self.batch = batch
+    db: Database
+    ray: RayJobs
+    inventory: InventoryCache
+    quotas: Quotas
+    owner: str
+    claim_ttl_s: float
+    batch: int  # runs admitted per round at most
 
     def tick(self) -> None:
         # Always a fresh read: a run that just ended must not wait for a cache to expire.
         inventory = self.inventory.get(max_age_s=0.0)
         with self.db.transaction() as session:
             claimed = self._claim(session, inventory)
-        for run in claimed:
-            self._submit(run)
+        for queued in claimed:
+            self._submit(queued)
 
-    def _claim(self, session: Session, inventory: Inventory) -> list[Claimed]:
+    def _claim(self, session: Session, inventory: Inventory) -> list[backlog.QueuedRow]:
         """Decide the round, claim the admitted runs and record why the others wait."""
         if not backlog.lock_admission(session):
             return []
@@ -81,12 +65,12 @@ class Submitter:
                     .where(Run.id == run_id, Run.status == RunStatus.QUEUED, backlog.unclaimed(now))
                     .values(
                         claim_owner=self.owner,
-                        claim_expires_at=now + self.claim_ttl,
+                        claim_expires_at=now + timedelta(seconds=self.claim_ttl_s),
                         queue_reason=None,
                     )
                 )
                 if session.execute(claim).rowcount:  # type: ignore[attr-defined]
-                    out.append(Claimed(run_id, row.launch))
+                    out.append(row)
             elif decision.reasons.get(run_id) != row.queue_reason:
                 session.execute(
                     update(Run)
@@ -95,8 +79,8 @@ class Submitter:
                 )
         return out
 
-    def _submit(self, run: Claimed) -> None:
-        launch = run.launch
+    def _submit(self, queued: backlog.QueuedRow) -> None:
+        run, launch = queued.run, queued.launch
         runtime_env = dict(launch["runtime_env"])
         runtime_env["py_modules"] = [
             *runtime_env.get("py_modules", []),

@@ -10,7 +10,7 @@ line only when every item parses; anything else (``timing_s/param_sync: 7.41 sec
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _RAY_PREFIX = re.compile(r"^\((?:[^()\s]+ )?pid=\d+(?:, ip=[^)]*)?\)\s*")
@@ -21,8 +21,7 @@ _NUMPY = re.compile(r"^(?:np|numpy)\.(?:float|int|uint|bool_?)\d*\((.*)\)$")
 _NUMBER = re.compile(r"^[+-]?(?:\d+\.?\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|nan|inf)$")
 
 
-@dataclass(frozen=True)
-class MetricLine:
+class MetricLine(NamedTuple):
     step: int
     values: dict[str, float]
 

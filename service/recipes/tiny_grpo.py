@@ -9,42 +9,48 @@ without accelerators. The job code is ``jobs/tiny_grpo``.
 from __future__ import annotations
 
 import math
-from dataclasses import fields
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from jobs.tiny_grpo.options import Options, help_of, to_argv
+from jobs.tiny_grpo.options import DEFAULTS, to_argv
 from service.recipes.base import Group, Launch, LaunchContext, ResourceShape, RunSpec
 
-ACTOR_CPUS = Options.actor_cpus
+ACTOR_CPUS: float = DEFAULTS["actor_cpus"]
 DRIVER_CPUS = 0.25
 # The job's options a spec sets (all but the CPUs each actor holds, which the recipe decides).
-OPTIONS = {f.name for f in fields(Options)} - {"actor_cpus"}
-
-
-def _field(name: str, **limits: Any) -> Any:
-    """A spec field with the job's own default and help for its option ``name``."""
-    return Field(default=getattr(Options, name), description=help_of(name), **limits)
+OPTIONS = set(DEFAULTS) - {"actor_cpus"}
 
 
 class TinyGrpoSpec(RunSpec):
     recipe: Literal["tiny-grpo"] = "tiny-grpo"
-    prompts: int = _field("prompts", ge=1, le=10_000)
-    batch_prompts: int = _field("batch_prompts", ge=1, le=1024)
-    n: int = _field("n", ge=2, le=64)
-    total_rollout_steps: int = _field("total_rollout_steps", ge=1, le=10_000_000)
-    trigger_parameter_sync_step: int = _field("trigger_parameter_sync_step", ge=1, le=1000)
-    staleness_threshold: float = _field("staleness_threshold", ge=0, le=10)
-    lr: float = _field("lr", gt=0, le=100)
-    is_threshold: float = _field("is_threshold", gt=0)
-    rs_threshold: str = _field("rs_threshold", pattern=r"^\d+(\.\d+)?_\d+(\.\d+)?$")
-    val_every: int = _field("val_every", ge=1)
-    gen_seconds: float = _field("gen_seconds", ge=0, le=60)
-    train_seconds: float = _field("train_seconds", ge=0, le=60)
-    trainer_npus: int = _field("trainer_npus", ge=1, le=64)
-    rollout_npus: int = _field("rollout_npus", ge=1, le=64)
-    seed: int = _field("seed", ge=0)
+    prompts: int = Field(DEFAULTS["prompts"], ge=1, le=10_000, description="distinct prompts")
+    batch_prompts: int = Field(
+        DEFAULTS["batch_prompts"], ge=1, le=1024, description="prompts per trainer step"
+    )
+    n: int = Field(DEFAULTS["n"], ge=2, le=64, description="responses per prompt (GRPO group)")
+    total_rollout_steps: int = Field(
+        DEFAULTS["total_rollout_steps"], ge=1, le=10_000_000, description="prompts"
+    )
+    trigger_parameter_sync_step: int = Field(DEFAULTS["trigger_parameter_sync_step"], ge=1, le=1000)
+    staleness_threshold: float = Field(DEFAULTS["staleness_threshold"], ge=0, le=10)
+    lr: float = Field(DEFAULTS["lr"], gt=0, le=100)
+    is_threshold: float = Field(DEFAULTS["is_threshold"], gt=0)
+    rs_threshold: str = Field(
+        DEFAULTS["rs_threshold"],
+        pattern=r"^\d+(\.\d+)?_\d+(\.\d+)?$",
+        description="seq_mean_k1 rejection bounds, lower_upper",
+    )
+    val_every: int = Field(DEFAULTS["val_every"], ge=1)
+    gen_seconds: float = Field(
+        DEFAULTS["gen_seconds"], ge=0, le=60, description="simulated generation time"
+    )
+    train_seconds: float = Field(
+        DEFAULTS["train_seconds"], ge=0, le=60, description="simulated update time"
+    )
+    trainer_npus: int = Field(DEFAULTS["trainer_npus"], ge=1, le=64)
+    rollout_npus: int = Field(DEFAULTS["rollout_npus"], ge=1, le=64)
+    seed: int = Field(DEFAULTS["seed"], ge=0)
 
     @model_validator(mode="after")
     def _consistent(self) -> TinyGrpoSpec:
@@ -70,9 +76,7 @@ class TinyGrpoRecipe:
 
     def build(self, spec: Any, ctx: LaunchContext) -> Launch:
         assert isinstance(spec, TinyGrpoSpec)
-        argv = to_argv(
-            Options(**spec.model_dump(include=OPTIONS), actor_cpus=ACTOR_CPUS),
-        )
+        argv = to_argv(spec.model_dump(include=OPTIONS) | {"actor_cpus": ACTOR_CPUS})
         return Launch(
             argv=argv,
             runtime_env={

@@ -158,13 +158,13 @@ def runtime_env(spec: VerlFullyAsyncSpec, stop_grace_s: int) -> dict[str, Any]:
     return out
 
 
+# A rollout replica spans TP x DP x PP accelerators.
+REPLICA_PARTS = ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size")
+
+
 def rollout_replica_size(cfg: dict[str, Any]) -> int:
     size = 1
-    for part in (
-        "tensor_model_parallel_size",
-        "data_parallel_size",
-        "pipeline_model_parallel_size",
-    ):
+    for part in REPLICA_PARTS:
         size *= int(select(cfg, f"actor_rollout_ref.rollout.{part}", 1) or 1)
     return size
 

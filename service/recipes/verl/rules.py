@@ -7,7 +7,14 @@ from collections.abc import Callable
 from typing import Any
 
 from service.errors import field_error
-from service.recipes.verl.command import DEVICE, RESOURCE_KEYS, Item, Loc, rollout_replica_size
+from service.recipes.verl.command import (
+    DEVICE,
+    REPLICA_PARTS,
+    RESOURCE_KEYS,
+    Item,
+    Loc,
+    rollout_replica_size,
+)
 from service.recipes.verl.hydra_check import parse, select
 from service.recipes.verl.spec import VerlFullyAsyncSpec
 
@@ -170,11 +177,7 @@ def _check_parallelism(get: Callable[..., Any], err: Callable[[str, str], None])
             f"data-parallel size {dp}",
         )
     rollout = "actor_rollout_ref.rollout"
-    for part in (
-        "tensor_model_parallel_size",
-        "data_parallel_size",
-        "pipeline_model_parallel_size",
-    ):
+    for part in REPLICA_PARTS:
         if (_int(get(f"{rollout}.{part}", 1)) or 0) < 1:
             err(f"{rollout}.{part}", "must be a positive integer")
             return
