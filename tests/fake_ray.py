@@ -56,13 +56,23 @@ class FakeRay(RayJobs):
         self, submission_id: str, entrypoint: str, runtime_env: dict[str, Any], *_: Any, **__: Any
     ) -> bool:
         self._answer("submit", None)
-        if submission_id in self.jobs:
-            return False
-        self.submitted.append(
-            {"submission_id": submission_id, "entrypoint": entrypoint, "runtime_env": runtime_env}
-        )
-        self.set_status(submission_id, "PENDING")
-        return True
+        fresh = submission_id not in self.jobs  # else Ray's "already exists"
+        if fresh:
+            job = {"submission_id": submission_id, "entrypoint": entrypoint}
+            self.submitted.append(job | {"runtime_env": runtime_env})
+            self.set_status(submission_id, "PENDING")
+        return fresh
+
+    def cluster_status(self) -> dict[str, Any]:
+        self._answer("cluster_status", None)
+        usage = {
+            node: {r: [self.used[node].get(r, 0.0), total] for r, total in resources.items()}
+            for node, resources in self.nodes.items()
+        }
+        return {"data": {"clusterStatus": {"loadMetricsReport": {"usageByNode": usage}}}}
+
+    def package_uri(self, module_dir: Path) -> str:
+        return f"gcs://_ray_pkg_{module_dir.name}.zip"
 
     def get(self, submission_id: str) -> JobInfo | None:
         return self._answer("get", self.jobs.get(submission_id))
@@ -81,14 +91,3 @@ class FakeRay(RayJobs):
 
     def logs(self, submission_id: str) -> str | None:
         return self._answer("logs", self.log.get(submission_id))
-
-    def cluster_status(self) -> dict[str, Any]:
-        self._answer("cluster_status", None)
-        usage = {
-            node: {r: [self.used[node].get(r, 0.0), total] for r, total in resources.items()}
-            for node, resources in self.nodes.items()
-        }
-        return {"data": {"clusterStatus": {"loadMetricsReport": {"usageByNode": usage}}}}
-
-    def package_uri(self, module_dir: Path) -> str:
-        return f"gcs://_ray_pkg_{module_dir.name}.zip"

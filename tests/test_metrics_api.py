@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
@@ -10,6 +9,7 @@ from fastapi.testclient import TestClient
 
 from service.metrics import logcopy, store
 from service.metrics.parse import MetricLine
+from service.sse import parse_sse
 from service.store.db import Database
 from service.store.models import RunLog, utcnow
 
@@ -46,12 +46,11 @@ def seed(db_url: str, run_id: str) -> None:
 
 
 def sse(text: str) -> list[dict[str, Any]]:
-    events = []
-    for block in text.strip().split("\n\n"):
-        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
-        if "event" in fields:
-            events.append({**fields, "data": json.loads(fields["data"])})
-    return events
+    """A whole event stream, read by the same parser as the CLI's."""
+    return [
+        {"event": kind, "data": data, "id": event_id}
+        for kind, data, event_id in parse_sse(iter([*text.splitlines(), ""]))
+    ]
 
 
 def test_a_run_shows_progress_and_latest_metrics_with_nan_as_a_string(

@@ -48,9 +48,9 @@ class TinyGrpoSpec(RunSpec):
     train_seconds: float = Field(
         DEFAULTS["train_seconds"], ge=0, le=60, description="simulated update time"
     )
+    seed: int = Field(DEFAULTS["seed"], ge=0)
     trainer_npus: int = Field(DEFAULTS["trainer_npus"], ge=1, le=64)
     rollout_npus: int = Field(DEFAULTS["rollout_npus"], ge=1, le=64)
-    seed: int = Field(DEFAULTS["seed"], ge=0)
 
     @model_validator(mode="after")
     def _consistent(self) -> TinyGrpoSpec:
