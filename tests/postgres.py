@@ -1,6 +1,6 @@
 """Which PostgreSQL the tests use: ``RLRUN_TEST_PG``, else the server on 127.0.0.1 when one
-answers there, else a throwaway server of the session's own (pytest-postgresql's executor
-driving the installed PostgreSQL binaries; ``.ci/run`` installs Debian's if they are missing).
+answers there and lets them in, else a throwaway server of the session's own (pytest-postgresql's
+executor driving the installed PostgreSQL binaries; ``.ci/run`` installs Debian's if missing).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 
 from pytest_postgresql.executors import PostgreSQLExecutor
 from sqlalchemy import create_engine, text
+from sqlalchemy.exc import OperationalError
 
 from service.store.db import upgrade
 from tests.live import free_port
@@ -36,6 +37,18 @@ def answers(port: int, host: str = "127.0.0.1") -> bool:
             return True
     except OSError:
         return False
+
+
+def accepts(url: str) -> bool:
+    """Whether the server at ``url`` lets the tests in (a fresh Debian server asks a password)."""
+    engine = create_engine(url, connect_args={"connect_timeout": 3})
+    try:
+        with engine.connect():
+            return True
+    except OperationalError:
+        return False
+    finally:
+        engine.dispose()
 
 
 def pg_ctl() -> str:
@@ -109,7 +122,7 @@ def fresh_database(admin: str, prefix: str) -> Iterator[str]:
 def admin_url() -> Iterator[str]:
     if url := os.environ.get("RLRUN_TEST_PG"):
         yield url
-    elif answers(PORT):
+    elif answers(PORT) and accepts(RUNNING_URL):
         yield RUNNING_URL
     else:
         with throwaway_server() as url:
