@@ -18,10 +18,13 @@ from tests.live import ServerThread
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # Outside CI a machine without Chromium skips these; CI installs it, so there they must run.
-pytestmark = pytest.mark.skipif(
-    not Path(CHROMIUM).exists() and not os.environ.get("CI"),
-    reason="needs Debian's chromium (apt-get install -y chromium)",
-)
+pytestmark = [
+    pytest.mark.slow,  # a real browser: the integration layer
+    pytest.mark.skipif(
+        not Path(CHROMIUM).exists() and not os.environ.get("CI"),
+        reason="needs Debian's chromium (apt-get install -y chromium)",
+    ),
+]
 
 
 @pytest.fixture
