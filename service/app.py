@@ -14,7 +14,15 @@ from fastapi import FastAPI
 
 from service import dashboard
 from service.api import cluster as cluster_api
-from service.api import probes, prometheus, run_metrics, runs, script
+from service.api import (
+    probes,
+    prometheus,
+    recipes,
+    run_metrics,
+    runs,
+    script,
+    verl,
+)
 from service.api.deps import Services
 from service.cluster.local_ray import LocalRayCluster
 from service.cluster.ray_jobs import RayJobs
@@ -84,9 +92,11 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
     app.include_router(probes.router)
     app.include_router(runs.router)
     app.include_router(script.router)
+    app.include_router(recipes.router)
     app.include_router(cluster_api.router)
     app.include_router(run_metrics.router)
     app.include_router(prometheus.router)
+    app.include_router(verl.router)
     dashboard.install(app)
     return app
 

@@ -1,15 +1,13 @@
-"""Response models of the API (requests are recipe spec models, see ``service.recipes``)."""
+"""Run responses built from the database rows (the models themselves are in ``service.wire``)."""
 
 from __future__ import annotations
 
 import math
-from datetime import datetime
 from typing import Any
-
-from pydantic import BaseModel
 
 from service.recipes.base import PRIORITY_NAMES
 from service.store.models import Run, RunEvent
+from service.wire import EventOut, HealthOut, MetricsOut, ProgressOut, RayOut, RunOut, RunSummary
 
 
 def json_value(value: float) -> float | str:
@@ -21,78 +19,17 @@ def json_value(value: float) -> float | str:
     return value
 
 
-class EventOut(BaseModel):
-    id: int
-    at: datetime
-    from_status: str | None
-    to_status: str
-    reason: str
+# What a run's summary shows of its metrics: progress and the latest mean reward.
+SUMMARY_KEYS = (
+    "fully_async/count/current_param_version",
+    "training/global_step",
+    "critic/score/mean",
+)
 
 
-class RayOut(BaseModel):
-    submission_id: str
-    status: str | None
-    message: str | None
-    error_type: str | None
-    exit_code: int | None
-
-
-class ProgressOut(BaseModel):
-    """``step`` is the parameter version (weight syncs) of ``total_steps`` planned syncs."""
-
-    step: int | None = None
-    total_steps: int | None = None
-    trainer_step: int | None = None
-
-
-class MetricsOut(BaseModel):
-    """Key -> value at the newest step it was logged (NaN/inf as "NaN"/"Infinity" strings)."""
-
-    step: int | None = None
-    latest: dict[str, float | str] = {}
-
-
-class HealthOut(BaseModel):
-    status: str
-    reason: str | None
-
-
-class RunSummary(BaseModel):
-    id: str
-    name: str
-    recipe: str
-    team: str
-    priority: str
-    status: str
-    health: HealthOut
-    queue_reason: str | None = None
-    created_at: datetime
-    submitted_at: datetime | None
-    started_at: datetime | None
-    ended_at: datetime | None
-    links: dict[str, str]
-
-
-class RunOut(RunSummary):
-    spec: dict[str, Any]
-    command: list[str]
-    entrypoint: str
-    runtime_env: dict[str, Any]
-    shape: dict[str, Any]
-    warnings: list[str]
-    ray: RayOut
-    stop_requested: bool
-    progress: ProgressOut
-    metrics: MetricsOut
-    events: list[EventOut]
-
-
-class RunPage(BaseModel):
-    items: list[RunSummary]
-    next_cursor: str | None
-
-
-def summary_fields(run: Run) -> dict[str, Any]:
+def summary_fields(run: Run, latest: dict[str, tuple[int, float]] | None = None) -> dict[str, Any]:
+    latest = latest or {}
+    reward = latest.get("critic/score/mean")
     return {
         "id": run.id,
         "name": run.name,
@@ -102,6 +39,8 @@ def summary_fields(run: Run) -> dict[str, Any]:
         "status": run.status,
         "health": HealthOut(status=run.health, reason=run.health_reason),
         "queue_reason": run.queue_reason if run.status == "QUEUED" else None,
+        "progress": progress_of(run.launch, latest),
+        "reward": json_value(reward[1]) if reward else None,
         "created_at": run.created_at,
         "submitted_at": run.submitted_at,
         "started_at": run.started_at,
@@ -113,8 +52,8 @@ def summary_fields(run: Run) -> dict[str, Any]:
     }
 
 
-def run_summary(run: Run) -> RunSummary:
-    return RunSummary(**summary_fields(run))
+def run_summary(run: Run, latest: dict[str, tuple[int, float]] | None = None) -> RunSummary:
+    return RunSummary(**summary_fields(run, latest))
 
 
 def run_out(
@@ -123,7 +62,7 @@ def run_out(
     launch = run.launch
     latest = latest or {}
     return RunOut(
-        **summary_fields(run),
+        **summary_fields(run, latest),
         spec=run.spec,
         command=launch["argv"],
         entrypoint=launch["entrypoint"],
@@ -138,7 +77,7 @@ def run_out(
             exit_code=run.ray_exit_code,
         ),
         stop_requested=run.stop_requested_at is not None,
-        progress=progress_of(launch, latest),
+        preflight=run.preflight,
         metrics=MetricsOut(
             step=max((s for s, _ in latest.values()), default=None),
             latest={k: json_value(v) for k, (_, v) in sorted(latest.items())},

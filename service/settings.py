@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -73,6 +75,19 @@ class Settings(BaseSettings):
     verl_model_dir: str = "/models"
     verl_checkpoint_root: str = "/checkpoints"
     verl_loggers_configured: str = ""
+
+    # The preflight the verl launcher runs on every node before verl starts: the packages the
+    # nodes must carry ("auto": verl at the validated version, transformers in verl's own range,
+    # the accelerator's torch/vllm stack installed; or a comma-separated list of requirements such
+    # as "torch-npu==2.10.0.post4,vllm-ascend==0.23.0", verl's pin always added), whether Ray's
+    # accelerators must be real device files (off for virtual NPUs), and how long nodes may take.
+    preflight_packages: str = "auto"
+    # Where `rlrun verl add X` unpacks other verl versions specs may name (`verl_version`).
+    verl_cache_dir: str = Field(
+        default_factory=lambda: str(Path.home() / ".cache" / "rlrun" / "verl")
+    )
+    preflight_check_devices: bool = True
+    preflight_timeout_s: float = 60.0
 
     @field_validator("verl_data_dir", "verl_model_dir", "verl_checkpoint_root")
     @classmethod

@@ -12,7 +12,7 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
-from service.sse import parse_sse
+from service.client import parse_sse
 
 
 def free_port() -> int:
@@ -83,8 +83,8 @@ class SseClient:
         with httpx.stream("GET", url, headers=headers, timeout=httpx.Timeout(5, read=60)) as r:
             r.raise_for_status()
             self.connections += 1
-            for kind, data, ev_id in parse_sse(r.iter_lines()):
-                self._deliver(Event(kind, ev_id, data))
+            for event in parse_sse(r.iter_lines()):
+                self._deliver(Event(event.kind, event.id, event.data))
 
     def _deliver(self, event: Event) -> None:
         with self.received:

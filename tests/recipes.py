@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.recipes.base import Group, Launch, LaunchContext, ResourceShape, RunSpec
 from service.recipes.registry import RecipeRegistry
+from service.recipes.verl import VerlFullyAsyncRecipe
 
 # Runs on the cluster as `python3 -c SCRIPT name seconds exit_code message`.
 _ARGS = """
@@ -108,3 +110,21 @@ class ScriptRecipe:
 
 def register(registry: RecipeRegistry) -> None:
     registry.register(ScriptRecipe())
+
+
+class SmallClusterVerlRecipe(VerlFullyAsyncRecipe):
+    """The real verl recipe (spec, checks, launcher and its plan, argv) with the CPUs its shape
+    holds scaled to nothing, so a verl run is admitted on the test cluster's 8-CPU virtual nodes
+    (verl's driver actors alone want 23 CPUs); what it tests is the launch, not admission."""
+
+    def build(self, spec: Any, ctx: LaunchContext) -> Launch:
+        launch = super().build(spec, ctx)
+        groups = tuple(replace(g, cpus=0.0) for g in launch.shape.groups)
+        return replace(launch, shape=replace(launch.shape, groups=groups, driver_cpus=0.0))
+
+
+def register_small_verl(registry: RecipeRegistry) -> None:
+    register(registry)
+    verl = registry.get(VerlFullyAsyncRecipe.name)
+    assert isinstance(verl, VerlFullyAsyncRecipe)
+    registry.register(SmallClusterVerlRecipe(verl.settings))

@@ -1,10 +1,12 @@
-"""The dashboard in a real browser (Debian's Chromium driven by Playwright)."""
+"""The dashboard in a real browser (Debian's Chromium driven by Playwright) on a live service
+running real tiny-grpo runs. Each view's screenshot is kept in ``docs/``."""
 
 from __future__ import annotations
 
 import os
 import shutil
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,22 +15,64 @@ import pytest
 
 from service.app import create_app
 from service.cluster.local_ray import LocalRayCluster
-from tests.conftest import make_settings
+from tests.conftest import TERMINAL, make_settings, wait_for, wait_status
 from tests.live import ServerThread
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+DOCS = Path(__file__).resolve().parents[1] / "docs"
 # Outside CI a machine without Chromium skips these; CI installs it, so there they must run.
 pytestmark = [
-    pytest.mark.slow,  # a real browser: the integration layer
     pytest.mark.skipif(
         not Path(CHROMIUM).exists() and not os.environ.get("CI"),
         reason="needs Debian's chromium (apt-get install -y chromium)",
     ),
+    pytest.mark.ray,
+    pytest.mark.slow,
 ]
+HOSTILE = '<img src=x onerror="window.pwned=1"> waiting'
+TINY = {"recipe": "tiny-grpo", "team": "research", "total_rollout_steps": 400}
 
 
-@pytest.fixture
-def page() -> Iterator[Any]:
+@dataclass
+class Live:
+    url: str
+    tiny: list[str]  # two tiny-grpo runs, started with the module
+    holder: str  # holds team "capped"'s whole quota
+    waiting: str  # queued behind the quota
+
+
+@pytest.fixture(scope="module")
+def live(ray_cluster: LocalRayCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    db = tmp_path_factory.mktemp("ui") / "ui.db"
+    settings = make_settings(
+        f"sqlite:///{db}",
+        ray_cluster.address,
+        follow_interval_s=0.3,
+        events_poll_s=0.3,
+        team_quotas={"capped": 2},
+    )
+    with ServerThread(create_app(settings)) as url, httpx.Client(base_url=url) as http:
+
+        def post(body: dict[str, Any]) -> str:
+            resp = http.post("/runs", json=body)
+            assert resp.status_code == 201, resp.text
+            run_id: str = resp.json()["id"]
+            return run_id
+
+        tiny = [post(TINY | {"name": "tiny lr 2"}), post(TINY | {"name": "tiny lr 1", "lr": 1.0})]
+        hold = {"recipe": "test-script", "team": "capped", "npus": 2, "seconds": 900}
+        holder = post(hold | {"name": "holder"})
+        wait_status(http, holder, {"RUNNING"}, timeout=90)
+        waiting = post(hold | {"name": HOSTILE})
+        yield Live(url, tiny, holder, waiting)
+        for run_id in (*tiny, holder, waiting):
+            http.post(f"/runs/{run_id}/cancel")
+        for run_id in (*tiny, holder):
+            wait_status(http, run_id, TERMINAL, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
@@ -36,59 +80,196 @@ def page() -> Iterator[Any]:
             executable_path=CHROMIUM,
             args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
         )
-        page = browser.new_page(viewport={"width": 1300, "height": 900})
-        yield page
+        yield browser
         browser.close()
 
 
-def test_dashboard_lists_runs_and_shows_one_with_its_events_and_command(
-    tmp_path: Path, page: Any
-) -> None:
-    settings = make_settings(f"sqlite:///{tmp_path}/ui.db", "http://127.0.0.1:9", run_loops=False)
-    with ServerThread(create_app(settings)) as server:
-        assert httpx.get(f"{server}/ui/static/vendor/uPlot.iife.min.js").status_code == 200
-        ids = [
-            httpx.post(
-                f"{server}/runs",
-                json={"recipe": "test-script", "name": f"run {i}", "team": "vision"},
-            ).json()["id"]
-            for i in range(3)
-        ]
-        httpx.post(f"{server}/runs/{ids[0]}/cancel")
-        page.goto(f"{server}/")
-        page.wait_for_selector("#runs tbody tr")
-        rows = page.locator("#runs tbody tr")
-        assert rows.count() == 3
-        assert rows.nth(0).inner_text().startswith("run 2")
-        page.select_option("#status-filter", "CANCELLED")
-        page.wait_for_function("document.querySelectorAll('#runs tbody tr').length === 1")
-        page.locator("#runs tbody tr").first.click()
-        page.wait_for_selector("#run-pane:not([hidden])")
-        assert page.locator("#run-title").inner_text() == f"run 0 ({ids[0]})"
-        assert page.locator("#run-status").inner_text() == "CANCELLED"
-        assert page.locator("#cancel").is_hidden()
-        events = page.locator("#events li").all_inner_texts()
-        assert "QUEUED → CANCELLED: cancelled before submission" in events[-1]
-        assert "'run 0'" in page.locator("#command").inner_text()
+class Page:
+    """A fresh page that records console errors and uncaught exceptions."""
+
+    def __init__(self, browser: Any) -> None:
+        self.page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        self.errors: list[str] = []
+        self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
 
 
-@pytest.mark.ray
-def test_dashboard_draws_a_live_tiny_grpo_reward_curve(
-    ray_cluster: LocalRayCluster, tmp_path: Path, page: Any
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    p = Page(browser)
+    yield p.page
+    p.page.close()
+    # An expected refusal (422 on a bad spec) is logged by the browser as a failed load.
+    assert [e for e in p.errors if "status of 422" not in e] == []
+
+
+def until(page: Any, expression: str, timeout: float = 30_000) -> None:
+    """Poll a page expression until it is truthy (``page.evaluate`` is not subject to the
+    page's CSP; ``wait_for_function`` evaluates strings, which the policy forbids)."""
+    wait_for(lambda: page.evaluate(expression), bool, timeout=timeout / 1000, every=0.2)
+
+
+def shot(page: Any, name: str) -> None:
+    DOCS.mkdir(exist_ok=True)
+    page.screenshot(path=str(DOCS / name), full_page=True)
+
+
+def test_the_page_has_no_inline_script_and_a_strict_script_policy(live: Live) -> None:
+    resp = httpx.get(f"{live.url}/ui/")
+    assert "script-src 'self'" in resp.headers["content-security-policy"]
+    assert "<script>" not in resp.text and "<script src=" in resp.text
+    assert httpx.get(f"{live.url}/ui/static/vendor/uPlot.iife.min.js").status_code == 200
+
+
+def test_runs_view_lists_runs_and_updates_live_without_reload(live: Live, page: Any) -> None:
+    page.goto(f"{live.url}/ui/#/runs")
+    page.evaluate("window.notReloaded = true")
+    row = page.locator(f"#runs tr[data-id='{live.tiny[0]}']")
+    row.wait_for()
+    assert "tiny lr 2" in row.inner_text() and "research" in row.inner_text()
+    assert "tiny-grpo" in row.inner_text()
+    waiting = page.locator(f"#runs tr[data-id='{live.waiting}']")
+    assert waiting.locator(".badge").inner_text() == "QUEUED"
+    # A name is text, never markup.
+    assert HOSTILE in waiting.inner_text() and waiting.locator("img").count() == 0
+    # Progress and the reward sparkline arrive while the page stays open.
+    row.locator(".reward svg polyline").wait_for(timeout=120_000)
+    first = row.locator(".progress").inner_text()
+    until(
+        page,
+        f"""() => {{
+            const p = document.querySelector("#runs tr[data-id='{live.tiny[0]}'] .progress");
+            return p && p.textContent !== {first!r};
+        }}""",
+        timeout=120_000,
+    )
+    assert page.evaluate("window.notReloaded") is True
+    assert page.evaluate("window.pwned") is None
+    shot(page, "dashboard-runs.png")
+    # Two runs picked in the list open side by side.
+    for run_id in live.tiny:
+        page.check(f"#runs tr[data-id='{run_id}'] input[type=checkbox]")
+    page.click("#compare-selected")
+    until(
+        page,
+        f"location.hash === '#/compare?runs={live.tiny[1]},{live.tiny[0]}'"
+        f" || location.hash === '#/compare?runs={live.tiny[0]},{live.tiny[1]}'",
+    )
+    page.goto(f"{live.url}/ui/#/runs")
+    # Filters are part of the URL, so a filtered view can be shared.
+    page.select_option("#status-filter", "QUEUED")
+    until(page, "location.hash.includes('status=QUEUED')")
+    until(page, "document.querySelectorAll('#runs tbody tr').length === 1")
+    assert page.locator("#runs tbody tr").get_attribute("data-id") == live.waiting
+
+
+def test_run_view_draws_curves_live_and_shows_everything_about_the_run(
+    live: Live, page: Any
 ) -> None:
-    settings = make_settings(f"sqlite:///{tmp_path}/ui.db", ray_cluster.address)
-    with ServerThread(create_app(settings)) as server:
-        run_id = httpx.post(f"{server}/runs", json={"recipe": "tiny-grpo"}).json()["id"]
-        page.goto(f"{server}/ui/#/runs/{run_id}")
-        # The curve appears while the run is still going, pushed by the event stream.
-        page.wait_for_selector("[data-chart='reward'] canvas", timeout=90_000)
-        page.wait_for_function(
-            "document.getElementById('run-status').textContent === 'SUCCEEDED'", timeout=120_000
+    run_id = live.tiny[1]
+    page.goto(f"{live.url}/ui/#/runs/{run_id}")
+    page.evaluate("window.notReloaded = true")
+    reward = page.locator("[data-chart='reward']")
+    reward.locator("canvas").wait_for(timeout=120_000)
+    run = httpx.get(f"{live.url}/runs/{run_id}").json()
+    if run["status"] not in TERMINAL:
+        points = int(reward.get_attribute("data-points") or 0)
+        until(
+            page,
+            f"+document.querySelector(\"[data-chart='reward']\").dataset.points > {points}",
+            timeout=120_000,
         )
-        latest = dict(row.split("\t") for row in page.locator("#latest tr").all_inner_texts())
-        run = httpx.get(f"{server}/runs/{run_id}").json()
-        assert float(latest["critic/score/mean"]) == pytest.approx(
-            run["metrics"]["latest"]["critic/score/mean"], rel=1e-5
-        )
-        assert page.locator("#run-progress").inner_text().startswith("step ")
-        page.screenshot(path=str(tmp_path / "dashboard.png"))
+    assert reward.get_attribute("data-series") == "3"  # mean, max and min (the band)
+    until(
+        page, "document.getElementById('run-status').textContent === 'SUCCEEDED'", timeout=180_000
+    )
+    assert page.evaluate("window.notReloaded") is True
+    for chart in ("validation", "idle ratio", "staleness", "partial rollouts"):
+        page.locator(f"[data-chart='{chart}'] canvas").wait_for()
+    page.select_option("#key-picker", "actor/pg_loss")
+    page.locator("[data-chart='actor/pg_loss'] canvas").wait_for()
+    events = page.locator("#events li").all_inner_texts()
+    assert "accepted" in events[0] and "SUCCEEDED" in events[-1]
+    assert "jobs.tiny_grpo" in page.locator("#command").inner_text()
+    until(page, "document.getElementById('script').textContent.length > 0")
+    assert (page.locator("#script").text_content() or "").startswith("#!/usr/bin/env bash")
+    until(page, "document.getElementById('log').textContent.includes('step:')")
+    assert page.locator("#cancel").is_hidden()
+    shot(page, "dashboard-run.png")
+    # Clone: the submit form starts from this run's spec.
+    page.click("text=clone")
+    until(page, "document.getElementById('spec-json').value.includes('\"lr\": 1')")
+
+
+def test_submit_shows_field_errors_then_a_plan_then_submits(live: Live, page: Any) -> None:
+    page.goto(f"{live.url}/ui/#/submit")
+    until(page, "document.getElementById('spec-json').value.includes('recipe')")
+    page.fill("#spec-json", '{"recipe": "test-script", "team": "Bad Team", "seconds": -1}')
+    page.click("#dry-run")
+    page.locator("#errors li[data-field='seconds']").wait_for()
+    assert "line 1" in page.locator("#errors li[data-field='seconds']").inner_text()
+    assert page.locator(".field[data-field='team'] .field-error").inner_text() != ""
+    assert page.locator("#submit").is_disabled()
+    page.fill("#spec-json", '{"recipe": "test-script", "name": "from the form", "npus": 2}')
+    page.click("#dry-run")
+    page.locator("#plan #placement tbody tr").first.wait_for()
+    assert "queue position 0" in page.locator("#plan-verdict").inner_text()
+    assert "python3 -c" in page.locator("#plan-command").inner_text()
+    assert page.locator("#name").input_value() == "from the form"
+    shot(page, "dashboard-submit.png")
+    page.click("#submit")
+    until(page, "/^#\\/runs\\/r[0-9a-f]+$/.test(location.hash)")
+    run_id = page.evaluate("location.hash.split('/').pop()")
+    assert httpx.get(f"{live.url}/runs/{run_id}").json()["name"] == "from the form"
+
+
+def test_cluster_view_shows_nodes_holders_quotas_and_the_queue_reason(
+    live: Live, page: Any
+) -> None:
+    page.goto(f"{live.url}/ui/#/cluster")
+    page.locator("#nodes tbody tr").nth(1).wait_for()
+    assert page.locator("#nodes tbody tr").count() == 2
+    assert "NPU" in page.locator("#nodes").inner_text()
+    page.locator(f"#active tr[data-id='{live.holder}']").wait_for()
+    reason = page.locator(f"#queue tr[data-id='{live.waiting}'] .queue-reason").inner_text()
+    assert reason.startswith("quota")
+    assert "capped" in page.locator("#teams").inner_text()
+    assert "free" in page.locator("#cluster").inner_text()  # the header's summary
+    shot(page, "dashboard-cluster.png")
+    # The waiting run's page says why it waits; cancelling asks first.
+    page.goto(f"{live.url}/ui/#/runs/{live.waiting}")
+    page.locator("#run-queue:not([hidden])").wait_for()
+    assert "quota" in page.locator("#run-queue").inner_text()
+    page.once("dialog", lambda d: d.accept())
+    page.click("#cancel")
+    until(page, "document.getElementById('run-status').textContent === 'CANCELLED'", timeout=30_000)
+
+
+def test_compare_overlays_two_runs_and_lists_their_spec_differences(live: Live, page: Any) -> None:
+    with httpx.Client(base_url=live.url) as http:
+        for run_id in live.tiny:
+            wait_status(http, run_id, TERMINAL, timeout=180)
+    page.goto(f"{live.url}/ui/#/compare?runs={','.join(live.tiny)}")
+    chart = page.locator("[data-chart='critic/score/mean']")
+    chart.locator("canvas").wait_for()
+    assert chart.get_attribute("data-series") == "2"
+    page.locator("#spec-diff tr[data-field='lr']").wait_for()
+    assert page.locator("#spec-diff tr[data-field='lr'] td").all_inner_texts() == ["lr", "2", "1"]
+    assert page.locator("#spec-diff tr[data-field='name']").count() == 1
+    page.select_option("#compare-key", "fully_async/trainer/idle_ratio")
+    page.locator("[data-chart='fully_async/trainer/idle_ratio'] canvas").wait_for()
+    assert "keys=" in page.evaluate("location.hash")
+    shot(page, "dashboard-compare.png")
+
+
+def test_sign_in_keeps_the_token_and_sends_it_as_a_bearer_header(live: Live, page: Any) -> None:
+    seen: list[str | None] = []
+    page.on(
+        "request",
+        lambda r: r.url.endswith("/cluster") and seen.append(r.headers.get("authorization")),
+    )
+    page.goto(f"{live.url}/ui/#/cluster")
+    page.fill("#token", "tok-123")
+    page.click("#sign-in button[type=submit]")
+    wait_for(lambda: seen, lambda s: "Bearer tok-123" in s, timeout=15)
+    assert page.evaluate("localStorage.getItem('rlrun-token')") == "tok-123"

@@ -1,7 +1,10 @@
-"""The images and compose file cannot be built here (no Docker engine): lint them instead."""
+"""The images and compose file cannot be built here (no Docker engine): lint them, and resolve
+each worker image's Python pins for its platform so a conflicting pin fails here, not in a build."""
 
 from __future__ import annotations
 
+import importlib.metadata
+import os
 import shutil
 import subprocess
 import sys
@@ -23,8 +26,79 @@ def hadolint() -> str:
     return found
 
 
-def test_the_service_and_npu_worker_images_are_there() -> None:
-    assert {DOCKER / "Dockerfile", DOCKER / "Dockerfile.npu-worker"} <= set(DOCKERFILES)
+# Each worker image: its platform and Python, as uv names them (the base image's glibc and arch).
+WORKER_IMAGES = {
+    # CANN 9.1.0 images: Ubuntu 22.04 (glibc 2.35), Python 3.12; Ascend servers are aarch64.
+    "npu-worker": ("aarch64-manylinux_2_35", "3.12"),
+    # nvidia/cuda:13.0.2 on Ubuntu 24.04 (glibc 2.39), Python 3.12.
+    "gpu-worker": ("x86_64-manylinux_2_39", "3.12"),
+}
+
+
+def test_the_service_and_worker_images_are_there() -> None:
+    names = {DOCKER / "Dockerfile", *(DOCKER / f"Dockerfile.{w}" for w in WORKER_IMAGES)}
+    assert names <= set(DOCKERFILES)
+
+
+def pins(image: str) -> dict[str, str]:
+    out = {}
+    for raw in (DOCKER / f"{image}.constraints.txt").read_text().splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if line:
+            name, _, want = line.partition("==")
+            out[name] = want
+    return out
+
+
+@pytest.mark.parametrize("image", WORKER_IMAGES)
+def test_worker_image_installs_its_pins_and_verl_is_the_services(image: str) -> None:
+    dockerfile = (DOCKER / f"Dockerfile.{image}").read_text()
+    assert f"COPY docker/{image}.constraints.txt /opt/build/constraints.txt" in dockerfile
+    assert f"COPY docker/{image}.requirements.txt /opt/build/requirements.txt" in dockerfile
+    assert "PIP_CONSTRAINT=/opt/build/constraints.txt" in dockerfile
+    assert "check_pins.py /opt/build/constraints.txt" in dockerfile
+    # The nodes must run the verl the service validates specs against.
+    assert pins(image)["verl"] == importlib.metadata.version("verl")
+    assert pins(image)["ray"] == importlib.metadata.version("ray")
+
+
+def resolve(image: str, constraints: Path) -> subprocess.CompletedProcess[str]:
+    """uv's resolver over the image's requirements under ``constraints``, for the image's
+    platform and Python, wheels only, against PyPI. (pip's ``--platform`` changes the wheel
+    tags but evaluates markers for the machine running it, so an aarch64 torch drags in
+    x86_64-only CUDA wheels; uv's ``--python-platform`` evaluates both for the target.)"""
+    platform, python = WORKER_IMAGES[image]
+    uv = shutil.which("uv") or str(Path(sys.executable).parent / "uv")
+    if not Path(uv).exists():
+        pytest.fail("uv is missing: install the dev extras")
+    env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never", "UV_NO_CONFIG": "1"}
+    return subprocess.run(
+        [
+            uv, "pip", "compile", "--quiet", "--no-header",
+            "--python-platform", platform, "--python-version", python,
+            "--only-binary", ":all:", "--constraints", str(constraints),
+            "--output-file", os.devnull, str(DOCKER / f"{image}.requirements.txt"),
+        ],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("image", WORKER_IMAGES)
+def test_worker_image_pins_resolve_together(image: str) -> None:
+    result = resolve(image, DOCKER / f"{image}.constraints.txt")
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.slow
+def test_a_conflicting_pin_fails_the_resolver(tmp_path: Path) -> None:
+    """The old NPU pin transformers 4.57.6 cannot sit with verl 0.9.1 (>=5.5.3)."""
+    text = (DOCKER / "npu-worker.constraints.txt").read_text()
+    bad = tmp_path / "constraints.txt"
+    bad.write_text(text.replace("transformers==5.5.4", "transformers==4.57.6"))
+    result = resolve("npu-worker", bad)
+    assert result.returncode != 0
+    assert "transformers" in result.stderr and "verl" in result.stderr
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)

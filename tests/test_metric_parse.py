@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -114,3 +115,13 @@ def test_a_key_may_hold_a_colon_free_mix_of_separators_and_splits_on_its_last_co
     parsed = parse_line("step:12 - val-core/a_b/acc/mean@4:np.float64(0.25) - x:-inf")
     assert parsed is not None
     assert parsed.values == {"val-core/a_b/acc/mean@4": 0.25, "x": -math.inf}
+
+
+def test_the_launchers_preflight_line_is_read_and_nothing_else_is() -> None:
+    from service.metrics.parse import parse_preflight
+
+    report = {"ok": True, "seconds": 1.5, "nodes": [{"node": "10.0.0.1", "checks": []}]}
+    assert parse_preflight("rlrun-preflight: " + json.dumps(report) + "\n") == report
+    assert parse_preflight("(raylet) rlrun-preflight: {not json") is None
+    assert parse_preflight('rlrun-preflight: {"ok": true}') is None  # no nodes: not a report
+    assert parse_preflight("step:1 - a:1") is None

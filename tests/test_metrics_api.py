@@ -7,9 +7,9 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
+from service.client import parse_sse
 from service.metrics import logcopy, store
 from service.metrics.parse import MetricLine
-from service.sse import parse_sse
 from service.store.db import Database
 from service.store.models import RunLog, utcnow
 
@@ -48,8 +48,7 @@ def seed(db_url: str, run_id: str) -> None:
 def sse(text: str) -> list[dict[str, Any]]:
     """A whole event stream, read by the same parser as the CLI's."""
     return [
-        {"event": kind, "data": data, "id": event_id}
-        for kind, data, event_id in parse_sse(iter([*text.splitlines(), ""]))
+        {"event": e.kind, "data": e.data, "id": e.id} for e in parse_sse([*text.splitlines(), ""])
     ]
 
 
@@ -93,6 +92,49 @@ def test_logs_tail_comes_from_the_services_own_copy(api: TestClient, db_url: str
     assert api.get(f"/runs/{run_id}/logs", params={"tail": 2}).text == "two\nthree\n"
     assert api.get(f"/runs/{run_id}/logs").text == "one\ntwo\nthree\n"
     assert api.get("/runs/nope/logs").status_code == 404
+
+
+def test_logs_read_on_from_an_offset_without_colour_codes_unless_asked(
+    api: TestClient, db_url: str
+) -> None:
+    run_id = queued_run(api)
+    db = Database(db_url)
+    with db.transaction() as s:
+        logcopy.append(s, run_id, 0, "\x1b[36m(Trainer pid=1)\x1b[0m one\n", 1000)
+    first = api.get(f"/runs/{run_id}/logs")
+    assert first.text == "(Trainer pid=1) one\n"
+    assert first.headers["Log-Complete"] == "false"
+    end = int(first.headers["Log-Offset"])
+    assert end == len("\x1b[36m(Trainer pid=1)\x1b[0m one\n")
+    with db.transaction() as s:
+        logcopy.append(s, run_id, end, "two \x1b]0;title\x07\x1b[1mbold\x1b[0m\n", 1000)
+    db.dispose()
+    more = api.get(f"/runs/{run_id}/logs", params={"offset": end})
+    assert more.text == "two bold\n"
+    again = api.get(f"/runs/{run_id}/logs", params={"offset": more.headers["Log-Offset"]})
+    assert again.text == "" and again.headers["Log-Offset"] == more.headers["Log-Offset"]
+    raw = api.get(f"/runs/{run_id}/logs", params={"offset": end + 4, "ansi": "true"})
+    assert raw.text == "\x1b]0;title\x07\x1b[1mbold\x1b[0m\n"
+    api.post(f"/runs/{run_id}/cancel")
+    # Cancelled before it reached Ray: no log will ever come.
+    assert api.get(f"/runs/{run_id}/logs").headers["Log-Complete"] == "true"
+
+
+def test_runs_list_carries_progress_and_reward_and_keys_are_listed(
+    api: TestClient, db_url: str
+) -> None:
+    run_id, other = queued_run(api), queued_run(api)
+    seed(db_url, run_id)
+    items = {r["id"]: r for r in api.get("/runs").json()["items"]}
+    assert items[run_id]["progress"] == {"step": 3, "total_steps": 10, "trainer_step": 6}
+    assert items[run_id]["reward"] == 0.3
+    assert items[other]["reward"] is None and items[other]["progress"]["step"] is None
+    assert api.get(f"/runs/{run_id}/metrics/keys").json() == [
+        "actor/pg_loss",
+        "critic/score/mean",
+        "fully_async/count/current_param_version",
+        "training/global_step",
+    ]
 
 
 def test_the_event_stream_of_an_ended_run_replays_and_resumes_after_last_event_id(

@@ -72,7 +72,7 @@ def test_shell_metacharacters_in_the_spec_run_nothing(api: TestClient, tmp_path:
         **PRESET,
         "name": evil,
         "trainer": {"experiment_name": evil, "project_name": evil},
-        "data": {"train_files": evil},
+        "data": {"train_files": "/" + evil},
         "runtime_env": {"env_vars": {"EVIL": evil}},
     }
     run, script = script_of(api, body)
@@ -96,3 +96,21 @@ def test_script_works_for_any_recipe(api: TestClient, tmp_path: Path) -> None:
     options = dict(zip(args[2:cut:2], args[3:cut:2], strict=True))
     assert json.loads(options["--entrypoint-resources"]) == {"NPU": 2.0}
     assert options["--entrypoint-num-cpus"] == "0.1"
+
+
+def test_the_runs_files_travel_with_the_script_as_its_working_dir(
+    api: TestClient, tmp_path: Path
+) -> None:
+    reward = "def compute_score(*a, **k):\n    return 1.0  # it's $(not run) `either`\n"
+    body = {
+        **PRESET,
+        "files": {"reward.py": reward},
+        "overrides": ["custom_reward_function.path=reward.py"],
+    }
+    run, script = script_of(api, body)
+    args = run_with_fake_ray(script, tmp_path)
+    cut = args.index("--")
+    options = dict(zip(args[2:cut:2], args[3:cut:2], strict=True))
+    working_dir = Path(json.loads(options["--runtime-env-json"])["working_dir"])
+    assert (working_dir / "reward.py").read_text() == reward
+    assert args[cut + 1 :] == run["command"]

@@ -17,8 +17,8 @@ def test_the_plan_places_a_trainer_and_a_rollout_group_on_virtual_npus(api: Test
     groups = {g["role"]: g for g in plan["shape"]["groups"]}
     assert groups["trainer"]["accelerators"] == 2 and groups["rollout"]["accelerators"] == 3
     assert all(g["cpus"] <= 0.5 for g in groups.values())
-    assert plan["argv"][:3] == ["python3", "-m", "jobs.tiny_grpo"]
-    assert plan["argv"][plan["argv"].index("--trainer-npus") + 1] == "2"
+    assert plan["command"][:3] == ["python3", "-m", "jobs.tiny_grpo"]
+    assert plan["command"][plan["command"].index("--trainer-npus") + 1] == "2"
     assert plan["total_steps"] == 30
     assert any("not a stand-in for verl" in w for w in plan["warnings"])
 

@@ -40,6 +40,13 @@ def build(body: dict[str, Any], settings: Settings = SETTINGS, run_id: str = "ru
     return default_registry("", settings).build(body, LaunchContext(run_id, stop_grace_s=300))[1]
 
 
+def verl_argv(argv: list[str] | Launch) -> list[str]:
+    """verl's own command: what the launcher execs after its preflight (after ``--``)."""
+    argv = argv.argv if isinstance(argv, Launch) else argv
+    assert argv[:3] == ["python3", "-m", "jobs.verl_launch"] and argv[3] == "--plan"
+    return argv[argv.index("--") + 1 :]
+
+
 def as_mapping(overrides: list[str]) -> dict[str, Any]:
     parsed = [hydra_check.parse(o) for o in overrides]
     assert all(p.kind == "" for p in parsed)
@@ -58,14 +65,14 @@ def test_preset_reproduces_the_reference_override_for_override_except_listed_dif
     overrides = [o for block in ref["overrides"].values() for o in block]
     reference = as_mapping(overrides)
     launch = build(PRESET, run_id="run-golden")
-    assert launch.argv[:5] == [
+    assert verl_argv(launch)[:5] == [
         "python3",
         "-m",
         ref["entrypoint_module"],
         *ref["entrypoint_args"],
     ]
-    ours = as_mapping(launch.argv[5:])
-    assert len(launch.argv[5:]) == len(ours), "no key is set twice"
+    ours = as_mapping(verl_argv(launch)[5:])
+    assert len(verl_argv(launch)[5:]) == len(ours), "no key is set twice"
     for key, value in reference.items():
         if key in DELIBERATE:
             assert ours[key] == DELIBERATE[key], key
@@ -80,7 +87,7 @@ def test_preset_reproduces_the_reference_override_for_override_except_listed_dif
 
 def test_preset_keeps_a_credentialed_logger_the_deployment_configured() -> None:
     settings = SETTINGS.model_copy(update={"verl_loggers_configured": "wandb"})
-    ours = as_mapping(build(PRESET, settings).argv[5:])
+    ours = as_mapping(verl_argv(build(PRESET, settings))[5:])
     assert ours["trainer.logger"] == ["console", "wandb"]
 
 
@@ -91,7 +98,7 @@ def test_request_fields_replace_the_presets() -> None:
         "resources": {"n_gpus_training": 8, "n_nodes_train": 2},
         "data": {"train_files": "/other/train.parquet"},
     }
-    ours = as_mapping(build(body).argv[5:])
+    ours = as_mapping(verl_argv(build(body))[5:])
     assert ours["async_training.require_batches"] == 4
     assert ours["async_training.trigger_parameter_sync_step"] == 4  # the preset's, kept
     assert ours["trainer.nnodes"] == 2 and ours["trainer.n_gpus_per_node"] == 8
@@ -100,7 +107,7 @@ def test_request_fields_replace_the_presets() -> None:
 
 
 def test_preset_argv_composes_in_verls_config_exactly_as_hydra_composes_it() -> None:
-    argv = build(PRESET).argv
+    argv = verl_argv(build(PRESET))
     ours = hydra_check.compose("fully_async_ppo_trainer", argv[5:])
     assert ours == hydra_check._compose("fully_async_ppo_trainer", tuple(argv[5:]))
     assert ours["trainer"]["n_gpus_per_node"] == 16
@@ -131,7 +138,7 @@ def test_progress_is_planned_in_parameter_syncs() -> None:
 
 def test_gpu_variant_uses_cuda_and_no_npu_platform() -> None:
     launch = build({**PRESET, "resources": {"accelerator": "gpu"}})
-    assert as_mapping(launch.argv[5:])["trainer.device"] == "cuda"
+    assert as_mapping(verl_argv(launch)[5:])["trainer.device"] == "cuda"
     assert "VERL_PLATFORM" not in launch.runtime_env["env_vars"]
     assert launch.shape.accelerator == "GPU"
 
@@ -141,9 +148,9 @@ def test_gpu_variant_uses_cuda_and_no_npu_platform() -> None:
 def test_verls_other_fully_async_examples_are_expressible_and_compose(path: Path) -> None:
     example = json.loads(path.read_text())
     launch = build(example["spec"])
-    name = launch.argv[4].removeprefix("--config-name=").removesuffix(".yaml")
-    assert hydra_check.compose(name, launch.argv[5:]) == hydra_check._compose(
-        name, tuple(launch.argv[5:])
+    name = verl_argv(launch)[4].removeprefix("--config-name=").removesuffix(".yaml")
+    assert hydra_check.compose(name, verl_argv(launch)[5:]) == hydra_check._compose(
+        name, tuple(verl_argv(launch)[5:])
     )
     expect = example["expect"]
     assert launch.shape.accelerator == expect["accelerator"]
@@ -307,9 +314,32 @@ def test_warning_top_level_rollout_n_is_unused() -> None:
     assert any("rollout.n (top level)" in w for w in warnings_of({"overrides": ["rollout.n=8"]}))
 
 
-def test_warning_names_the_files_the_service_cannot_check() -> None:
-    (text,) = [w for w in warnings_of({}) if "cannot see the cluster's files" in w]
-    assert "/mnt/data/geo3k/train.parquet" in text and "/mnt/models/Qwen3-VL-8B-Instruct" in text
+def test_the_launcher_plan_names_every_path_the_nodes_must_have() -> None:
+    argv = build(PRESET, run_id="run-p").argv
+    plan = json.loads(argv[4])
+    assert {(p["key"], p["path"]) for p in plan["files"]} == {
+        ("data.train_files", "/mnt/data/geo3k/train.parquet"),
+        ("data.val_files", "/mnt/data/geo3k/test.parquet"),
+    }
+    assert plan["dirs"] == [
+        {"key": "actor_rollout_ref.model.path", "path": "/mnt/models/Qwen3-VL-8B-Instruct"}
+    ]
+    assert plan["writable"] == [{"key": "trainer.default_local_dir", "path": "/mnt/ckpt/run-p"}]
+    assert plan["packages"]["verl"] == "==0.9.1"
+    assert {"torch-npu", "vllm-ascend"} <= set(plan["packages"])
+    assert plan["packages"]["transformers"] == "!=5.6.0,<5.11,>=5.5.3"  # verl 0.9.1's own range
+    assert not any("cannot see the cluster's files" in w for w in warnings_of({}))
+
+
+def test_the_plan_names_files_the_config_refers_to() -> None:
+    overrides = [
+        "custom_reward_function.path=/mnt/code/reward.py",
+        "actor_rollout_ref.rollout.multi_turn.tool_config_path=/mnt/code/tools.yaml",
+        "data.custom_cls.path=hdfs://cluster/ds.py",  # not a local path: verl's business
+    ]
+    plan = json.loads(build({**PRESET, "overrides": overrides}).argv[4])
+    paths = {p["path"] for p in plan["files"]}
+    assert {"/mnt/code/reward.py", "/mnt/code/tools.yaml"} <= paths
 
 
 def test_warning_credentialed_logger_not_configured() -> None:
@@ -359,20 +389,20 @@ def test_shell_metacharacters_in_every_string_field_stay_inert(
         assert ".".join(map(str, loc)) in refused_as
     else:
         assert shlex.split(launch.entrypoint) == launch.argv
-        assert as_mapping(launch.argv[5:])[key] == NASTY
+        assert as_mapping(verl_argv(launch)[5:])[key] == NASTY
 
 
 def test_shell_metacharacters_in_lists_env_and_overrides_stay_inert() -> None:
     body = {
         **PRESET,
-        "data": {"val_files": [NASTY, "/ok"]},
+        "data": {"val_files": ["/" + NASTY, "/ok"]},
         "runtime_env": {"env_vars": {"X": NASTY}},
         "overrides": [f"+data.extra={hydra_value(NASTY, ())}"],
     }
     launch = build(body)
     assert shlex.split(launch.entrypoint) == launch.argv
-    assert as_mapping(launch.argv[5:-1])["data.val_files"] == [NASTY, "/ok"]
-    assert hydra_check.parse(launch.argv[-1]).value == NASTY
+    assert as_mapping(verl_argv(launch)[5:-1])["data.val_files"] == ["/" + NASTY, "/ok"]
+    assert hydra_check.parse(verl_argv(launch)[-1]).value == NASTY
     assert launch.runtime_env["env_vars"]["X"] == NASTY
 
 
@@ -403,7 +433,7 @@ def test_api_dry_run_shows_argv_runtime_env_shape_and_warnings(api: TestClient) 
     resp = api.post("/runs", params={"dry_run": "true"}, json=PRESET)
     assert resp.status_code == 200, resp.text
     plan = resp.json()
-    assert plan["argv"][2] == "verl.experimental.fully_async_policy.fully_async_main"
+    assert verl_argv(plan["command"])[2] == "verl.experimental.fully_async_policy.fully_async_main"
     assert plan["runtime_env"]["env_vars"]["VERL_PLATFORM"] == "huawei"
     assert plan["shape"]["accelerators"] == 32 and plan["warnings"]
     assert api.get("/runs").json()["items"] == []
@@ -413,7 +443,7 @@ def test_api_stores_the_launch_and_shows_it(api: TestClient) -> None:
     resp = api.post("/runs", json={**PRESET, "name": "geo3k"})
     assert resp.status_code == 201, resp.text
     run = api.get(f"/runs/{resp.json()['id']}").json()
-    assert run["command"][2] == "verl.experimental.fully_async_policy.fully_async_main"
+    assert verl_argv(run["command"])[2] == "verl.experimental.fully_async_policy.fully_async_main"
     assert f"trainer.default_local_dir=/checkpoints/{run['id']}" in run["command"]
     assert run["runtime_env"]["env_vars"]["VLLM_USE_V1"] == "1" and run["warnings"]
 
@@ -451,7 +481,8 @@ def test_a_stored_spec_resubmits_to_the_same_command(api: TestClient) -> None:
     again = api.post("/runs", json=stored["spec"]).json()
 
     def without_ckpt(argv: list[str]) -> list[str]:
-        return [a for a in argv if not a.startswith("trainer.default_local_dir=")]
+        verl = verl_argv(argv)
+        return [a for a in verl if not a.startswith("trainer.default_local_dir=")]
 
     assert without_ckpt(again["command"]) == without_ckpt(first["command"])
 

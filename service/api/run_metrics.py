@@ -8,7 +8,6 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Query
 from fastapi.responses import PlainTextResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
-from pydantic import BaseModel
 
 from service.api.deps import ServicesDep, SessionDep
 from service.errors import InvalidSpec, field_error
@@ -16,20 +15,9 @@ from service.metrics import logcopy, store
 from service.metrics.broker import Cursor
 from service.schemas import json_value
 from service.store.runs import load_run
+from service.wire import PointOut, SeriesOut
 
 router = APIRouter(prefix="/runs", tags=["metrics"])
-
-
-class PointOut(BaseModel):
-    step: int
-    value: float | str
-    min: float | str
-    max: float | str
-
-
-class SeriesOut(BaseModel):
-    run_id: str
-    series: dict[str, list[PointOut]]
 
 
 def existing_run(session: SessionDep, run_id: str) -> str:
@@ -72,14 +60,38 @@ def metric_series(
     )
 
 
-@router.get("/{run_id}/logs", response_class=PlainTextResponse)
+@router.get("/{run_id}/metrics/keys")
+def metric_keys(session: SessionDep, run_id: RunIdDep) -> list[str]:
+    """Every key the run has logged, sorted."""
+    return sorted(store.keys_of(session, run_id))
+
+
+@router.get(
+    "/{run_id}/logs",
+    response_class=PlainTextResponse,
+    responses={200: {"headers": {"Log-Offset": {}, "Log-Complete": {}}}},
+)
 def run_logs(
     session: SessionDep,
     run_id: RunIdDep,
     tail: Annotated[int | None, Query(ge=0, description="only the last N lines")] = None,
-) -> str:
-    """The service's own copy of the job log (the newest part, up to its configured size)."""
-    return logcopy.tail(session, run_id, tail)
+    offset: Annotated[
+        int | None, Query(ge=0, description="only what follows this offset (a Log-Offset)")
+    ] = None,
+    ansi: Annotated[bool, Query(description="keep terminal colour codes")] = False,
+) -> PlainTextResponse:
+    """The service's own copy of the job log (the newest part, up to its configured size),
+    without terminal escape codes unless ``ansi=true``. ``Log-Offset`` is where this answer
+    ends (pass it as ``offset`` to read on); ``Log-Complete: true`` once nothing more will come."""
+    if offset is not None:
+        text, end = logcopy.since(session, run_id, offset)
+    else:
+        text, end = logcopy.tail(session, run_id, tail), logcopy.end(session, run_id)
+    headers = {
+        "Log-Offset": str(end),
+        "Log-Complete": str(logcopy.finished(session, run_id)).lower(),
+    }
+    return PlainTextResponse(text if ansi else logcopy.strip_ansi(text), headers=headers)
 
 
 def _existing_run_stream(services: ServicesDep, run_id: str) -> str:

@@ -20,11 +20,12 @@ from service.recipes.base import PRIORITIES, LaunchContext
 from service.scheduling import backlog
 from service.scheduling.admission import QueuedRun
 from service.scheduling.fit import never_fits
-from service.schemas import RunOut, RunPage, run_out, run_summary
+from service.schemas import SUMMARY_KEYS, run_out, run_summary
 from service.store.lifecycle import accept, request_stop, transition
 from service.store.models import Run, utcnow
 from service.store.runs import events_of, load_run
 from service.store.status import TERMINAL, RunStatus
+from service.wire import RunOut, RunPage
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 
@@ -78,8 +79,10 @@ def create_run(
                 "errors": refusal.extra["errors"],
                 "suggestion": refusal.extra.get("suggestion"),
             }
-        body = {"dry_run": True, "spec": spec.model_dump(mode="json"), **launch.as_dict()}
-        return JSONResponse(body | {"plan": plan})
+        return JSONResponse(
+            {"dry_run": True, "spec": spec.model_dump(mode="json"), **launch_view(launch.as_dict())}
+            | {"plan": plan}
+        )
     run = Run(
         id=run_id,
         name=spec.name or f"{spec.recipe}-{run_id[-8:]}",
@@ -107,6 +110,13 @@ def create_run(
     # After the response, so the submitter sees the committed row.
     background.add_task(services.wake, "submitter")
     return run_out(run, events_of(session, run.id))
+
+
+def launch_view(launch: dict[str, Any]) -> dict[str, Any]:
+    """A stored launch in the API's words: ``command`` (the argv list), as a run answers."""
+    view = dict(launch)
+    view["command"] = view.pop("argv")
+    return view
 
 
 def _replay(session: Session, run: Run, digest: str, response: Response) -> RunOut:
@@ -138,8 +148,9 @@ def list_runs(
         query = query.where(Run.id < cursor)
     rows = list(session.scalars(query))
     page = rows[:limit]
+    latest = store.latest_of_runs(session, [r.id for r in page], SUMMARY_KEYS)
     return RunPage(
-        items=[run_summary(r) for r in page],
+        items=[run_summary(r, latest.get(r.id)) for r in page],
         next_cursor=page[-1].id if len(rows) > limit else None,
     )
 

@@ -3,7 +3,9 @@
 Built from the run's stored launch (any recipe): the same argv, runtime env, entrypoint
 resources and submission id (the run id) that the service sends to Ray. The service also ships
 the ``jobs`` package with every job (runtime env ``py_modules``); the script adds the directory
-of the ``jobs`` package installed where it runs, found with Python, not a fixed path.
+of the ``jobs`` package installed where it runs, found with Python, not a fixed path. A run's own
+files (its working directory) are written to a fresh temporary directory that ``ray job submit``
+uploads.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ from service.store.runs import load_run
 router = APIRouter(prefix="/runs", tags=["runs"])
 
 ADD_JOBS_MODULE = (
-    "import json, os, sys, jobs; env = json.loads(sys.argv[1]); "
+    "import json, os, sys, tempfile, jobs; env = json.loads(sys.argv[1]); "
     "env.setdefault('py_modules', []).append(os.path.dirname(jobs.__file__)); "
-    "print(json.dumps(env))"
+    "files = json.loads(sys.argv[2]); d = tempfile.mkdtemp(prefix='rlrun-files-'); "
+    "[open(os.path.join(d, n), 'w', encoding='utf-8').write(t) for n, t in files.items()]; "
+    "env.update({'working_dir': d} if files else {}); print(json.dumps(env))"
 )
 
 
@@ -63,8 +67,10 @@ def render_script(run_id: str, name: str, launch: dict[str, Any]) -> str:
         "set -euo pipefail",
         'RAY_ADDRESS="${RAY_ADDRESS:-http://127.0.0.1:8265}"',
         f"RUNTIME_ENV={q(json.dumps(launch['runtime_env'], sort_keys=True))}",
-        "# The service ships the jobs package as py_modules; add the installed one here.",
-        f'RUNTIME_ENV_JSON="$(python3 -c {q(ADD_JOBS_MODULE)} "$RUNTIME_ENV")"',
+        f"FILES={q(json.dumps(launch.get('files') or {}, sort_keys=True))}",
+        "# The service ships the jobs package as py_modules (add the installed one here) and the",
+        "# run's files as its working directory (written to a temporary directory here).",
+        f'RUNTIME_ENV_JSON="$(python3 -c {q(ADD_JOBS_MODULE)} "$RUNTIME_ENV" "$FILES")"',
         " \\\n    ".join(submit),
         "",
     ]

@@ -9,6 +9,7 @@ import hashlib
 import io
 import logging
 import zipfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -144,15 +145,16 @@ class RayJobs:
     def package_uri(self, module_dir: Path) -> str:
         """Upload ``module_dir`` as a py_modules package once; return its ``gcs://`` URI."""
         module_dir = module_dir.resolve()
-        if module_dir in self._packages:
-            return self._packages[module_dir]
-        payload = zip_module(module_dir)
+        if module_dir not in self._packages:
+            self._packages[module_dir] = self.upload(zip_module(module_dir))
+        return self._packages[module_dir]
+
+    def upload(self, payload: bytes) -> str:
+        """Put a zip in the cluster's package store (once per content); its ``gcs://`` URI."""
         name = f"_ray_pkg_{hashlib.sha256(payload).hexdigest()[:32]}.zip"
         if self._request("GET", f"/api/packages/gcs/{name}").status_code != 200:
             self._check(self._request("PUT", f"/api/packages/gcs/{name}", content=payload))
-        uri = f"gcs://{name}"
-        self._packages[module_dir] = uri
-        return uri
+        return f"gcs://{name}"
 
 
 def stop_job(ray: RayJobs, run_id: str, why: str) -> bool:
@@ -164,14 +166,24 @@ def stop_job(ray: RayJobs, run_id: str, why: str) -> bool:
 
 def zip_module(module_dir: Path) -> bytes:
     """A deterministic zip of a Python package with its directory as the top-level entry."""
+    return _zip(
+        (str(Path(module_dir.name) / path.relative_to(module_dir)), path.read_bytes())
+        for path in sorted(module_dir.rglob("*"))
+        if "__pycache__" not in path.parts and path.suffix != ".pyc" and path.is_file()
+    )
+
+
+def zip_files(files: dict[str, str]) -> bytes:
+    """A deterministic zip of a run's files at its top level (a ``working_dir`` package)."""
+    return _zip((name, text.encode()) for name, text in sorted(files.items()))
+
+
+def _zip(entries: Iterable[tuple[str, bytes]]) -> bytes:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-        for path in sorted(module_dir.rglob("*")):
-            if "__pycache__" in path.parts or path.suffix == ".pyc" or not path.is_file():
-                continue
-            arcname = Path(module_dir.name) / path.relative_to(module_dir)
-            info = zipfile.ZipInfo(str(arcname), date_time=(1980, 1, 1, 0, 0, 0))
+        for arcname, data in entries:
+            info = zipfile.ZipInfo(arcname, date_time=(1980, 1, 1, 0, 0, 0))
             info.compress_type = zipfile.ZIP_DEFLATED
             info.external_attr = 0o644 << 16
-            zf.writestr(info, path.read_bytes())
+            zf.writestr(info, data)
     return buf.getvalue()

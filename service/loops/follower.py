@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from service.cluster.ray_jobs import RayJobs
 from service.metrics import logcopy, store
 from service.metrics.health import HealthRules, evaluate
-from service.metrics.parse import MetricLine, parse_line
+from service.metrics.parse import MetricLine, parse_line, parse_preflight
 from service.store.db import Database
 from service.store.models import Run, RunLog, utcnow
 from service.store.status import TERMINAL, RunStatus
@@ -117,6 +117,7 @@ class Follower:
             return  # Ray does not know the job (yet, or any more): the reconciler decides.
         new, lines = split_lines((text or "")[held.offset :], held.offset, final)
         parsed = [(end, m) for end, line in lines if (m := parse_line(line)) is not None]
+        reports = [r for _, line in lines if (r := parse_preflight(line)) is not None]
         with self.db.transaction() as session:
             runlog = session.get(RunLog, held.run_id, with_for_update=True)
             if (
@@ -129,6 +130,8 @@ class Follower:
             assert run is not None
             now = utcnow()
             self._ingest(session, run, runlog, new, parsed, now)
+            if reports:
+                run.preflight = reports[-1]
             if final:
                 runlog.finished_at = now
                 runlog.lease_owner = None

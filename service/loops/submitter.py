@@ -15,7 +15,7 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 import jobs
-from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable, stop_job
+from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable, stop_job, zip_files
 from service.scheduling import backlog
 from service.scheduling.admission import Quotas, decide
 from service.scheduling.inventory import Inventory, InventoryCache
@@ -86,6 +86,8 @@ class Submitter:
             *runtime_env.get("py_modules", []),
             self.ray.package_uri(JOBS_DIR),
         ]
+        if launch.get("files"):  # the run's own files: its working directory on every node
+            runtime_env["working_dir"] = self.ray.upload(zip_files(launch["files"]))
         try:
             fresh = self.ray.submit(
                 submission_id=run.id,

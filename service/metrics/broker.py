@@ -17,11 +17,10 @@ from typing import Any, Literal
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from service.metrics import store
+from service.metrics import logcopy, store
 from service.schemas import json_value
 from service.store.db import Database
-from service.store.models import MetricPoint, Run, RunEvent, RunLog
-from service.store.status import TERMINAL
+from service.store.models import MetricPoint, RunEvent
 
 
 @dataclass(frozen=True, order=True)
@@ -76,7 +75,7 @@ class Read:
 
 def read_after(session: Session, run_id: str, cursor: Cursor) -> Read:
     """Items past ``cursor``, in commit order per kind."""
-    ended = _ended(session, run_id)
+    ended = logcopy.finished(session, run_id)
     items = [
         Item(
             "status",
@@ -113,18 +112,6 @@ def _more_lines(session: Session, run_id: str, last: int) -> bool:
         select(func.max(MetricPoint.log_offset)).where(MetricPoint.run_id == run_id)
     )
     return more is not None and more > last
-
-
-def _ended(session: Session, run_id: str) -> bool:
-    status, submitted_at, finished_at = session.execute(
-        select(Run.status, Run.submitted_at, RunLog.finished_at)
-        .outerjoin(RunLog, RunLog.run_id == Run.id)
-        .where(Run.id == run_id)
-    ).one()
-    if status not in TERMINAL:
-        return False
-    # A run that never reached Ray has no log to wait for.
-    return submitted_at is None or finished_at is not None
 
 
 def head(session: Session, run_id: str) -> Cursor:

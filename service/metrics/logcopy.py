@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import re
+
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from service.store.models import LogChunk
+from service.store.models import LogChunk, Run, RunLog
+from service.store.status import TERMINAL
+
+# Terminal escape sequences: CSI (colours, cursor moves), OSC (titles, links), and 2-byte ones.
+ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
+
+
+def strip_ansi(text: str) -> str:
+    return ANSI.sub("", text)
 
 
 def append(session: Session, run_id: str, start: int, text: str, keep_chars: int) -> None:
@@ -42,3 +52,44 @@ def tail(session: Session, run_id: str, lines: int | None) -> str:
         return copy
     kept = copy.splitlines(keepends=True)
     return "".join(kept[-lines:]) if lines else ""
+
+
+def since(session: Session, run_id: str, offset: int) -> tuple[str, int]:
+    """What the kept copy holds after log offset ``offset``, and the offset where it ends."""
+    chunks = session.execute(
+        select(LogChunk.start_offset, LogChunk.text)
+        .where(
+            LogChunk.run_id == run_id,
+            LogChunk.start_offset + func.length(LogChunk.text) > offset,
+        )
+        .order_by(LogChunk.start_offset)
+    ).all()
+    if not chunks:
+        return "", max(offset, end(session, run_id))
+    first_start = chunks[0][0]
+    text = "".join(t for _, t in chunks)[max(0, offset - first_start) :]
+    return text, chunks[-1][0] + len(chunks[-1][1])
+
+
+def end(session: Session, run_id: str) -> int:
+    """The log offset just past the kept copy (0 before any output)."""
+    last = session.execute(
+        select(LogChunk.start_offset, func.length(LogChunk.text))
+        .where(LogChunk.run_id == run_id)
+        .order_by(LogChunk.start_offset.desc())
+        .limit(1)
+    ).first()
+    return int(last[0] + last[1]) if last else 0
+
+
+def finished(session: Session, run_id: str) -> bool:
+    """The run has ended and its log has been read to the end: nothing more will be added."""
+    status, submitted_at, finished_at = session.execute(
+        select(Run.status, Run.submitted_at, RunLog.finished_at)
+        .outerjoin(RunLog, RunLog.run_id == Run.id)
+        .where(Run.id == run_id)
+    ).one()
+    if status not in TERMINAL:
+        return False
+    # A run that never reached Ray has no log to wait for.
+    return submitted_at is None or finished_at is not None

@@ -5,12 +5,16 @@ verl's console logger prints ``step:N - key:value - key:value ...`` with each va
 never ``:`` or spaces, so items split on `` - `` and each item on its last ``:``. Ray prefixes
 actor output with ``(ActorName pid=..., ip=...)`` (possibly coloured). A line counts as a metric
 line only when every item parses; anything else (``timing_s/param_sync: 7.41 seconds``) is not.
+The verl launcher's preflight report is one line too (``jobs.verl_launch.PREFIX`` + JSON).
 """
 
 from __future__ import annotations
 
+import json
 import re
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+from jobs.verl_launch import PREFIX as PREFLIGHT_PREFIX
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _RAY_PREFIX = re.compile(r"^\((?:[^()\s]+ )?pid=\d+(?:, ip=[^)]*)?\)\s*")
@@ -61,3 +65,15 @@ def parse_line(line: str) -> MetricLine | None:
     if not values:
         return None
     return MetricLine(step=int(match.group(1)), values=values)
+
+
+def parse_preflight(line: str) -> dict[str, Any] | None:
+    """The launcher's preflight report on this line, or None when it is not one."""
+    body = strip_ray_prefix(line).strip()
+    if not body.startswith(PREFLIGHT_PREFIX):
+        return None
+    try:
+        report = json.loads(body[len(PREFLIGHT_PREFIX) :])
+    except ValueError:
+        return None
+    return report if isinstance(report, dict) and "nodes" in report else None

@@ -104,6 +104,34 @@ def latest(session: Session, run_id: str) -> dict[str, tuple[int, float]]:
     return {key: (step, _read(value)) for key, step, value in rows}
 
 
+def latest_of_runs(
+    session: Session, run_ids: Sequence[str], keys: Sequence[str]
+) -> dict[str, dict[str, tuple[int, float]]]:
+    """Run -> key -> (step, value) at the newest step, for a page of runs in one query."""
+    if not run_ids:
+        return {}
+    newest = (
+        select(MetricPoint.run_id, MetricPoint.key, func.max(MetricPoint.step).label("step"))
+        .where(MetricPoint.run_id.in_(run_ids), MetricPoint.key.in_(keys))
+        .group_by(MetricPoint.run_id, MetricPoint.key)
+        .subquery()
+    )
+    rows = session.execute(
+        select(MetricPoint.run_id, MetricPoint.key, MetricPoint.step, MetricPoint.value).join(
+            newest,
+            and_(
+                MetricPoint.run_id == newest.c.run_id,
+                MetricPoint.key == newest.c.key,
+                MetricPoint.step == newest.c.step,
+            ),
+        )
+    )
+    out: dict[str, dict[str, tuple[int, float]]] = {}
+    for run_id, key, step, value in rows:
+        out.setdefault(run_id, {})[key] = (step, _read(value))
+    return out
+
+
 def recent(session: Session, run_id: str, key: str, limit: int) -> list[tuple[int, float]]:
     """The newest ``limit`` (step, value) pairs of one key, oldest first."""
     rows = session.execute(

@@ -88,6 +88,8 @@ class Launch:
     warnings: list[str] = field(default_factory=list)
     # How many parameter syncs the run plans (progress is the current parameter version of it).
     total_steps: int | None = None
+    # Small text files shipped as the job's working directory (name -> text).
+    files: dict[str, str] = field(default_factory=dict)
 
     @property
     def entrypoint(self) -> str:
@@ -103,6 +105,7 @@ class Launch:
             "entrypoint_resources": self.entrypoint_resources,
             "warnings": self.warnings,
             "total_steps": self.total_steps,
+            "files": self.files,
         }
 
 

@@ -1,143 +1,73 @@
-// rlrun dashboard: reads the public API only (GET /runs, /runs/{id}, /runs/{id}/metrics,
-// the /runs/{id}/events stream); draws reward curves with uPlot.
-"use strict";
+// rlrun dashboard: hash-routed views over the public API (the same calls as curl and the CLI).
+//   #/runs            runs, filters, paging        #/runs/{id}        one run
+//   #/submit          plan and submit a run        #/cluster          nodes, teams, queue
+//   #/compare?runs=A,B  metrics of runs overlaid
+import { every, getJSON, setToken, token } from "./api.js";
+import { clusterView } from "./cluster.js";
+import { compareView } from "./compare.js";
+import { runView } from "./run.js";
+import { runsView } from "./runs.js";
+import { submitView } from "./submit.js";
 
-const CHARTS = [
-  { title: "reward", keys: ["critic/score/mean", "critic/score/max", "critic/score/min"] },
-  { title: "validation accuracy", keys: ["val-core/hiyouga/geometry3k/acc/mean@1", "val-core/tiny/arith/acc/mean@1"] },
-  { title: "idle ratio", keys: ["fully_async/trainer/idle_ratio", "fully_async/rollouter/idle_ratio"] },
+const ROUTES = [
+  [/^\/runs\/([^/?]+)$/, (root, m, params, signal) => runView(root, decodeURIComponent(m[1]), signal), "runs"],
+  [/^\/runs$/, (root, m, params, signal) => runsView(root, params, signal), "runs"],
+  [/^\/submit$/, (root, m, params, signal) => submitView(root, params, signal), "submit"],
+  [/^\/cluster$/, (root, m, params, signal) => clusterView(root, params, signal), "cluster"],
+  [/^\/compare$/, (root, m, params, signal) => compareView(root, params, signal), "compare"],
 ];
-const TERMINAL = new Set(["SUCCEEDED", "FAILED", "STOPPED", "CANCELLED", "LOST"]);
-const COLORS = ["#1f77b4", "#2ca02c", "#d62728", "#9467bd"];
-let current = null;   // { id, source, plots }
-
-async function getJSON(path) {
-  const resp = await fetch(path);
-  if (!resp.ok) throw new Error(`${path}: ${resp.status}`);
-  return resp.json();
-}
-
-function el(tag, text, cls) {
-  const node = document.createElement(tag);
-  if (text !== undefined) node.textContent = text;
-  if (cls) node.className = cls;
-  return node;
-}
-
-async function refreshRuns() {
-  const params = new URLSearchParams({ limit: "100" });
-  const status = document.getElementById("status-filter").value;
-  const team = document.getElementById("team-filter").value.trim();
-  if (status) params.set("status", status);
-  if (team) params.set("team", team);
-  const page = await getJSON(`/runs?${params}`);
-  const body = document.querySelector("#runs tbody");
-  body.replaceChildren(...page.items.map((run) => {
-    const row = el("tr");
-    row.dataset.id = run.id;
-    if (current && current.id === run.id) row.classList.add("selected");
-    const status = el("td");
-    status.append(el("span", run.status, `badge ${run.status}`));
-    row.append(el("td", run.name), el("td", run.team), status,
-               el("td", run.health.status, run.health.status === "ok" ? "" : "unhealthy"));
-    row.addEventListener("click", () => { location.hash = `#/runs/${run.id}`; });
-    return row;
-  }));
-}
-
-function renderRun(run) {
-  document.getElementById("run-pane").hidden = false;
-  document.getElementById("run-title").textContent = `${run.name} (${run.id})`;
-  const badge = document.getElementById("run-status");
-  badge.textContent = run.status;
-  badge.className = `badge ${run.status}`;
-  document.getElementById("cancel").hidden = TERMINAL.has(run.status) || run.stop_requested;
-  const health = document.getElementById("run-health");
-  health.textContent = run.health.status === "ok" ? "healthy" : `${run.health.status}: ${run.health.reason}`;
-  health.className = run.health.status === "ok" ? "" : "unhealthy";
-  const p = run.progress || {};
-  document.getElementById("run-progress").textContent =
-    p.step == null ? "" : `step ${p.step}${p.total_steps ? ` of ${p.total_steps}` : ""}`;
-  document.querySelector("#latest tbody").replaceChildren(
-    ...Object.entries(run.metrics.latest).map(([k, v]) => {
-      const row = el("tr");
-      row.append(el("td", k), el("td", typeof v === "number" ? String(+v.toPrecision(6)) : String(v)));
-      return row;
-    }));
-  document.getElementById("events").replaceChildren(
-    ...run.events.map((e) => el("li", `${e.at} ${e.from_status || "—"} → ${e.to_status}: ${e.reason}`)));
-  document.getElementById("command").textContent = run.entrypoint;
-}
-
-async function refreshCharts() {
-  if (!current) return;
-  const keys = CHARTS.flatMap((c) => c.keys).join(",");
-  const data = await getJSON(`/runs/${current.id}/metrics?keys=${encodeURIComponent(keys)}&max_points=500`);
-  const holder = document.getElementById("charts");
-  for (const chart of CHARTS) {
-    const present = chart.keys.filter((k) => (data.series[k] || []).length);
-    if (!present.length) continue;
-    const steps = [...new Set(present.flatMap((k) => data.series[k].map((p) => p.step)))].sort((a, b) => a - b);
-    const columns = present.map((k) => {
-      // NaN and infinities arrive as strings: leave a gap in the curve.
-      const byStep = new Map(data.series[k].map((p) => [p.step, typeof p.value === "number" ? p.value : null]));
-      return steps.map((s) => (byStep.has(s) ? byStep.get(s) : null));
-    });
-    const plotData = [steps, ...columns];
-    const existing = current.plots[chart.title];
-    if (existing && existing.series.length === present.length + 1) {
-      existing.setData(plotData);
-      continue;
-    }
-    if (existing) existing.destroy();
-    const box = el("div", undefined, "chart");
-    box.dataset.chart = chart.title;
-    holder.append(box);
-    current.plots[chart.title] = new uPlot({
-      title: chart.title, width: 420, height: 220,
-      scales: { x: { time: false } },
-      series: [{ label: "step" }, ...present.map((k, i) => ({ label: k, stroke: COLORS[i % COLORS.length] }))],
-    }, plotData, box);
-  }
-}
-
-async function openRun(id) {
-  if (current) {
-    if (current.source) current.source.close();
-    Object.values(current.plots).forEach((p) => p.destroy());
-  }
-  document.getElementById("charts").replaceChildren();
-  current = { id, source: null, plots: {} };
-  const reload = async () => {
-    if (!current || current.id !== id) return;
-    renderRun(await getJSON(`/runs/${id}`));
-    await refreshCharts();
-  };
-  await reload();
-  // Live: every status or metrics event re-reads the run (cheap, and never out of order).
-  const source = new EventSource(`/runs/${id}/events`);
-  let pending = null;
-  const schedule = () => { pending = pending || setTimeout(() => { pending = null; reload(); }, 250); };
-  source.addEventListener("status", schedule);
-  source.addEventListener("metrics", schedule);
-  // The run has ended and its log is read to the end: nothing more will come.
-  source.addEventListener("end", () => { source.close(); schedule(); });
-  current.source = source;
-  refreshRuns();
-}
-
-document.getElementById("cancel").addEventListener("click", async () => {
-  if (current) await fetch(`/runs/${current.id}/cancel`, { method: "POST" });
-});
-document.getElementById("status-filter").addEventListener("change", refreshRuns);
-document.getElementById("team-filter").addEventListener("input", refreshRuns);
-window.addEventListener("hashchange", route);
+let current = null;  // AbortController of the shown view: its timers and streams stop with it
 
 function route() {
-  const match = location.hash.match(/^#\/runs\/(.+)$/);
-  if (match) openRun(decodeURIComponent(match[1]));
+  const [path, query = ""] = location.hash.replace(/^#/, "").split("?");
+  const match = ROUTES.map(([re, view, tab]) => [path.match(re), view, tab]).find(([m]) => m);
+  if (!match) { location.replace("#/runs"); return; }
+  const focused = document.activeElement && document.activeElement.id;
+  if (current) current.abort();
+  current = new AbortController();
+  const root = document.getElementById("view");
+  root.replaceChildren();
+  document.getElementById("error-bar").hidden = true;
+  document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active", a.dataset.tab === match[2]));
+  match[1](root, match[0], new URLSearchParams(query), current.signal);
+  // A filter typed into stays focused when its change re-renders the view.
+  const again = focused && document.getElementById(focused);
+  if (again && again.tagName === "INPUT") { again.focus(); again.setSelectionRange(again.value.length, again.value.length); }
 }
 
-refreshRuns();
+function signIn() {
+  const input = document.getElementById("token");
+  const state = document.getElementById("token-state");
+  const show = () => {
+    state.textContent = token() ? "token set" : "no token";
+    document.getElementById("sign-out").hidden = !token();
+  };
+  document.getElementById("sign-in").addEventListener("submit", (event) => {
+    event.preventDefault();
+    setToken(input.value.trim());
+    input.value = "";
+    show();
+    route();
+  });
+  document.getElementById("sign-out").addEventListener("click", () => { setToken(""); show(); route(); });
+  show();
+}
+
+// The header's one-line cluster summary, on every view.
+function summary() {
+  const holder = document.getElementById("cluster");
+  every(5000, async () => {
+    const view = await getJSON("/cluster", new AbortController().signal);
+    const total = (r, k) => view.nodes.reduce((sum, n) => sum + (n[k][r] || 0), 0);
+    const kind = total("GPU", "total") && !total("NPU", "total") ? "GPU" : "NPU";
+    holder.textContent = view.ray.ok
+      ? `${total(kind, "available")}/${total(kind, "total")} ${kind} free · ${view.active.length} active · ${view.queue.length} queued`
+      : `Ray unreachable · ${view.queue.length} queued`;
+  }, new AbortController().signal);
+}
+
+window.addEventListener("hashchange", route);
+document.getElementById("error-bar").addEventListener("click", (e) => { e.currentTarget.hidden = true; });
+signIn();
+summary();
 route();
-setInterval(refreshRuns, 3000);

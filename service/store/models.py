@@ -82,6 +82,8 @@ class Run(Base):
     queue_reason: Mapped[str | None] = mapped_column(Text)
     # When the job last printed anything (set by whoever follows its log; read by health checks).
     last_output_at: Mapped[datetime | None]
+    # The launcher's preflight report (every node's checks), read from the job log.
+    preflight: Mapped[dict[str, Any] | None]
 
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from service.recipes.base import Group, ResourceShape
+from service.recipes.verl import pools
 from service.recipes.verl.hydra_check import parse, select
 from service.recipes.verl.spec import Block, VerlFullyAsyncSpec
 
@@ -20,8 +21,8 @@ DEFAULT_CONFIG = "fully_async_ppo_trainer"
 
 # verl's CPU-only actors: task runner 1, trainer 10, rollouter 10, message queue 2.
 DRIVER_CPUS = 1 + 10 + 10 + 2
-CPUS_PER_TRAINER_ACCELERATOR = 3
-CPUS_PER_ROLLOUT_ACCELERATOR = 2
+CPUS_PER_TRAINER_ACCELERATOR = pools.CPUS_PER_TRAINER_ACCELERATOR
+CPUS_PER_ROLLOUT_ACCELERATOR = pools.CPUS_PER_ROLLOUT_ACCELERATOR
 
 # Keys the ``resources`` block owns: an override may not contradict what the run holds.
 RESOURCE_KEYS = {
@@ -158,19 +159,13 @@ def runtime_env(spec: VerlFullyAsyncSpec, stop_grace_s: int) -> dict[str, Any]:
     return out
 
 
-# A rollout replica spans TP x DP x PP accelerators.
-REPLICA_PARTS = ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size")
-
-
 def rollout_replica_size(cfg: dict[str, Any]) -> int:
-    size = 1
-    for part in REPLICA_PARTS:
-        size *= int(select(cfg, f"actor_rollout_ref.rollout.{part}", 1) or 1)
-    return size
+    return pools.replica_size(cfg, "actor_rollout_ref.rollout")
 
 
 def shape(cfg: dict[str, Any], accelerator: str) -> ResourceShape:
-    """What the run holds: one trainer group per node, one rollout group per replica."""
+    """What the run holds: one trainer group per node, one rollout group per replica, and the
+    groups of every other pool verl builds from the config (reward model, teacher)."""
     t_nodes, t_per = int(select(cfg, "trainer.nnodes")), int(select(cfg, "trainer.n_gpus_per_node"))
     r_nodes, r_per = int(select(cfg, "rollout.nnodes")), int(select(cfg, "rollout.n_gpus_per_node"))
     # size_field/count_field name the spec fields behind a group, so that admission can say
@@ -199,7 +194,7 @@ def shape(cfg: dict[str, Any], accelerator: str) -> ResourceShape:
         rollout = [per_node] * r_nodes
     return ResourceShape(
         accelerator="NPU" if accelerator == "npu" else "GPU",
-        groups=(*trainer, *rollout),
+        groups=(*trainer, *rollout, *pools.groups(cfg)),
         driver_cpus=float(DRIVER_CPUS),
     )
 

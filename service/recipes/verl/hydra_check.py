@@ -69,13 +69,15 @@ def verl_root() -> Path:
 _lock = threading.Lock()
 
 
-def _compose(config_name: str, overrides: tuple[str, ...]) -> dict[str, Any]:
+def _compose(
+    config_name: str, overrides: tuple[str, ...], root: Path | None = None
+) -> dict[str, Any]:
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    root = verl_root()
+    root = root or verl_root()
     searchpath = f"hydra.searchpath=[file://{root / TRAINER_CONFIG}]"
     # Hydra's global state is process-wide: one composition at a time.
     with (
@@ -92,14 +94,17 @@ def _compose(config_name: str, overrides: tuple[str, ...]) -> dict[str, Any]:
 
 
 @functools.cache
-def base_config(config_name: str) -> dict[str, Any]:
-    """The entry config with no overrides, as a plain container (interpolations unresolved)."""
-    return _compose(config_name, ())
+def base_config(config_name: str, root: Path | None = None) -> dict[str, Any]:
+    """The entry config with no overrides, as a plain container (interpolations unresolved), of
+    the verl at ``root`` (default: the installed one)."""
+    return _compose(config_name, (), root)
 
 
 @functools.lru_cache(maxsize=64)
-def _composed_with_groups(config_name: str, overrides: tuple[str, ...]) -> dict[str, Any]:
-    return _compose(config_name, overrides)
+def _composed_with_groups(
+    config_name: str, overrides: tuple[str, ...], root: Path | None
+) -> dict[str, Any]:
+    return _compose(config_name, overrides, root)
 
 
 @functools.lru_cache(maxsize=1)
@@ -140,8 +145,9 @@ def _parser() -> Any:
     return OverridesParser.create()
 
 
-def compose(config_name: str, overrides: list[str]) -> dict[str, Any]:
-    """verl's config with ``overrides`` applied, as Hydra would compose it (a fresh container).
+def compose(config_name: str, overrides: list[str], root: Path | None = None) -> dict[str, Any]:
+    """verl's config with ``overrides`` applied, as Hydra would compose it (a fresh container),
+    for the verl at ``root`` (default: the installed one).
 
     Raises ``OverrideError`` naming each override Hydra would refuse.
     """
@@ -157,13 +163,13 @@ def compose(config_name: str, overrides: list[str]) -> dict[str, Any]:
     if any(p.group for p in parsed):
         try:
             composed: dict[str, Any] = copy_tree(
-                _composed_with_groups(config_name, tuple(overrides))
+                _composed_with_groups(config_name, tuple(overrides), root)
             )
             return composed
         except OverrideError as exc:
             message = exc.problems[0][1]
             raise OverrideError([(_culprit(parsed, message), message)]) from exc
-    cfg: dict[str, Any] = copy_tree(base_config(config_name))
+    cfg: dict[str, Any] = copy_tree(base_config(config_name, root))
     for i, p in enumerate(parsed):
         try:
             _apply(cfg, p)
@@ -172,7 +178,9 @@ def compose(config_name: str, overrides: list[str]) -> dict[str, Any]:
     if problems:
         # Hydra has the last word on a refusal (and the odd form, like a list index, it takes).
         try:
-            hydra_composed: dict[str, Any] = _composed_with_groups(config_name, tuple(overrides))
+            hydra_composed: dict[str, Any] = _composed_with_groups(
+                config_name, tuple(overrides), root
+            )
         except OverrideError:
             raise OverrideError(problems) from None
         cfg = copy_tree(hydra_composed)

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import functools
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
 
 from pydantic import ValidationError
 
 from service.errors import InvalidSpec, field_error, invalid_from_pydantic
 from service.recipes.base import Launch, LaunchContext, RunSpec
-from service.recipes.verl import command, rules
-from service.recipes.verl.hydra_check import OverrideError, compose
+from service.recipes.verl import command, preflight, rules, typed_keys, versions
+from service.recipes.verl.hydra_check import OverrideError, base_config, compose, parse
 from service.recipes.verl.preset import PRESETS, deep_merge
 from service.recipes.verl.spec import VerlFullyAsyncSpec
 from service.settings import Settings
@@ -22,6 +22,7 @@ class VerlFullyAsyncRecipe:
 
     name: ClassVar[str] = "verl-fully-async"
     spec_model: ClassVar[type[RunSpec]] = VerlFullyAsyncSpec
+    presets: ClassVar[tuple[str, ...]] = tuple(sorted(PRESETS))
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -51,27 +52,65 @@ class VerlFullyAsyncRecipe:
             items = command.overrides(full, self.checkpoint_dir(ctx.run_id))
         except command.Unexpressible as exc:
             raise InvalidSpec(str(exc), [field_error(exc.loc, str(exc))]) from exc
+        name = command.config_name(full)
+        version, root = versions.root_for(full.verl_version, Path(self.settings.verl_cache_dir))
         try:
-            cfg = compose(command.config_name(full), [item.text for item in items])
+            cfg = compose(name, [item.text for item in items], root)
         except OverrideError as exc:
             errors = [
-                field_error(items[i].loc if i >= 0 else ("overrides",), msg, "verl_config")
+                field_error(
+                    items[i].loc if i >= 0 else ("overrides",),
+                    (_untyped(name, items[i].text, root) if i >= 0 else None) or msg,
+                    "verl_config",
+                )
                 for i, msg in exc.problems
             ]
-            raise InvalidSpec(f"verl's config refuses: {exc}", errors) from exc
+            raise InvalidSpec(f"verl's config refuses: {errors[0]['msg']}", errors) from exc
+        added = [
+            (item, why)
+            for item in items
+            if (why := _untyped(name, item.text, root, added_only=True))
+        ]
+        if added:
+            errors = [field_error(item.loc, why, "verl_config") for item, why in added]
+            raise InvalidSpec(f"verl's config refuses: {added[0][1]}", errors)
         where = rules.Locator(items, _spec_keys())
         errors, warnings = rules.check(cfg, full, where, self.settings.verl_credentialed_loggers)
+        errors += [
+            field_error(where(key), f"{key}: {path!r} {why}", "verl_rule")
+            for key, path, why in preflight.unshipped(cfg, full.files)
+        ]
         if errors:
             raise InvalidSpec(
                 f"{len(errors)} verl rule(s) broken, first: {errors[0]['field']}", errors
             )
         return Launch(
-            argv=command.argv(full, items),
+            argv=preflight.launcher_argv(
+                preflight.plan(
+                    cfg, full.resources.accelerator, self.settings, version, versions.requires(root)
+                ),
+                command.argv(full, items),
+            ),
             runtime_env=command.runtime_env(full, ctx.stop_grace_s),
             shape=command.shape(cfg, full.resources.accelerator),
             warnings=warnings,
             total_steps=command.planned_syncs(cfg),
+            files=dict(full.files),
         )
+
+
+def _untyped(
+    config_name: str, text: str, root: Path | None, added_only: bool = False
+) -> str | None:
+    """The refusal for an override whose key lands in a typed section of verl's config that
+    lacks it (Hydra lets ``+key``/``++key`` add any key; verl's dataclasses do not)."""
+    try:
+        parsed = parse(text)
+    except ValueError:
+        return None
+    if parsed.group or (added_only and parsed.kind not in ("+", "++")):
+        return None
+    return typed_keys.missing_field(base_config(config_name, root), parsed.key, root)
 
 
 @functools.cache

@@ -7,14 +7,8 @@ from collections.abc import Callable
 from typing import Any
 
 from service.errors import field_error
-from service.recipes.verl.command import (
-    DEVICE,
-    REPLICA_PARTS,
-    RESOURCE_KEYS,
-    Item,
-    Loc,
-    rollout_replica_size,
-)
+from service.recipes.verl import pools
+from service.recipes.verl.command import DEVICE, RESOURCE_KEYS, Item, Loc, rollout_replica_size
 from service.recipes.verl.hydra_check import parse, select
 from service.recipes.verl.spec import VerlFullyAsyncSpec
 
@@ -122,6 +116,8 @@ def check(
     else:
         need("rollout.total_rollout_steps", lambda v: (_int(v) or 0) >= 1, "must be a count >= 1")
     _check_parallelism(get, err)
+    for key, msg in pools.problems(cfg):
+        err(key, msg)
     _check_rollout_correction(get, err)
     _check_logger(get, err)
     if errors:
@@ -177,7 +173,7 @@ def _check_parallelism(get: Callable[..., Any], err: Callable[[str, str], None])
             f"data-parallel size {dp}",
         )
     rollout = "actor_rollout_ref.rollout"
-    for part in REPLICA_PARTS:
+    for part in pools.REPLICA_PARTS:
         if (_int(get(f"{rollout}.{part}", 1)) or 0) < 1:
             err(f"{rollout}.{part}", "must be a positive integer")
             return
@@ -328,14 +324,6 @@ def _warnings(
             "rollout.n (top level) is unused by verl; responses per prompt are "
             "actor_rollout_ref.rollout.n (the spec's rollout.n)"
         )
-    unchecked = [
-        f"{k}={get(k)!r}"
-        for k in ("data.train_files", "data.val_files", "actor_rollout_ref.model.path")
-    ]
-    out.append(
-        "the service cannot see the cluster's files; make sure these exist on every node: "
-        + ", ".join(unchecked)
-    )
     return out
 
 

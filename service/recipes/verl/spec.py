@@ -25,6 +25,11 @@ from service.recipes.base import RunSpec
 # Environment variables the service owns, and the setting that decides each.
 SERVICE_ENV = {"RAY_JOB_STOP_WAIT_TIME_S": "RLRUN_STOP_GRACE_S, the time a stopped run has"}
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Files that travel with a run (its working directory on every node): names, count and sizes.
+FILE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
+MAX_FILES = 16
+MAX_FILE_BYTES = 64 * 1024
+MAX_FILES_BYTES = 256 * 1024
 # A pip requirement (name, extras, version specifiers, markers); no options, paths or URLs.
 PIP_REQUIREMENT = re.compile(
     r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?[A-Za-z0-9.,<>=!~* ;'\"_-]*$"
@@ -308,6 +313,12 @@ class VerlFullyAsyncSpec(RunSpec, OnlySet):
 
     recipe: Literal["verl-fully-async"] = "verl-fully-async"
     preset: str | None = None
+    verl_version: str | None = Field(
+        default=None,
+        pattern=r"^\d+\.\d+\.\d+(?:(?:rc|\.post|\.dev)\d+)?$",
+        description="the verl release to validate against (default: the service's); "
+        "the nodes must run it",
+    )
     data: DataSpec = Field(default_factory=DataSpec)
     model: ModelSpec = Field(default_factory=ModelSpec)
     actor: ActorSpec = Field(default_factory=ActorSpec)
@@ -318,11 +329,29 @@ class VerlFullyAsyncSpec(RunSpec, OnlySet):
     async_training: AsyncTrainingSpec = Field(default_factory=AsyncTrainingSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     runtime_env: RuntimeEnvSpec = Field(default_factory=RuntimeEnvSpec)
+    files: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=MAX_FILES,
+        description="small text files shipped as the run's working directory (name -> text), "
+        "e.g. a reward function; refer to them by name, e.g. custom_reward_function.path=reward.py",
+    )
     overrides: list[str] = Field(
         default_factory=list,
         max_length=500,
         description="any other Hydra override, e.g. 'actor_rollout_ref.rollout.top_p=0.9'",
     )
+
+    @field_validator("files")
+    @classmethod
+    def _file_sizes(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, text in value.items():
+            if not FILE_NAME.match(name) or name in (".", ".."):
+                raise ValueError(f"{name!r} is not a plain file name (letters, digits, . _ -)")
+            if len(text.encode()) > MAX_FILE_BYTES:
+                raise ValueError(f"{name} is larger than {MAX_FILE_BYTES // 1024} KiB")
+        if sum(len(t.encode()) for t in value.values()) > MAX_FILES_BYTES:
+            raise ValueError(f"the files add up to more than {MAX_FILES_BYTES // 1024} KiB")
+        return value
 
     @field_validator("overrides")
     @classmethod

@@ -1,0 +1,19 @@
+"""``GET /recipes``: the recipes this service runs and their presets (what a submit form offers)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from service.api.deps import ServicesDep
+from service.wire import RecipeOut
+
+router = APIRouter(tags=["runs"])
+
+
+@router.get("/recipes", response_model=list[RecipeOut])
+def list_recipes(services: ServicesDep) -> list[RecipeOut]:
+    registry = services.registry
+    return [
+        RecipeOut(name=name, presets=list(getattr(registry.get(name), "presets", ())))
+        for name in registry.names()
+    ]

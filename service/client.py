@@ -1,0 +1,302 @@
+"""Python client of the rlrun API (httpx): one typed method per call.
+
+``Client()`` reads the service URL from ``RLRUN_URL`` and a bearer token from ``RLRUN_TOKEN``
+unless they are given. A problem+json answer is raised as ``ApiError`` (its ``detail`` and
+``errors`` with each bad field); a service that cannot be reached as ``Unreachable``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from service.wire import RecipeOut, RunOut, RunPage, RunSummary, SeriesOut
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED", "CANCELLED", "LOST"})
+
+
+class ClientError(Exception):
+    """Base of what the client raises."""
+
+
+class Unreachable(ClientError):
+    """The service did not answer (connection refused, timeout, ...)."""
+
+
+@dataclass(frozen=True)
+class FieldError:
+    field: str
+    msg: str
+    type: str = ""
+
+
+class ApiError(ClientError):
+    """An error answer: RFC 9457 problem fields, and ``errors`` naming each bad field."""
+
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        self.status = status
+        self.body = body
+        self.title = str(body.get("title") or "Error")
+        self.detail = str(body.get("detail") or "")
+        self.errors = [
+            FieldError(str(e.get("field", "")), str(e.get("msg", "")), str(e.get("type", "")))
+            for e in body.get("errors") or []
+            if isinstance(e, dict)
+        ]
+        super().__init__(f"{status} {self.title}: {self.detail}")
+
+    @classmethod
+    def from_response(cls, resp: httpx.Response) -> ApiError:
+        try:
+            body = resp.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            body = {"title": resp.reason_phrase, "detail": resp.text[:2000]}
+        return cls(resp.status_code, body)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One Server-Sent Event of ``/runs/{id}/events``: ``status``, ``metrics`` or ``end``."""
+
+    kind: str
+    data: Any
+    id: str | None = None
+
+
+def parse_sse(lines: Iterable[str]) -> Iterator[Event]:
+    """Server-Sent Events from text lines (JSON data); comments (keep-alives) are skipped."""
+    kind, data, event_id = "message", list[str](), None
+    for line in lines:
+        if line.startswith("event:"):
+            kind = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+        elif line.startswith("id:"):
+            event_id = line[3:].strip()
+        elif not line and (data or kind != "message"):
+            yield Event(kind, json.loads("\n".join(data)) if data else None, event_id)
+            kind, data, event_id = "message", [], None
+
+
+@dataclass
+class LogChunk:
+    """Part of a job log: ``text``, the ``offset`` to read on from, ``complete`` at its end."""
+
+    text: str
+    offset: int
+    complete: bool
+
+
+@dataclass
+class Client:
+    """``with Client() as c: c.get_run(run_id)``."""
+
+    url: str | None = None
+    token: str | None = None
+    timeout: float = 30.0
+    transport: httpx.BaseTransport | None = None
+    _http: httpx.Client = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.url = (self.url or os.environ.get("RLRUN_URL") or DEFAULT_URL).rstrip("/")
+        self.token = self.token or os.environ.get("RLRUN_TOKEN") or None
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        self._http = httpx.Client(
+            base_url=self.url, headers=headers, timeout=self.timeout, transport=self.transport
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            resp = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise Unreachable(f"cannot reach {self.url}: {exc}") from exc
+        if resp.status_code >= 400:
+            raise ApiError.from_response(resp)
+        return resp
+
+    # Runs
+
+    def create_run(self, spec: dict[str, Any], idempotency_key: str | None = None) -> RunOut:
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        resp = self._request("POST", "/runs", json=spec, headers=headers)
+        return RunOut.model_validate(resp.json())
+
+    def dry_run(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """The plan for ``spec``: command, runtime env, placement, queue position (not stored)."""
+        resp = self._request("POST", "/runs", json=spec, params={"dry_run": True})
+        plan: dict[str, Any] = resp.json()
+        return plan
+
+    def list_runs(
+        self,
+        status: Iterable[str] = (),
+        team: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> RunPage:
+        params: dict[str, Any] = {"limit": limit, "status": list(status)}
+        if team:
+            params["team"] = team
+        if cursor:
+            params["cursor"] = cursor
+        return RunPage.model_validate(self._request("GET", "/runs", params=params).json())
+
+    def iter_runs(
+        self, status: Iterable[str] = (), team: str | None = None, page_size: int = 100
+    ) -> Iterator[RunSummary]:
+        """Every matching run, newest first, page after page."""
+        statuses, cursor = list(status), None
+        while True:
+            page = self.list_runs(statuses, team, page_size, cursor)
+            yield from page.items
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    def get_run(self, run_id: str) -> RunOut:
+        return RunOut.model_validate(self._request("GET", f"/runs/{run_id}").json())
+
+    def cancel_run(self, run_id: str) -> RunOut:
+        return RunOut.model_validate(self._request("POST", f"/runs/{run_id}/cancel").json())
+
+    def script(self, run_id: str) -> str:
+        return self._request("GET", f"/runs/{run_id}/script").text
+
+    # Metrics and logs
+
+    def metrics(
+        self,
+        run_id: str,
+        keys: Iterable[str] = (),
+        max_points: int = 1000,
+        from_step: int | None = None,
+        to_step: int | None = None,
+    ) -> SeriesOut:
+        params: dict[str, Any] = {"max_points": max_points}
+        if names := ",".join(keys):
+            params["keys"] = names
+        if from_step is not None:
+            params["from_step"] = from_step
+        if to_step is not None:
+            params["to_step"] = to_step
+        resp = self._request("GET", f"/runs/{run_id}/metrics", params=params)
+        return SeriesOut.model_validate(resp.json())
+
+    def metric_keys(self, run_id: str) -> list[str]:
+        keys: list[str] = self._request("GET", f"/runs/{run_id}/metrics/keys").json()
+        return keys
+
+    def logs(
+        self,
+        run_id: str,
+        tail: int | None = None,
+        offset: int | None = None,
+        ansi: bool = False,
+    ) -> LogChunk:
+        params: dict[str, Any] = {"ansi": ansi}
+        if tail is not None:
+            params["tail"] = tail
+        if offset is not None:
+            params["offset"] = offset
+        resp = self._request("GET", f"/runs/{run_id}/logs", params=params)
+        return LogChunk(
+            resp.text,
+            int(resp.headers.get("Log-Offset", "0")),
+            resp.headers.get("Log-Complete") == "true",
+        )
+
+    def follow_logs(
+        self, run_id: str, tail: int | None = None, ansi: bool = False, poll_s: float = 1.0
+    ) -> Iterator[str]:
+        """The log's text as it grows, until the run has ended and its log is read to the end."""
+        chunk = self.logs(run_id, tail=tail, ansi=ansi)
+        while True:
+            if chunk.text:
+                yield chunk.text
+            if chunk.complete:
+                return
+            time.sleep(poll_s)
+            chunk = self.logs(run_id, offset=chunk.offset, ansi=ansi)
+
+    def events(
+        self,
+        run_id: str,
+        last_event_id: str | None = None,
+        retry_s: float = 1.0,
+        give_up_s: float = 300.0,
+    ) -> Iterator[Event]:
+        """The run's events until ``end`` (which is yielded last). A dropped connection is
+        resumed with ``Last-Event-ID``, so no event is lost or repeated; after ``give_up_s``
+        without a connection, ``Unreachable``."""
+        failing_since: float | None = None
+        while True:
+            headers = {"Accept": "text/event-stream"}
+            if last_event_id:
+                headers["Last-Event-ID"] = last_event_id
+            try:
+                with self._http.stream(
+                    "GET",
+                    f"/runs/{run_id}/events",
+                    headers=headers,
+                    timeout=httpx.Timeout(self.timeout, read=60),
+                ) as resp:
+                    if resp.status_code >= 400:
+                        resp.read()
+                        raise ApiError.from_response(resp)
+                    failing_since = None
+                    for event in parse_sse(resp.iter_lines()):
+                        last_event_id = event.id or last_event_id
+                        yield event
+                        if event.kind == "end":
+                            return
+            except httpx.TransportError as exc:
+                failing_since = failing_since or time.monotonic()
+                if time.monotonic() - failing_since > give_up_s:
+                    raise Unreachable(f"lost {self.url}: {exc}") from exc
+                time.sleep(retry_s)
+
+    # Cluster and service
+
+    def cluster(self) -> dict[str, Any]:
+        body: dict[str, Any] = self._request("GET", "/cluster").json()
+        return body
+
+    def recipes(self) -> list[RecipeOut]:
+        return [RecipeOut.model_validate(r) for r in self._request("GET", "/recipes").json()]
+
+    def healthz(self) -> dict[str, Any]:
+        body: dict[str, Any] = self._request("GET", "/healthz").json()
+        return body
+
+    def prometheus(self) -> str:
+        """``GET /metrics``: the service's own figures, Prometheus text."""
+        return self._request("GET", "/metrics").text
+
+    def readyz(self) -> dict[str, Any]:
+        """Readiness; a 503 (not ready) is answered, not raised: ``ready`` says which."""
+        try:
+            resp = self._http.get("/readyz")
+        except httpx.TransportError as exc:
+            raise Unreachable(f"cannot reach {self.url}: {exc}") from exc
+        if resp.status_code not in (200, 503):
+            raise ApiError.from_response(resp)
+        body: dict[str, Any] = resp.json()
+        return body

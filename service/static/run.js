@@ -1,0 +1,165 @@
+// #/runs/{id}: one run — curves, status timeline, health, spec/command/env/script, live log.
+import { ApiError, TERMINAL, getJSON, getText, postJSON, showError, subscribe } from "./api.js";
+import { COLORS, Chart, align, ansiSpans, badge, h, link, num, progressCell, since } from "./ui.js";
+
+const REWARD = ["critic/score/mean", "critic/score/max", "critic/score/min"];
+const FIXED = [
+  { title: "idle ratio", keys: ["fully_async/trainer/idle_ratio", "fully_async/rollouter/idle_ratio"] },
+  { title: "staleness", keys: ["fully_async/count/mean_staleness", "fully_async/count/stale_trajectory_processed"] },
+  { title: "partial rollouts", keys: ["fully_async/partial/partial_ratio"] },
+  { title: "sync time (s)", keys: ["timing_s/param_sync", "timing_s/timing_s/param_sync"] },
+];
+const LOG_LINES = 2000;
+
+export function runView(root, id, signal) {
+  const path = `/runs/${encodeURIComponent(id)}`;
+  const title = h("h2", { id: "run-title" });
+  const status = h("span", { id: "run-status", class: "badge" });
+  const health = h("span", { id: "run-health" });
+  const queue = h("p", { id: "run-queue", class: "queue-reason", hidden: true });
+  const progress = h("span", { id: "run-progress" });
+  const cancel = h("button", { id: "cancel", class: "danger", hidden: true }, "cancel");
+  const clone = link(`#/submit?from=${encodeURIComponent(id)}`, "clone", "button");
+  const charts = h("div", { id: "charts" });
+  const picker = h("select", { id: "key-picker", "aria-label": "another metric" }, h("option", { value: "" }, "add a chart…"));
+  const timeline = h("ol", { id: "events", class: "timeline" });
+  const latest = h("tbody");
+  const spec = h("pre", { id: "spec" }), command = h("pre", { id: "command" });
+  const env = h("pre", { id: "runtime-env" }), script = h("pre", { id: "script" });
+  const log = h("pre", { id: "log", class: "log" });
+
+  root.append(
+    h("div", { class: "run-head" }, title, h("p", {}, status, " ", health, " ", progress, " ", cancel, " ", clone), queue),
+    h("div", { class: "toolbar" }, picker),
+    charts,
+    h("div", { class: "columns" },
+      h("section", {}, h("h3", {}, "Status timeline"), timeline),
+      h("section", {}, h("h3", {}, "Latest metrics"), h("table", { id: "latest" }, latest))),
+    h("h3", {}, "Log"), log,
+    h("details", { open: true }, h("summary", {}, "Command"), command),
+    h("details", {}, h("summary", {}, "Spec"), spec),
+    h("details", {}, h("summary", {}, "Runtime env"), env),
+    h("details", {}, h("summary", {}, "Bash script (ray job submit)"), script),
+  );
+
+  const plots = new Map();
+  const extra = new Set();
+  let keys = [];
+  signal.addEventListener("abort", () => plots.forEach((c) => c.destroy()));
+
+  cancel.addEventListener("click", async () => {
+    if (!confirm(`Cancel run ${id}?`)) return;
+    try { render(await postJSON(`${path}/cancel`, undefined, signal)); } catch (err) { showError(err); }
+  });
+  picker.addEventListener("change", () => {
+    if (picker.value) extra.add(picker.value);
+    picker.value = "";
+    reload();
+  });
+
+  function render(run) {
+    title.replaceChildren(run.name, " ", h("small", { class: "mono" }, run.id));
+    status.textContent = run.status;
+    status.className = `badge ${run.status}`;
+    health.replaceChildren(run.health.status === "ok" ? h("span", { class: "healthy" }, "healthy")
+      : h("span", { class: "unhealthy" }, `${run.health.status}: ${run.health.reason || ""}`));
+    queue.hidden = !run.queue_reason;
+    queue.textContent = run.queue_reason ? `waiting: ${run.queue_reason}` : "";
+    progress.replaceChildren(run.progress.step === null ? "" : "step ", progressCell(run.progress));
+    cancel.hidden = TERMINAL.has(run.status) || run.stop_requested;
+    latest.replaceChildren(...Object.entries(run.metrics.latest).map(([k, v]) => h("tr", {}, h("td", {}, k), h("td", {}, num(v)))));
+    timeline.replaceChildren(...run.events.map((e) => h("li", { class: e.from_status === e.to_status ? "note" : "move" },
+      h("time", { datetime: e.at, title: e.at }, new Date(e.at).toLocaleTimeString()), " ",
+      e.from_status === e.to_status ? "" : [badge(e.to_status), " "], e.reason,
+      e.from_status && e.from_status !== e.to_status ? h("span", { class: "dim" }, ` (after ${since(lastAt(run.events, e), e.at)} ${e.from_status})`) : "")));
+    command.textContent = run.entrypoint;
+    spec.textContent = JSON.stringify(run.spec, null, 2);
+    env.textContent = JSON.stringify(run.runtime_env, null, 2);
+  }
+
+  async function drawCharts() {
+    const validation = keys.filter((k) => k.startsWith("val-core/"));
+    const groups = [
+      { title: "reward", keys: REWARD, band: true },
+      { title: "validation", keys: validation },
+      ...FIXED,
+      ...[...extra].map((k) => ({ title: k, keys: [k] })),
+    ].map((g) => ({ ...g, keys: g.keys.filter((k) => keys.includes(k)) })).filter((g) => g.keys.length);
+    const wanted = [...new Set(groups.flatMap((g) => g.keys))];
+    if (!wanted.length) return;
+    const data = await getJSON(`${path}/metrics?keys=${encodeURIComponent(wanted.join(","))}&max_points=500`, signal);
+    for (const group of groups) {
+      if (!plots.has(group.title)) plots.set(group.title, new Chart(charts, group.title));
+      const lists = group.keys.map((k) => data.series[k] || []);
+      if (group.band && group.keys[0] === REWARD[0]) {
+        // The mean, with the band between max and min (each downsampled point keeps its bucket's extremes).
+        const [steps, mean, max, min] = align(lists);
+        const series = [{ label: "mean", stroke: COLORS[0] }];
+        const columns = [steps, mean];
+        if (max) { series.push({ label: "max", stroke: "#9ec5e8" }); columns.push(max); }
+        if (min) { series.push({ label: "min", stroke: "#9ec5e8" }); columns.push(min); }
+        const bands = max && min ? [{ series: [2, 3], fill: "rgba(31,119,180,0.15)" }] : [];
+        plots.get(group.title).draw(series, columns, bands);
+      } else {
+        plots.get(group.title).draw(group.keys.map((k, i) => ({ label: shortKey(k), stroke: COLORS[i % COLORS.length] })), align(lists));
+      }
+    }
+  }
+
+  let logOffset = null;
+  const ansiState = { classes: [] };
+  async function readLog() {
+    const query = logOffset === null ? "ansi=true&tail=200" : `ansi=true&offset=${logOffset}`;
+    const { text, headers } = await getText(`${path}/logs?${query}`, signal);
+    logOffset = Number(headers.get("Log-Offset") || 0);
+    if (!text) return headers.get("Log-Complete") === "true";
+    const stick = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
+    log.append(...ansiSpans(text, ansiState));
+    while (log.childNodes.length > LOG_LINES) log.firstChild.remove();
+    if (stick) log.scrollTop = log.scrollHeight;
+    return headers.get("Log-Complete") === "true";
+  }
+
+  let running = null, again = false;
+  async function reload() {
+    if (running) { again = true; return; }
+    running = (async () => {
+      try {
+        render(await getJSON(path, signal));
+        keys = await getJSON(`${path}/metrics/keys`, signal);
+        const known = new Set([...picker.options].map((o) => o.value));
+        picker.append(...keys.filter((k) => !known.has(k)).map((k) => h("option", { value: k }, k)));
+        await drawCharts();
+      } catch (err) {
+        if (err instanceof ApiError && err.status === 404) root.replaceChildren(h("p", { class: "error" }, `no run ${id}`));
+        else showError(err);
+      }
+    })();
+    await running;
+    running = null;
+    if (again && !signal.aborted) { again = false; reload(); }
+  }
+
+  (async () => {
+    await reload();
+    getText(`${path}/script`, signal).then(({ text }) => { script.textContent = text; }, showError);
+    // Live: each status or metrics event re-reads the run (debounced); the stream's end is final.
+    let pending = null;
+    const schedule = () => { pending = pending || setTimeout(() => { pending = null; reload(); }, 400); };
+    subscribe(`${path}/events`, schedule, signal).then(() => { if (!signal.aborted) reload(); });
+    // Log lines that are not metric lines come with no event: read on while the run is active.
+    const tick = async () => {
+      if (signal.aborted) return;
+      const done = await readLog().catch(() => false);
+      if (!done) setTimeout(tick, 2000);
+    };
+    tick();
+  })();
+}
+
+function lastAt(events, event) {
+  const before = events.filter((e) => e.id < event.id && e.from_status !== e.to_status);
+  return before.length ? before[before.length - 1].at : events[0].at;
+}
+
+const shortKey = (key) => key.replace(/^fully_async\//, "").replace(/^val-core\//, "");

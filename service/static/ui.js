@@ -1,0 +1,162 @@
+// Building blocks of the views: DOM from text only (never HTML), formatting, charts (uPlot),
+// sparklines (SVG) and ANSI colour codes rendered as styled spans.
+
+const SVG = "http://www.w3.org/2000/svg";
+export const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"];
+
+// h("td", {class: "x", dataset: {id}}, "text", node, ...): children are text or nodes.
+export function h(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key === "class") node.className = value;
+    else if (key === "dataset") Object.assign(node.dataset, value);
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else if (key in node && typeof value !== "string") node[key] = value;
+    else node.setAttribute(key, value === true ? "" : value);
+  }
+  for (const child of children.flat()) {
+    if (child === undefined || child === null || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+export const link = (href, text, cls) => h("a", { href, class: cls }, text);
+export const badge = (status) => h("span", { class: `badge ${status}` }, status);
+
+export function healthText(health) {
+  return h("span", { class: health.status === "ok" ? "healthy" : "unhealthy", title: health.reason || "" },
+    health.status === "ok" ? "ok" : health.status);
+}
+
+export function num(value) {
+  if (value === null || value === undefined) return "";
+  return typeof value === "number" ? String(+value.toPrecision(4)) : String(value);
+}
+
+export function duration(seconds) {
+  if (seconds === null || seconds === undefined || !isFinite(seconds)) return "";
+  seconds = Math.max(0, Math.round(seconds));
+  if (seconds < 60) return `${seconds}s`;
+  if (seconds < 3600) return `${Math.floor(seconds / 60)}m ${seconds % 60}s`;
+  if (seconds < 86400) return `${Math.floor(seconds / 3600)}h ${Math.floor(seconds % 3600 / 60)}m`;
+  return `${Math.floor(seconds / 86400)}d ${Math.floor(seconds % 86400 / 3600)}h`;
+}
+
+export const since = (iso, until) =>
+  duration(((until ? Date.parse(until) : Date.now()) - Date.parse(iso)) / 1000);
+
+export function progressCell(progress) {
+  if (progress.step === null || progress.step === undefined) return "";
+  const total = progress.total_steps;
+  const bar = h("progress", { max: total || 1, value: total ? progress.step : 0 });
+  return h("span", { class: "progress" }, bar, total ? ` ${progress.step}/${total}` : ` ${progress.step}`);
+}
+
+export function sparkline(values, width = 80, height = 18) {
+  const svg = document.createElementNS(SVG, "svg");
+  svg.setAttribute("class", "spark");
+  svg.setAttribute("width", width);
+  svg.setAttribute("height", height);
+  const finite = values.filter((v) => typeof v === "number" && isFinite(v));
+  if (finite.length < 2) return svg;
+  const lo = Math.min(...finite), hi = Math.max(...finite), span = hi - lo || 1;
+  const points = finite.map((v, i) =>
+    `${(i / (finite.length - 1) * (width - 2) + 1).toFixed(1)},${(height - 1 - (v - lo) / span * (height - 2)).toFixed(1)}`);
+  const line = document.createElementNS(SVG, "polyline");
+  line.setAttribute("points", points.join(" "));
+  svg.append(line);
+  return svg;
+}
+
+// Series values as numbers; NaN and the infinities arrive as strings and become gaps.
+export const numeric = (v) => (typeof v === "number" ? v : null);
+
+// Aligns several [{step, value}] lists by step: [steps, column per list].
+export function align(lists, pick = (p) => p.value) {
+  const steps = [...new Set(lists.flatMap((l) => l.map((p) => p.step)))].sort((a, b) => a - b);
+  const columns = lists.map((list) => {
+    const byStep = new Map(list.map((p) => [p.step, numeric(pick(p))]));
+    return steps.map((s) => (byStep.has(s) ? byStep.get(s) : null));
+  });
+  return [steps, ...columns];
+}
+
+// A chart that keeps its uPlot instance while its series stay the same (live updates).
+export class Chart {
+  constructor(holder, title) {
+    this.title = title;
+    this.box = h("div", { class: "chart", dataset: { chart: title } });
+    holder.append(this.box);
+    this.plot = null;
+    this.signature = "";
+  }
+
+  // series: [{label, stroke, fill?, dash?}], data: [steps, ...columns], bands: uPlot bands
+  draw(series, data, bands = []) {
+    // What is drawn, for a reader of the page (and its tests): steps and series.
+    this.box.dataset.points = String(data[0].length);
+    this.box.dataset.series = String(series.length);
+    const signature = JSON.stringify([series.map((s) => s.label), bands]);
+    if (this.plot && signature === this.signature) {
+      this.plot.setData(data);
+      return;
+    }
+    this.destroy();
+    this.signature = signature;
+    const width = Math.max(320, Math.min(620, this.box.parentElement.clientWidth / 2 - 24));
+    this.plot = new uPlot({
+      title: this.title, width, height: 220,
+      scales: { x: { time: false } },
+      legend: { live: true },
+      series: [{ label: "step" }, ...series.map((s) => ({ spanGaps: true, width: 1.5, points: { show: false }, ...s }))],
+      bands,
+    }, data, this.box);
+  }
+
+  destroy() {
+    if (this.plot) this.plot.destroy();
+    this.plot = null;
+  }
+}
+
+// ANSI SGR colour codes -> spans with classes; every other escape sequence is dropped.
+const ANSI = /\x1b\[([0-9;]*)m|\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])/g;
+
+export function ansiSpans(text, state = { classes: [] }) {
+  const out = [];
+  let at = 0;
+  const flush = (end) => {
+    if (end <= at) return;
+    const piece = text.slice(at, end);
+    out.push(state.classes.length ? h("span", { class: state.classes.join(" ") }, piece) : document.createTextNode(piece));
+  };
+  for (const match of text.matchAll(ANSI)) {
+    flush(match.index);
+    at = match.index + match[0].length;
+    if (match[1] === undefined) continue;
+    for (const code of (match[1] || "0").split(";").map(Number)) {
+      if (code === 0) state.classes = [];
+      else if (code === 1) state.classes.push("ansi-bold");
+      else if ((code >= 30 && code <= 37) || (code >= 90 && code <= 97)) {
+        state.classes = state.classes.filter((c) => !c.startsWith("ansi-fg")).concat(`ansi-fg${code}`);
+      } else if (code === 39) state.classes = state.classes.filter((c) => !c.startsWith("ansi-fg"));
+    }
+  }
+  flush(text.length);
+  return out;
+}
+
+// Dotted path -> value for every leaf of a JSON value (arrays indexed like field paths).
+export function flatten(value, prefix = "", out = {}) {
+  if (value && typeof value === "object" && !(Array.isArray(value) && value.length === 0)) {
+    for (const [k, v] of Object.entries(value)) {
+      const path = Array.isArray(value) ? `${prefix}[${k}]` : prefix ? `${prefix}.${k}` : k;
+      flatten(v, path, out);
+    }
+  } else {
+    out[prefix] = value;
+  }
+  return out;
+}

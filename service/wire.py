@@ -1,0 +1,102 @@
+"""The API's response models: what the service answers and ``service.client`` reads.
+
+Plain pydantic, no database or server imports, so the client stays light.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel
+
+
+class EventOut(BaseModel):
+    id: int
+    at: datetime
+    from_status: str | None
+    to_status: str
+    reason: str
+
+
+class RayOut(BaseModel):
+    submission_id: str
+    status: str | None
+    message: str | None
+    error_type: str | None
+    exit_code: int | None
+
+
+class ProgressOut(BaseModel):
+    """``step`` is the parameter version (weight syncs) of ``total_steps`` planned syncs."""
+
+    step: int | None = None
+    total_steps: int | None = None
+    trainer_step: int | None = None
+
+
+class MetricsOut(BaseModel):
+    """Key -> value at the newest step it was logged (NaN/inf as "NaN"/"Infinity" strings)."""
+
+    step: int | None = None
+    latest: dict[str, float | str] = {}
+
+
+class HealthOut(BaseModel):
+    status: str
+    reason: str | None
+
+
+class RunSummary(BaseModel):
+    id: str
+    name: str
+    recipe: str
+    team: str
+    priority: str
+    status: str
+    health: HealthOut
+    queue_reason: str | None = None
+    progress: ProgressOut = ProgressOut()
+    reward: float | str | None = None
+    created_at: datetime
+    submitted_at: datetime | None
+    started_at: datetime | None
+    ended_at: datetime | None
+    links: dict[str, str]
+
+
+class RunOut(RunSummary):
+    spec: dict[str, Any]
+    command: list[str]
+    entrypoint: str
+    runtime_env: dict[str, Any]
+    shape: dict[str, Any]
+    warnings: list[str]
+    ray: RayOut
+    stop_requested: bool
+    metrics: MetricsOut
+    # The verl launcher's checks on every node before verl started (None until it reports).
+    preflight: dict[str, Any] | None = None
+    events: list[EventOut]
+
+
+class RunPage(BaseModel):
+    items: list[RunSummary]
+    next_cursor: str | None
+
+
+class PointOut(BaseModel):
+    step: int
+    value: float | str
+    min: float | str
+    max: float | str
+
+
+class SeriesOut(BaseModel):
+    run_id: str
+    series: dict[str, list[PointOut]]
+
+
+class RecipeOut(BaseModel):
+    name: str
+    presets: list[str]
