@@ -56,18 +56,7 @@ log = logging.getLogger(__name__)
 
 def create_app(settings: Settings | None = None, registry: RecipeRegistry | None = None) -> FastAPI:
     settings = settings or Settings()
-    db = dbmod.Database(
-        settings.database_url,
-        wait_s=settings.db_wait_s,
-        pool_size=settings.db_pool_size,
-        max_overflow=settings.db_max_overflow,
-    )
-    services = Services(
-        settings=settings,
-        db=db,
-        registry=registry or default_registry(settings.recipe_plugins, settings),
-        broker=Broker(db, settings.events_poll_s),
-    )
+    registry = registry or default_registry(settings.recipe_plugins, settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -99,13 +88,9 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
                 log.error("cannot start the local Ray cluster: %s", exc)
                 raise
             address = cluster.address
-        ray = services.ray = RayJobs(address, settings.ray_token, settings.ray_timeout_s)
-        inventory = services.inventory = InventoryCache(ray, settings.inventory_ttl_s)
+        services = app.state.services = build_services(settings, registry, address)
         stop = asyncio.Event()
-        tasks: list[asyncio.Task[None]] = []
-        if settings.run_loops:
-            services.loops = build_loops(services, ray, inventory)
-            tasks = [asyncio.create_task(loop.run(stop)) for loop in services.loops.values()]
+        tasks = [asyncio.create_task(loop.run(stop)) for loop in services.loops.values()]
         try:
             with on_shutdown_signal(services.broker.close_streams):
                 yield
@@ -116,7 +101,7 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
             if services.follower is not None:
                 # Hand this replica's followers over at once rather than when the lease lapses.
                 await asyncio.to_thread(services.follower.release)
-            ray.close()
+            services.ray.close()
             services.db.dispose()
             if cluster is not None:
                 await asyncio.to_thread(cluster.cleanup)
@@ -129,7 +114,6 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
         docs_url=None,
         redoc_url=None,
     )
-    app.state.services = services
     app.add_middleware(ShedLoad, limit=settings.max_requests_in_progress)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     install_handlers(app)
@@ -150,55 +134,70 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
     return app
 
 
-def build_loops(services: Services, ray: RayJobs, inventory: InventoryCache) -> dict[str, Loop]:
-    """The background loops of one replica, wired to each other's wake-ups."""
-    settings = services.settings
-    owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-    submitter = Submitter(
-        services.db,
-        ray,
-        inventory,
-        backlog.quotas(settings),
-        owner,
-        settings.claim_ttl_s,
-        settings.submit_batch,
-        SecretStore(settings.secrets_dir),
+def build_services(settings: Settings, registry: RecipeRegistry, ray_address: str) -> Services:
+    """Everything one replica runs on, built once: the database, the Ray client, the inventory,
+    the event broker and (with ``run_loops``) the background loops, wired to wake each other."""
+    db = dbmod.Database(
+        settings.database_url,
+        wait_s=settings.db_wait_s,
+        pool_size=settings.db_pool_size,
+        max_overflow=settings.db_max_overflow,
     )
-    reconciler = Reconciler(
-        services.db,
-        ray,
-        on_end=lambda: services.wake("submitter"),
-        interval_s=settings.reconcile_interval_s,
-        max_backoff_s=settings.max_backoff_s,
-    )
-    watchdog = Watchdog(
-        services.db,
-        settings.stuck_submitted_s,
-        settings.stuck_silent_s,
-        settings.stop_stuck,
-        on_stop=lambda: services.wake("reconciler"),
-    )
-    services.follower = Follower(
-        services.db,
-        ray,
-        owner,
-        settings.follower_lease_s,
-        settings.log_keep_chars,
-        HealthRules(
-            stall_after_s=settings.stall_after_s,
-            collapse_window=settings.collapse_window,
-            collapse_patience=settings.collapse_patience,
-            collapse_drop=settings.collapse_drop,
-        ),
-        services.broker.notify,
-    )
-    backoff = settings.max_backoff_s
-    return {
-        "submitter": Loop("submitter", submitter.tick, settings.submit_interval_s, backoff),
-        "reconciler": Loop("reconciler", reconciler.tick, settings.reconcile_interval_s, backoff),
-        "watchdog": Loop("watchdog", watchdog.tick, settings.watchdog_interval_s, backoff),
-        "follower": Loop("follower", services.follower.tick, settings.follow_interval_s, backoff),
-    }
+    ray = RayJobs(ray_address, settings.ray_token, settings.ray_timeout_s)
+    inventory = InventoryCache(ray, settings.inventory_ttl_s)
+    broker = Broker(db, settings.events_poll_s)
+    loops: dict[str, Loop] = {}
+    follower = None
+    if settings.run_loops:
+        owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        submitter = Submitter(
+            db,
+            ray,
+            inventory,
+            backlog.quotas(settings),
+            owner,
+            settings.claim_ttl_s,
+            settings.submit_batch,
+            SecretStore(settings.secrets_dir),
+        )
+        reconciler = Reconciler(
+            db,
+            ray,
+            on_end=lambda: loops["submitter"].wake(),
+            interval_s=settings.reconcile_interval_s,
+            max_backoff_s=settings.max_backoff_s,
+        )
+        watchdog = Watchdog(
+            db,
+            settings.stuck_submitted_s,
+            settings.stuck_silent_s,
+            settings.stop_stuck,
+            on_stop=lambda: loops["reconciler"].wake(),
+        )
+        follower = Follower(
+            db,
+            ray,
+            owner,
+            settings.follower_lease_s,
+            settings.log_keep_chars,
+            HealthRules(
+                settings.stall_after_s,
+                settings.collapse_window,
+                settings.collapse_patience,
+                settings.collapse_drop,
+            ),
+            broker.notify,
+        )
+        backoff = settings.max_backoff_s
+        loops |= {
+            "submitter": Loop("submitter", submitter.tick, settings.submit_interval_s, backoff),
+            "reconciler": Loop(
+                "reconciler", reconciler.tick, settings.reconcile_interval_s, backoff
+            ),
+            "watchdog": Loop("watchdog", watchdog.tick, settings.watchdog_interval_s, backoff),
+            "follower": Loop("follower", follower.tick, settings.follow_interval_s, backoff),
+        }
+    return Services(settings, db, registry, broker, ray, inventory, loops, follower)
 
 
 @contextmanager

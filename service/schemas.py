@@ -14,11 +14,9 @@ from typing import Any
 from fastapi import Response
 from pydantic_core import to_json
 
-from service.metrics.store import json_value
-from service.recipes.base import PRIORITIES
+from service.recipes.base import PRIORITY_NAMES
 from service.secrets import masked_runtime_env, masked_spec
 
-PRIORITY_NAMES = {v: k for k, v in PRIORITIES.items()}
 STEP_KEY = "fully_async/count/current_param_version"
 TRAINER_STEP_KEY = "training/global_step"
 REWARD_KEY = "critic/score/mean"
@@ -81,6 +79,15 @@ def run_doc(run: Any, events: Sequence[Any], latest: Latest | None = None) -> di
         },
         "events": [event_doc(e) for e in events],
     }
+
+
+def json_value(value: float) -> float | str:
+    """JSON has no NaN/inf: they travel as the strings "NaN", "Infinity", "-Infinity"."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "Infinity" if value > 0 else "-Infinity"
+    return value
 
 
 def event_doc(event: Any) -> dict[str, Any]:

@@ -50,7 +50,7 @@ class Settings(BaseSettings):
 
     submit_interval_s: float = 1.0
     reconcile_interval_s: float = 2.0
-    claim_ttl_s: float = 60.0
+    claim_ttl_s: float = Field(default=60.0, description="A replica's hold on a run it submits")
     submit_batch: int = 16
     max_backoff_s: float = 30.0
     run_loops: bool = True
@@ -66,7 +66,9 @@ class Settings(BaseSettings):
     follow_interval_s: float = 1.0
     follower_lease_s: float = 15.0
     log_keep_chars: int = 8_000_000
-    stall_after_s: float = 600.0
+    stall_after_s: float = Field(
+        default=600.0, description="Health stalled: a RUNNING run logs no new step this long"
+    )
     collapse_window: int = 20
     collapse_patience: int = 3
     collapse_drop: float = 0.5

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,13 +16,23 @@ from service.app import create_app
 from service.cluster.local_ray import LocalRayCluster
 from service.cluster.ray_jobs import RayJobs
 from service.settings import Settings
-from service.store.db import upgrade
+from service.store.db import Database, upgrade
 from service.store.models import Base
+from tests import postgres
 
-PG_ADMIN_URL = os.environ.get("RLRUN_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 # Ports for the session's Ray cluster; outside 10002-19999, which Ray keeps for its workers.
 RAY_PORT = int(os.environ.get("RLRUN_TEST_RAY_PORT", "46379"))
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED", "CANCELLED", "LOST"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The layers: a test on the session's Ray cluster is marked ``ray`` and ``slow`` (starting
+    Ray and running jobs takes seconds), so ``-m "not slow"`` is the fast layer: unit tests with
+    an in-memory Ray, and the API on SQLite and PostgreSQL."""
+    for item in items:
+        if "ray_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.ray)
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
@@ -54,18 +63,17 @@ def ray(ray_cluster: LocalRayCluster) -> Iterator[RayJobs]:
 
 
 @pytest.fixture(scope="session")
-def pg_database() -> Iterator[str]:
+def pg_admin_url() -> Iterator[str]:
+    """``RLRUN_TEST_PG``, the server on 127.0.0.1:5432, or a throwaway one (tests/postgres.py)."""
+    with postgres.admin_url() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def pg_database(pg_admin_url: str) -> Iterator[str]:
     """A fresh PostgreSQL database for this session, migrated to head, dropped at the end."""
-    name = f"rlrun_test_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    upgrade(url)
-    yield url
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-    admin.dispose()
+    with postgres.fresh_database(pg_admin_url, "rlrun_test") as url:
+        yield url
 
 
 def _truncate(url: str) -> None:
@@ -84,6 +92,15 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
     url: str = request.getfixturevalue("pg_database")
     _truncate(url)
     return url
+
+
+@pytest.fixture
+def db(db_url: str) -> Iterator[Database]:
+    """A migrated database on each backend, for tests that use the store directly."""
+    upgrade(db_url)
+    database = Database(db_url)
+    yield database
+    database.dispose()
 
 
 def make_settings(db_url: str, ray_address: str, **overrides: Any) -> Settings:
@@ -115,6 +132,22 @@ def service_factory(ray_cluster: LocalRayCluster, ray: RayJobs) -> Callable[...,
         return TestClient(create_app(make_settings(db_url, address, **overrides)))
 
     return make
+
+
+@pytest.fixture
+def sqlite_service(
+    service_factory: Callable[..., TestClient], tmp_path: Any
+) -> Callable[..., TestClient]:
+    """``service_factory`` on this test's own SQLite file (the same file on every call)."""
+    return lambda **overrides: service_factory(f"sqlite:///{tmp_path}/db.sqlite", **overrides)
+
+
+def submit(client: TestClient, **spec: Any) -> str:
+    """POST a ``test-script`` run (tests/recipes.py); its id."""
+    resp = client.post("/runs", json={"recipe": "test-script", **spec})
+    assert resp.status_code == 201, resp.text
+    run_id: str = resp.json()["id"]
+    return run_id
 
 
 def wait_for(

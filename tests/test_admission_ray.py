@@ -11,18 +11,11 @@ from fastapi.testclient import TestClient
 from service.app import create_app
 from service.cluster.local_ray import LocalRayCluster
 from service.cluster.ray_jobs import RayJobs
-from tests.conftest import RAY_PORT, TERMINAL, make_settings, wait_for, wait_status
+from tests.conftest import RAY_PORT, TERMINAL, make_settings, submit, wait_for, wait_status
 
 pytestmark = pytest.mark.ray
 
 WHOLE_CLUSTER = [{"role": "trainer", "accelerators": 8, "count": 2}]
-
-
-def submit(client: TestClient, **spec: Any) -> str:
-    resp = client.post("/runs", json={"recipe": "test-script", **spec})
-    assert resp.status_code == 201, resp.text
-    run_id: str = resp.json()["id"]
-    return run_id
 
 
 def fill_cluster(client: TestClient) -> list[str]:
@@ -45,9 +38,9 @@ def reason_of(client: TestClient, run_id: str) -> str:
 
 
 def test_the_sixteen_per_node_shape_is_refused_with_the_two_by_eight_suggestion(
-    service_factory: Callable[..., TestClient], tmp_path: Any
+    sqlite_service: Callable[..., TestClient],
 ) -> None:
-    with service_factory(f"sqlite:///{tmp_path}/db.sqlite") as client:
+    with sqlite_service() as client:
         nodes = client.get("/cluster").json()["nodes"]
         assert sorted(n["total"]["NPU"] for n in nodes) == [8.0, 8.0]
         body = {"recipe": "test-script", "groups": [{"role": "trainer", "accelerators": 16}]}
@@ -120,9 +113,9 @@ def test_two_runs_that_each_need_the_whole_cluster_run_one_after_the_other(
 
 
 def test_a_high_priority_run_overtakes_queued_runs_but_never_preempts(
-    service_factory: Callable[..., TestClient], tmp_path: Any
+    sqlite_service: Callable[..., TestClient],
 ) -> None:
-    with service_factory(f"sqlite:///{tmp_path}/db.sqlite") as client:
+    with sqlite_service() as client:
         hogs = fill_cluster(client)
         normal = submit(client, npus=8, seconds=1)
         high = submit(client, npus=8, seconds=120, priority="high")
@@ -135,10 +128,9 @@ def test_a_high_priority_run_overtakes_queued_runs_but_never_preempts(
 
 
 def test_a_team_over_its_quota_waits_while_another_teams_run_starts(
-    service_factory: Callable[..., TestClient], tmp_path: Any
+    sqlite_service: Callable[..., TestClient],
 ) -> None:
-    db = f"sqlite:///{tmp_path}/db.sqlite"
-    with service_factory(db, team_quotas={"vision": 8}) as client:
+    with sqlite_service(team_quotas={"vision": 8}) as client:
         first = submit(client, team="vision", npus=8, seconds=120)
         wait_status(client, first, {"RUNNING"})
         over = submit(client, team="vision", npus=8, seconds=1)
@@ -155,9 +147,9 @@ def test_a_team_over_its_quota_waits_while_another_teams_run_starts(
 
 
 def test_cancelling_a_queued_run_frees_its_place_at_once(
-    service_factory: Callable[..., TestClient], tmp_path: Any
+    sqlite_service: Callable[..., TestClient],
 ) -> None:
-    with service_factory(f"sqlite:///{tmp_path}/db.sqlite") as client:
+    with sqlite_service() as client:
         hogs = fill_cluster(client)
         first, second = submit(client, npus=8, seconds=1), submit(client, npus=8, seconds=1)
         assert queue_of(client) == [first, second]
@@ -168,10 +160,10 @@ def test_cancelling_a_queued_run_frees_its_place_at_once(
 
 
 def test_a_silent_running_run_is_flagged_stuck_and_stopped_by_policy(
-    service_factory: Callable[..., TestClient], tmp_path: Any
+    sqlite_service: Callable[..., TestClient],
 ) -> None:
     settings = {"stuck_silent_s": 1.0, "watchdog_interval_s": 0.3, "stop_stuck": True}
-    with service_factory(f"sqlite:///{tmp_path}/db.sqlite", **settings) as client:
+    with sqlite_service(**settings) as client:
         run_id = submit(client, seconds=120)
         run = wait_status(client, run_id, TERMINAL)
     assert run["status"] == "STOPPED"

@@ -3,46 +3,25 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any, cast
+from typing import Any
 
-import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import select, update
 
-from service.cluster.ray_jobs import RayJobs
 from service.loops.follower import Follower
 from service.metrics import logcopy, store
 from service.metrics.health import HealthRules
 from service.metrics.log_readers import WholeLogReader
 from service.metrics.parse import MetricLine
-from service.store.db import Database, upgrade
-from service.store.models import MetricPoint, Run, RunEvent, RunLog, utcnow
+from service.store.db import Database
+from service.store.models import MetricPoint, Run, RunLog, utcnow
 from service.store.status import RunStatus
-from tests.factories import add_run
-
-
-@pytest.fixture
-def db(db_url: str) -> Iterator[Database]:
-    upgrade(db_url)
-    database = Database(db_url)
-    yield database
-    database.dispose()
-
-
-class FakeRay:
-    """Stands in for the Ray client: a job log that grows as the test appends to it."""
-
-    def __init__(self) -> None:
-        self.text: dict[str, str] = {}
-
-    def logs(self, run_id: str) -> str | None:
-        return self.text.get(run_id)
+from tests.factories import add_run, read_run
+from tests.fake_ray import FakeRay
 
 
 def follower(db: Database, ray: FakeRay, owner: str, **rules: Any) -> Follower:
-    fake = cast(RayJobs, ray)
-    return Follower(db, fake, owner, 30, 10_000, HealthRules(**rules), reader=WholeLogReader(fake))
+    return Follower(db, ray, owner, 30, 10_000, HealthRules(**rules), reader=WholeLogReader(ray))
 
 
 def points(db: Database, run_id: str) -> list[tuple[int, str, float | None]]:
@@ -119,14 +98,13 @@ def test_the_kept_log_copy_is_bounded_and_tails_by_lines(db: Database) -> None:
 def test_the_follower_resumes_at_its_offset_and_reads_a_partial_last_line_only_at_the_end(
     db: Database,
 ) -> None:
-    run_id = add_run(db)
-    ray = FakeRay()
-    ray.text[run_id] = "hello\nstep:1 - a:1.0\nstep:2 - a:2."
+    run_id, ray = add_run(db), FakeRay()
+    ray.log[run_id] = "hello\nstep:1 - a:1.0\nstep:2 - a:2."
     follower(db, ray, "one").tick()
     assert points(db, run_id) == [(1, "a", 1.0)]
     follower(db, ray, "one").tick()  # a restart of the same replica re-reads nothing
     assert points(db, run_id) == [(1, "a", 1.0)]
-    ray.text[run_id] += "5"
+    ray.log[run_id] += "5"
     with db.transaction() as s:
         run = s.get(Run, run_id)
         assert run is not None and run.last_output_at is not None
@@ -136,16 +114,15 @@ def test_the_follower_resumes_at_its_offset_and_reads_a_partial_last_line_only_a
     with db.transaction() as s:
         runlog = s.get(RunLog, run_id)
         assert runlog is not None and runlog.finished_at is not None
-        assert logcopy.tail(s, run_id, None) == ray.text[run_id]
+        assert logcopy.tail(s, run_id, None) == ray.log[run_id]
 
 
 def test_a_run_is_followed_by_one_replica_until_its_lease_lapses(db: Database) -> None:
-    run_id = add_run(db)
-    ray = FakeRay()
-    ray.text[run_id] = "step:1 - a:1\n"
+    run_id, ray = add_run(db), FakeRay()
+    ray.log[run_id] = "step:1 - a:1\n"
     first, second = follower(db, ray, "one"), follower(db, ray, "two")
     first.tick()
-    ray.text[run_id] += "step:2 - a:2\n"
+    ray.log[run_id] += "step:2 - a:2\n"
     second.tick()
     assert [p[0] for p in points(db, run_id)] == [1]
     with db.transaction() as s:
@@ -157,40 +134,47 @@ def test_a_run_is_followed_by_one_replica_until_its_lease_lapses(db: Database) -
 
 
 def test_nan_in_a_loss_and_a_reward_collapse_show_in_health_with_a_reason(db: Database) -> None:
-    run_id = add_run(db)
-    ray = FakeRay()
+    run_id, ray = add_run(db), FakeRay()
     rewards = [0.2, 0.6, 0.9, 0.8, 0.3, 0.2, 0.1]
-    ray.text[run_id] = "".join(
+    ray.log[run_id] = "".join(
         f"step:{i} - critic/score/mean:{r} - actor/pg_loss:0.1\n" for i, r in enumerate(rewards)
     )
     f = follower(db, ray, "one")
     f.tick()
-    with db.transaction() as s:
-        run = s.get(Run, run_id)
-        assert run is not None and run.health == "reward_collapse"
-        assert "0.9 (step 2)" in (run.health_reason or "")
-    ray.text[run_id] += "step:7 - critic/score/mean:0.1 - actor/pg_loss:nan\n"
+    run, _ = read_run(db, run_id)
+    assert run.health == "reward_collapse" and "0.9 (step 2)" in (run.health_reason or "")
+    ray.log[run_id] += "step:7 - critic/score/mean:0.1 - actor/pg_loss:nan\n"
     f.tick()
-    with db.transaction() as s:
-        run = s.get(Run, run_id)
-        assert run is not None and run.health == "nan"
-        assert run.health_reason == "actor/pg_loss is NaN at step 7"
-        events = s.scalar(select(func.count()).where(RunEvent.run_id == run_id))
-    assert events == 2
+    run, reasons = read_run(db, run_id)
+    assert run.health == "nan" and run.health_reason == "actor/pg_loss is NaN at step 7"
+    assert len(reasons) == 2
 
 
 def test_a_run_without_a_new_step_for_too_long_is_stalled(db: Database) -> None:
-    run_id = add_run(db)
-    ray = FakeRay()
-    ray.text[run_id] = "step:1 - a:1\n"
+    run_id, ray = add_run(db), FakeRay()
+    ray.log[run_id] = "step:1 - a:1\n"
     f = follower(db, ray, "one", stall_after_s=60)
     f.tick()
     with db.transaction() as s:
         s.execute(update(RunLog).values(last_step_at=utcnow() - timedelta(seconds=120)))
     f.tick()
     f.tick()
+    run, reasons = read_run(db, run_id)
+    assert run.health == "stalled" and (run.health_reason or "").startswith("no new step for 1")
+    assert len(reasons) == 1
+
+
+def test_a_job_ray_does_not_know_is_left_to_the_reconciler_until_the_run_ends(
+    db: Database,
+) -> None:
+    run_id, ray = add_run(db), FakeRay()
+    f = follower(db, ray, "one")
+    f.tick()
     with db.transaction() as s:
-        run = s.get(Run, run_id)
-        assert run is not None and run.health == "stalled"
-        assert (run.health_reason or "").startswith("no new step for 1")
-        assert s.scalar(select(func.count()).where(RunEvent.run_id == run_id)) == 1
+        runlog = s.get(RunLog, run_id)
+        assert runlog is not None and runlog.log_offset == 0 and runlog.finished_at is None
+        s.execute(update(Run).values(status=RunStatus.LOST))
+    f.tick()  # the final read of an ended run finishes its follower even without a log
+    with db.transaction() as s:
+        runlog = s.get(RunLog, run_id)
+        assert runlog is not None and runlog.finished_at is not None

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
 from fastapi.testclient import TestClient
 
+from service.client import parse_sse
 from service.metrics import logcopy, store
 from service.metrics.parse import MetricLine
 from service.store.db import Database
@@ -46,12 +46,10 @@ def seed(db_url: str, run_id: str) -> None:
 
 
 def sse(text: str) -> list[dict[str, Any]]:
-    events = []
-    for block in text.strip().split("\n\n"):
-        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
-        if "event" in fields:
-            events.append({**fields, "data": json.loads(fields["data"])})
-    return events
+    """A whole event stream, read by the same parser as the CLI's."""
+    return [
+        {"event": e.kind, "data": e.data, "id": e.id} for e in parse_sse([*text.splitlines(), ""])
+    ]
 
 
 def test_a_run_shows_progress_and_latest_metrics_with_nan_as_a_string(

@@ -16,7 +16,7 @@ from service.cli import app as cli
 from service.cluster.local_ray import LocalRayCluster
 from service.cluster.ray_jobs import RayJobs
 from service.metrics.parse import parse_line
-from service.metrics.store import json_value
+from service.schemas import json_value
 from tests.conftest import TERMINAL, make_settings, wait_status
 from tests.live import ServerThread, SseClient
 

@@ -13,18 +13,11 @@ from fastapi.testclient import TestClient
 
 from service.cluster.local_ray import LocalRayCluster
 from service.cluster.ray_jobs import RayJobs
-from tests.conftest import RAY_PORT, make_settings, wait_for, wait_status
+from tests.conftest import RAY_PORT, make_settings, submit, wait_for, wait_status
 
 pytestmark = pytest.mark.ray
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED", "CANCELLED", "LOST"}
-
-
-def submit(client: TestClient, **spec: Any) -> str:
-    resp = client.post("/runs", json={"recipe": "test-script", **spec})
-    assert resp.status_code == 201, resp.text
-    run_id: str = resp.json()["id"]
-    return run_id
 
 
 def statuses(run: dict[str, Any]) -> list[str]:
@@ -32,9 +25,9 @@ def statuses(run: dict[str, Any]) -> list[str]:
 
 
 def test_a_job_that_succeeds_goes_through_ray_to_succeeded(
-    service_factory: Callable[..., TestClient], tmp_path: Any, ray: RayJobs
+    sqlite_service: Callable[..., TestClient], ray: RayJobs
 ) -> None:
-    with service_factory(f"sqlite:///{tmp_path}/db.sqlite") as client:
+    with sqlite_service() as client:
         run_id = submit(client, name="ok-run", seconds=1)
         run = wait_status(client, run_id, TERMINAL)
     assert run["status"] == "SUCCEEDED", run
@@ -46,9 +39,9 @@ def test_a_job_that_succeeds_goes_through_ray_to_succeeded(
 
 
 def test_a_job_that_fails_stores_exit_code_and_message(
-    service_factory: Callable[..., TestClient], tmp_path: Any
+    sqlite_service: Callable[..., TestClient],
 ) -> None:
-    with service_factory(f"sqlite:///{tmp_path}/db.sqlite") as client:
+    with sqlite_service() as client:
         run_id = submit(client, exit_code=3, message="reward model exploded")
         run = wait_status(client, run_id, TERMINAL)
     assert run["status"] == "FAILED"
@@ -59,9 +52,9 @@ def test_a_job_that_fails_stores_exit_code_and_message(
 
 
 def test_cancelling_a_running_run_stops_it_on_ray(
-    service_factory: Callable[..., TestClient], tmp_path: Any, ray: RayJobs
+    sqlite_service: Callable[..., TestClient], ray: RayJobs
 ) -> None:
-    with service_factory(f"sqlite:///{tmp_path}/db.sqlite") as client:
+    with sqlite_service() as client:
         run_id = submit(client, seconds=120)
         wait_status(client, run_id, {"RUNNING"})
         resp = client.post(f"/runs/{run_id}/cancel")
@@ -73,9 +66,9 @@ def test_cancelling_a_running_run_stops_it_on_ray(
 
 
 def test_a_queued_run_cancelled_never_reaches_ray_and_frees_its_place(
-    service_factory: Callable[..., TestClient], tmp_path: Any, ray: RayJobs
+    sqlite_service: Callable[..., TestClient], ray: RayJobs
 ) -> None:
-    with service_factory(f"sqlite:///{tmp_path}/db.sqlite") as client:
+    with sqlite_service() as client:
         hogs = [submit(client, seconds=120, npus=8) for _ in range(2)]  # the whole cluster
         for hog in hogs:
             wait_status(client, hog, {"RUNNING"})
@@ -106,11 +99,11 @@ def test_a_run_survives_a_service_restart_and_ray_sees_one_job(
 
 
 def test_a_name_with_shell_metacharacters_stays_one_argument_on_ray(
-    service_factory: Callable[..., TestClient], tmp_path: Any, ray: RayJobs
+    sqlite_service: Callable[..., TestClient], ray: RayJobs
 ) -> None:
     marker = Path(f"/tmp/pwned-{uuid.uuid4().hex[:8]}")
     name = f"x; touch {marker} $(touch {marker}) `touch {marker}`"
-    with service_factory(f"sqlite:///{tmp_path}/db.sqlite") as client:
+    with sqlite_service() as client:
         run_id = submit(client, name=name)
         run = wait_status(client, run_id, TERMINAL)
     assert run["status"] == "SUCCEEDED"
@@ -145,15 +138,14 @@ def test_a_restarted_ray_head_makes_a_running_run_lost_with_a_reason(tmp_path: A
 
 
 def test_runs_wait_queued_while_ray_is_unreachable_and_go_when_it_is_back(
-    service_factory: Callable[..., TestClient], tmp_path: Any
+    sqlite_service: Callable[..., TestClient],
 ) -> None:
-    db_url = f"sqlite:///{tmp_path}/db.sqlite"
-    with service_factory(db_url, ray_address="http://127.0.0.1:9") as client:
+    with sqlite_service(ray_address="http://127.0.0.1:9") as client:
         run_id = submit(client)
         ready = client.get("/readyz").json()
         assert ready["ready"] is True and ready["checks"]["ray"]["ok"] is False
         loop = client.app.state.services.loops["submitter"]  # type: ignore[attr-defined]
         wait_for(lambda: loop.failures, lambda n: n >= 2, timeout=30)
         assert client.get(f"/runs/{run_id}").json()["status"] == "QUEUED"
-    with service_factory(db_url) as client:
+    with sqlite_service() as client:
         assert wait_status(client, run_id, TERMINAL)["status"] == "SUCCEEDED"

@@ -11,7 +11,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
 from service.cluster.ray_jobs import RayRejected
-from service.loops.submitter import Claimed, Submitter
+from service.loops.submitter import Submitter
+from service.recipes.base import ResourceShape
+from service.scheduling.admission import QueuedRun
+from service.scheduling.backlog import QueuedRow
 from service.secrets import MASK, SecretMissing, SecretStore, looks_secret
 from service.store.db import Database
 from service.store.models import Run
@@ -115,6 +118,10 @@ class FakeRay:
         return True
 
 
+def _claimed(run_id: str, launch: dict[str, Any]) -> QueuedRow:
+    return QueuedRow(QueuedRun(run_id, "t", 1, ResourceShape()), run_id, launch, None)
+
+
 def _submitter(db: Database, ray: FakeRay, store: SecretStore) -> Submitter:
     return Submitter(db, ray, None, None, "me", 60.0, 4, store)  # type: ignore[arg-type]
 
@@ -138,7 +145,7 @@ def test_secrets_are_resolved_at_submit_time_and_kept_out_of_the_rows(
     add_run(db, "r1", RunStatus.QUEUED)
     ray = FakeRay(refuse)
     store = SecretStore(None, {"RLRUN_SECRET_WANDB_KEY": WANDB})
-    _submitter(db, ray, store)._submit(Claimed("r1", "t", LAUNCH))
+    _submitter(db, ray, store)._submit(_claimed("r1", LAUNCH))
     with db.transaction() as s:
         row = s.get(Run, "r1")
         assert row is not None
@@ -159,7 +166,7 @@ def test_a_secret_missing_at_submit_time_fails_the_run_naming_it(db_url: str) ->
     db = Database(db_url)
     add_run(db, "r1", RunStatus.QUEUED)
     ray = FakeRay()
-    _submitter(db, ray, SecretStore(None, {}))._submit(Claimed("r1", "t", LAUNCH))
+    _submitter(db, ray, SecretStore(None, {}))._submit(_claimed("r1", LAUNCH))
     with db.transaction() as s:
         row = s.get(Run, "r1")
         assert row is not None and row.status == RunStatus.FAILED

@@ -11,6 +11,7 @@ from service.store.db import Database, upgrade
 from service.store.lifecycle import IllegalTransition, transition
 from service.store.models import Run, RunEvent
 from service.store.status import ACTIVE, TERMINAL, RunStatus, is_allowed
+from tests.factories import new_run
 
 LEGAL = {
     (RunStatus.QUEUED, RunStatus.SUBMITTED),
@@ -42,26 +43,12 @@ def database(tmp_path: object) -> Database:
     return Database(url)
 
 
-def _run(status: RunStatus) -> Run:
-    return Run(
-        id="r1",
-        name="n",
-        recipe="x",
-        team="t",
-        priority=1,
-        status=status,
-        spec={},
-        launch={},
-        health="ok",
-    )
-
-
 @pytest.mark.parametrize(("src", "dst"), sorted(LEGAL), ids=[f"{s}->{d}" for s, d in sorted(LEGAL)])
 def test_a_legal_transition_changes_status_stamps_time_and_appends_an_event(
     database: Database, src: RunStatus, dst: str
 ) -> None:
     with database.transaction() as session:
-        run = _run(src)
+        run = new_run(status=src)
         session.add(run)
         session.flush()
         transition(session, run, RunStatus(dst), "because")
@@ -78,7 +65,7 @@ def test_a_legal_transition_changes_status_stamps_time_and_appends_an_event(
 
 def test_an_illegal_transition_is_refused_and_writes_nothing(database: Database) -> None:
     with database.transaction() as session:
-        session.add(_run(RunStatus.SUCCEEDED))
+        session.add(new_run(status=RunStatus.SUCCEEDED))
     with pytest.raises(IllegalTransition), database.transaction() as session:
         run = session.get(Run, "r1")
         assert run is not None

@@ -143,6 +143,7 @@ def test_gpu_variant_uses_cuda_and_no_npu_platform() -> None:
     assert launch.shape.accelerator == "GPU"
 
 
+@pytest.mark.slow  # composes each example with verl's Hydra config
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_verls_other_fully_async_examples_are_expressible_and_compose(path: Path) -> None:
     example = json.loads(path.read_text())
@@ -519,6 +520,7 @@ EDGE_OVERRIDES = [
 ]
 
 
+@pytest.mark.slow  # runs Hydra's own composition once per case
 @pytest.mark.parametrize("overrides", EDGE_OVERRIDES, ids=lambda o: o[0])
 def test_composition_agrees_with_hydra_on_edge_cases(overrides: list[str]) -> None:
     name = "fully_async_ppo_trainer"

@@ -10,12 +10,13 @@ from sqlalchemy import select
 from service.loops.watchdog import Watchdog
 from service.store.db import Database, upgrade
 from service.store.models import Run, RunEvent, utcnow
+from tests.factories import add_run, new_run
 
 NOW = utcnow()
 
 
 def run(status: str, **times: object) -> Run:
-    return Run(id="r1", status=status, ray_status="PENDING", updated_at=NOW, **times)
+    return new_run(status=status, ray_status="PENDING", updated_at=NOW, **times)
 
 
 @pytest.fixture
@@ -51,22 +52,7 @@ def test_a_stuck_run_is_flagged_once_and_recovers_when_output_resumes(db_url: st
     dog = Watchdog(
         db, submitted_s=600, silent_s=60, stop_stuck=True, on_stop=lambda: woken.append(True)
     )
-    with db.transaction() as session:
-        session.add(
-            Run(
-                id="r1",
-                name="r",
-                recipe="test-script",
-                team="t",
-                priority=1,
-                status="RUNNING",
-                spec={},
-                launch={},
-                created_at=NOW,
-                updated_at=NOW,
-                started_at=NOW - timedelta(seconds=120),
-            )
-        )
+    add_run(db, started_at=NOW - timedelta(seconds=120))
     dog.tick()
     dog.tick()
     with db.transaction() as session:
@@ -84,4 +70,20 @@ def test_a_stuck_run_is_flagged_once_and_recovers_when_output_resumes(db_url: st
     with db.transaction() as session:
         stored = session.get(Run, "r1")
         assert stored is not None and stored.health == "ok" and stored.health_reason is None
+    db.dispose()
+
+
+def test_a_run_another_check_flagged_is_left_to_that_check(db_url: str) -> None:
+    """``stalled`` belongs to the metric checks: a silent stalled run is not also made stuck."""
+    upgrade(db_url)
+    db = Database(db_url)
+    add_run(
+        db, started_at=NOW - timedelta(seconds=120), health="stalled", health_reason="no new step"
+    )
+    Watchdog(db, submitted_s=600, silent_s=60, stop_stuck=True).tick()
+    with db.transaction() as session:
+        stored = session.get(Run, "r1")
+        assert stored is not None and stored.health == "stalled"
+        assert stored.stop_requested_at is None
+        assert session.scalars(select(RunEvent)).all() == []
     db.dispose()

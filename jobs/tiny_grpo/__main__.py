@@ -8,7 +8,6 @@ trainer steps the weights are synced and the parameter version goes up by one.
 
 from __future__ import annotations
 
-import argparse
 import math
 import time
 from collections import deque
@@ -17,32 +16,12 @@ from typing import Any
 import ray
 
 from jobs.tiny_grpo.actors import TinyGrpoRollouter, TinyGrpoTrainer
+from jobs.tiny_grpo.options import parser
 from jobs.tiny_grpo.policy import Correction
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python3 -m jobs.tiny_grpo", description=__doc__)
-    p.add_argument("--prompts", type=int, default=16, help="distinct prompts in the dataset")
-    p.add_argument("--batch-prompts", type=int, default=8, help="prompts per trainer step")
-    p.add_argument("--n", type=int, default=8, help="responses per prompt (the GRPO group)")
-    p.add_argument("--total-rollout-steps", type=int, default=480, help="prompts to train on")
-    p.add_argument("--trigger-parameter-sync-step", type=int, default=2)
-    p.add_argument("--staleness-threshold", type=float, default=0.5)
-    p.add_argument("--lr", type=float, default=2.0)
-    p.add_argument("--is-threshold", type=float, default=2.0)
-    p.add_argument("--rs-threshold", default="0.5_2.0", help="seq_mean_k1 bounds lower_upper")
-    p.add_argument("--val-every", type=int, default=5, help="validate every N versions")
-    p.add_argument("--gen-seconds", type=float, default=0.2)
-    p.add_argument("--train-seconds", type=float, default=0.05)
-    p.add_argument("--trainer-npus", type=float, default=1)
-    p.add_argument("--rollout-npus", type=float, default=1)
-    p.add_argument("--actor-cpus", type=float, default=0.25)
-    p.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
-
-
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+    args = parser(__doc__).parse_args(argv)
     lower, upper = (float(x) for x in args.rs_threshold.split("_"))
     ray.init()
     rollouter: Any = (

@@ -9,8 +9,9 @@ from sqlalchemy import select
 
 from service.api.auth import Viewer
 from service.api.deps import ServicesDep
+from service.recipes.base import PRIORITY_NAMES
 from service.scheduling import backlog
-from service.scheduling.admission import PRIORITY_NAMES, decide, held_by_team
+from service.scheduling.admission import held_by_team, queue_order
 from service.scheduling.inventory import Inventory
 from service.store.models import Run, utcnow
 
@@ -25,7 +26,8 @@ def get_cluster(
         int | None, Query(ge=1, le=100_000, description="rows of active and queue at most")
     ] = None,
 ) -> dict[str, Any]:
-    """The queue order and reasons are admission's own decision on the current inventory.
+    """The queue in admission's order; each reason is the one the submitter stored with the run
+    (``queue_reason``; null until a round has considered it). Nothing is decided here.
     Another team's runs show without their names to a non-admin; ``active`` and ``queue`` are
     cut at ``limit`` rows (at most the configured bound), ``truncated`` says when."""
     bound = min(limit or services.settings.cluster_list_limit, services.settings.cluster_list_limit)
@@ -44,15 +46,14 @@ def get_cluster(
             .where(backlog.is_held(now))
             .order_by(Run.id)
         ).all()
-    decision = decide([r.run for r in rows], held, inventory or Inventory(()), quotas)
     by_id = {r.run.id: r for r in rows}
+    order = queue_order([r.run for r in rows], held, inventory or Inventory(()), quotas)
     teams = {
         team: {"accelerators": used, "quota": quotas.of(team)}
         for team, used in sorted(held_by_team(held).items())
     }
-    queue_ids = decision.order[:bound]
     return {
-        "truncated": len(active) > bound or len(decision.order) > bound,
+        "truncated": len(active) > bound or len(order) > bound,
         "ray": {"ok": inventory is not None},
         "nodes": [n.as_dict() for n in inventory.nodes] if inventory else [],
         "active": [
@@ -71,17 +72,13 @@ def get_cluster(
         "queue": [
             {
                 "position": position,
-                "id": run_id,
-                "name": name(by_id[run_id].run.team, by_id[run_id].name),
-                "team": by_id[run_id].run.team,
-                "priority": PRIORITY_NAMES.get(by_id[run_id].run.priority, "normal"),
-                "accelerators": by_id[run_id].run.shape.accelerators,
-                "reason": (
-                    decision.reasons.get(run_id, "admitted in the next round")
-                    if inventory
-                    else by_id[run_id].queue_reason
-                ),
+                "id": run.id,
+                "name": name(run.team, by_id[run.id].name),
+                "team": run.team,
+                "priority": PRIORITY_NAMES.get(run.priority, str(run.priority)),
+                "accelerators": run.shape.accelerators,
+                "reason": by_id[run.id].queue_reason,
             }
-            for position, run_id in enumerate(queue_ids)
+            for position, run in enumerate(order[:bound])
         ],
     }

@@ -10,6 +10,7 @@ to finish it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -30,16 +31,18 @@ log = logging.getLogger(__name__)
 INT32_MAX = 2**31 - 1
 
 
-@dataclass
+@dataclass(frozen=True)
 class Services:
+    """What one replica runs on; built once when the app starts (``app.build_services``)."""
+
     settings: Settings
     db: Database
     registry: RecipeRegistry
     broker: Broker
-    ray: RayJobs | None = None
-    inventory: InventoryCache | None = None
-    loops: dict[str, Loop] = field(default_factory=dict)
-    follower: Follower | None = None
+    ray: RayJobs
+    inventory: InventoryCache
+    loops: Mapping[str, Loop]
+    follower: Follower | None
     streams: StreamSlots = field(default_factory=StreamSlots)
 
     def wake(self, name: str) -> None:
@@ -51,8 +54,6 @@ class Services:
         """The cached cluster inventory, or None while Ray cannot be read.
 
         It may call Ray: never inside a transaction."""
-        if self.inventory is None:
-            return None
         try:
             return self.inventory.get()
         except (RayUnavailable, RayRejected) as exc:

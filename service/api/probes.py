@@ -30,12 +30,9 @@ def readyz(services: ServicesDep) -> JSONResponse:
         checks["database"] = {"ok": True}
     except Exception as exc:
         checks["database"] = {"ok": False, "error": repr(exc)[:500]}
-    if services.ray is None:
-        checks["ray"] = {"ok": False, "error": "not configured"}
-    else:
-        try:
-            checks["ray"] = {"ok": True, "version": services.ray.version().get("ray_version")}
-        except (RayUnavailable, RayRejected) as exc:
-            checks["ray"] = {"ok": False, "error": str(exc)[:500]}
+    try:
+        checks["ray"] = {"ok": True, "version": services.ray.version().get("ray_version")}
+    except (RayUnavailable, RayRejected) as exc:
+        checks["ray"] = {"ok": False, "error": str(exc)[:500]}
     ready = checks["database"]["ok"]
     return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)

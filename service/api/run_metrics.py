@@ -18,7 +18,7 @@ from service.api.deps import INT32_MAX, ServicesDep
 from service.errors import InvalidSpec, field_error
 from service.metrics import logcopy, store
 from service.metrics.broker import Cursor
-from service.metrics.store import json_value
+from service.schemas import json_value
 from service.wire import PointOut, SeriesOut
 
 router = APIRouter(prefix="/runs", tags=["metrics"])

@@ -31,10 +31,10 @@ from service.scheduling.fit import never_fits
 from service.schemas import SUMMARY_KEYS, json_response, run_doc, summary_doc
 from service.secrets import masked_runtime_env, masked_spec
 from service.settings import Settings
-from service.store.lifecycle import note, transition
-from service.store.models import Run, RunEvent, utcnow
+from service.store.lifecycle import accept, request_stop, transition
+from service.store.models import Run, utcnow
 from service.store.runs import RUN_COLUMNS, events_of, page_query, run_row
-from service.store.status import ACTIVE, TERMINAL, RunStatus
+from service.store.status import TERMINAL, RunStatus
 from service.wire import RunOut, RunPage
 
 router = APIRouter(prefix="/runs", tags=["runs"])
@@ -119,7 +119,6 @@ def create_run(
         created_at=now,
         updated_at=now,
     )
-    accepted = RunEvent(run_id=run_id, at=now, to_status=RunStatus.QUEUED, reason="accepted")
     with db.transaction() as session:
         _check_rate(services.settings, session, spec.team)
         if key:
@@ -133,8 +132,9 @@ def create_run(
                 if replayed is None:
                     raise
                 return replayed
-        session.add_all([run, accepted])
+        session.add(run)
         session.flush()
+        accepted = accept(session, run)
         audited(session, request, principal, "run.create", run_id=run_id, target=run.team)
         doc = run_doc(run, [accepted])
     # Committed: the submitter sees the row.
@@ -264,9 +264,7 @@ def cancel_run(services: ServicesDep, principal: Member, request: Request, run_i
             transition(session, run, RunStatus.CANCELLED, "cancelled before submission")
             # Its place in the queue is free: let the runs behind it move up now.
             wake = "submitter"
-        elif run.status in ACTIVE and run.stop_requested_at is None:
-            run.stop_requested_at = utcnow()
-            note(session, run, "stop requested")
+        elif request_stop(session, run):
             wake = "reconciler"
         audited(session, request, principal, "run.cancel", run_id=run.id, target=run.team)
         doc = run_doc(run, events_of(session, run_id))

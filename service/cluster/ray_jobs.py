@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import logging
 import time
 import zipfile
 from collections.abc import Iterable
@@ -18,6 +19,8 @@ from typing import Any
 import httpx
 
 from service.cluster.log_tail import LogTail
+
+log = logging.getLogger(__name__)
 
 
 class RayUnavailable(Exception):
@@ -114,10 +117,11 @@ class RayJobs:
             "runtime_env": runtime_env,
             "metadata": metadata,
         }
-        if entrypoint_num_cpus:
-            body["entrypoint_num_cpus"] = entrypoint_num_cpus
-        if entrypoint_resources:
-            body["entrypoint_resources"] = entrypoint_resources
+        optional = {
+            "entrypoint_num_cpus": entrypoint_num_cpus,
+            "entrypoint_resources": entrypoint_resources,
+        }
+        body |= {k: v for k, v in optional.items() if v}
         resp = self._request("POST", "/api/jobs/", json=body)
         # Ray answers a duplicate submission_id with a 500 and this text, not a 409.
         if resp.status_code >= 400 and self.ALREADY_EXISTS in resp.text:
@@ -125,28 +129,27 @@ class RayJobs:
         self._check(resp)
         return True
 
+    def _known(self, method: str, path: str) -> Any | None:
+        """The JSON answer about a job, or None when Ray does not know the job (404)."""
+        resp = self._request(method, path)
+        return None if resp.status_code == 404 else self._check(resp).json()
+
     def get(self, submission_id: str) -> JobInfo | None:
         """The job, or None when Ray does not know it (404)."""
-        resp = self._request("GET", f"/api/jobs/{submission_id}")
-        if resp.status_code == 404:
-            return None
-        return JobInfo.from_json(self._check(resp).json())
+        data = self._known("GET", f"/api/jobs/{submission_id}")
+        return None if data is None else JobInfo.from_json(data)
 
     def list_jobs(self) -> list[JobInfo]:
         data = self._check(self._request("GET", "/api/jobs/")).json()
         return [JobInfo.from_json(j) for j in data if j.get("type") == "SUBMISSION"]
 
     def stop(self, submission_id: str) -> bool:
-        resp = self._request("POST", f"/api/jobs/{submission_id}/stop")
-        if resp.status_code == 404:
-            return False
-        return bool(self._check(resp).json().get("stopped", False))
+        data = self._known("POST", f"/api/jobs/{submission_id}/stop")
+        return bool(data and data.get("stopped", False))
 
     def logs(self, submission_id: str) -> str | None:
-        resp = self._request("GET", f"/api/jobs/{submission_id}/logs")
-        if resp.status_code == 404:
-            return None
-        return str(self._check(resp).json().get("logs", ""))
+        data = self._known("GET", f"/api/jobs/{submission_id}/logs")
+        return None if data is None else str(data.get("logs", ""))
 
     def tail(self, submission_id: str, offset: int) -> LogTail:
         """Follow the job's log from character ``offset`` on (see ``LogTail``)."""
@@ -190,6 +193,13 @@ class RayJobs:
 def _named(payload: bytes) -> tuple[str, bytes]:
     """A package's content-addressed name, with its bytes."""
     return f"_ray_pkg_{hashlib.sha256(payload).hexdigest()[:32]}.zip", payload
+
+
+def stop_job(ray: RayJobs, run_id: str, why: str) -> bool:
+    """Stop a run's job on Ray: the one place the loops do it (a stop request being delivered,
+    or a run cancelled while its submission was in flight)."""
+    log.debug("stopping run %s on Ray: %s", run_id, why)
+    return ray.stop(run_id)
 
 
 def zip_module(module_dir: Path) -> bytes:

@@ -10,6 +10,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 from service.cluster.ray_jobs import RayUnavailable
 from service.errors import DatabaseBusy
@@ -17,18 +18,16 @@ from service.errors import DatabaseBusy
 log = logging.getLogger(__name__)
 
 
+@dataclass
 class Loop:
-    def __init__(
-        self, name: str, tick: Callable[[], None], interval_s: float, max_backoff_s: float
-    ) -> None:
-        self.name = name
-        self._tick = tick
-        self.interval_s = interval_s
-        self.max_backoff_s = max_backoff_s
-        self._wake = asyncio.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self.failures = 0
-        self.ticks = 0  # ticks run to the end, failed or not
+    name: str
+    tick: Callable[[], None]
+    interval_s: float
+    max_backoff_s: float
+    failures: int = field(default=0, init=False)  # in a row; the backoff grows with them
+    ticks: int = field(default=0, init=False)  # ticks run to the end, failed or not
+    _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False)
 
     def wake(self) -> None:
         """Run the next tick now; safe to call from any thread."""
@@ -48,7 +47,7 @@ class Loop:
         while not stop.is_set():
             self._wake.clear()
             try:
-                await self._loop.run_in_executor(thread, self._tick)
+                await self._loop.run_in_executor(thread, self.tick)
                 self.failures = 0
             except RayUnavailable as exc:
                 self.failures += 1

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import exists, or_, select
@@ -55,32 +55,27 @@ def split_lines(text: str, start: int, final: bool) -> tuple[str, list[tuple[int
     return text, lines
 
 
+@dataclass
 class Follower:
-    def __init__(
-        self,
-        db: Database,
-        ray: RayJobs,
-        owner: str,
-        lease_s: float,
-        keep_chars: int,
-        rules: HealthRules,
-        notify: Callable[[str], None] = lambda _run_id: None,
-        reader: LogReader | None = None,
-    ) -> None:
-        self.db = db
-        self.reader = reader or TailReader(ray)
-        self.owner = owner
-        self.lease = timedelta(seconds=lease_s)
-        self.keep_chars = keep_chars
-        self.rules = rules
-        self.notify = notify
-        # For /metrics: points this replica stored, and when each run it holds was last read.
-        self.points_ingested = 0
-        self.last_read: dict[str, float] = {}
+    db: Database
+    ray: RayJobs
+    owner: str
+    lease_s: float
+    keep_chars: int
+    rules: HealthRules
+    notify: Callable[[str], None] = lambda _run_id: None
+    # How the job log is read: by default Ray's tail stream, kept open per run.
+    reader: LogReader | None = None
+    # For /metrics: points this replica stored, and when each run it holds was last read.
+    points_ingested: int = field(default=0, init=False)
+    last_read: dict[str, float] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        self._reader: LogReader = self.reader or TailReader(self.ray)
 
     def tick(self) -> None:
         held = self._claim()
-        self.reader.retain({r.run_id for r in held})
+        self._reader.retain({r.run_id for r in held})
         now = time.time()
         self.last_read = {r.run_id: self.last_read.get(r.run_id, now) for r in held}
         failed: list[Exception] = []
@@ -124,13 +119,13 @@ class Follower:
             held = []
             for runlog, status, ended_at in rows:
                 runlog.lease_owner = self.owner
-                runlog.lease_expires_at = now + self.lease
+                runlog.lease_expires_at = now + timedelta(seconds=self.lease_s)
                 held.append(Held(runlog.run_id, RunStatus(status), runlog.log_offset, ended_at))
         return held
 
     def release(self) -> None:
         """Give up this replica's leases (on shutdown) so another can take over at once."""
-        self.reader.retain(set())
+        self._reader.retain(set())
         with self.db.transaction() as session:
             for runlog in session.scalars(select(RunLog).where(RunLog.lease_owner == self.owner)):
                 runlog.lease_owner = None
@@ -140,7 +135,7 @@ class Follower:
         """One read of one run's log; the final one when the run has ended (``held.status``
         was read before the log) and the reader has all of it."""
         ended_at = (held.ended_at or _LONG_AGO) if held.status in TERMINAL else None
-        text, complete = self.reader.read(held.run_id, held.offset, ended_at)
+        text, complete = self._reader.read(held.run_id, held.offset, ended_at)
         final = ended_at is not None and complete
         if text is None and not final:
             return  # Ray does not know the job (yet, or any more): the reconciler decides.
@@ -165,9 +160,9 @@ class Follower:
                 runlog.finished_at = now
                 runlog.lease_owner = None
                 runlog.lease_expires_at = None
-        self.reader.consumed(held.run_id, held.offset + len(new))
+        self._reader.consumed(held.run_id, held.offset + len(new))
         if final:
-            self.reader.retain(self.last_read.keys() - {held.run_id})
+            self._reader.retain(self.last_read.keys() - {held.run_id})
         self.last_read[held.run_id] = time.time()
         if new or final:
             self.notify(held.run_id)

@@ -14,17 +14,18 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import ClassVar
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.cluster.ray_jobs import JobInfo, RayJobs, RayRejected, RayUnavailable
+from service.cluster.ray_jobs import JobInfo, RayJobs, RayRejected, RayUnavailable, stop_job
 from service.store.db import Database
 from service.store.lifecycle import set_health, transition
 from service.store.models import Run
-from service.store.status import ACTIVE, TERMINAL, RunStatus
+from service.store.status import ACTIVE, RECONCILER_HEALTH, TERMINAL, RunStatus
 
 log = logging.getLogger(__name__)
 
@@ -42,26 +43,19 @@ class _Retry:
     next_at: float
 
 
+@dataclass
 class Reconciler:
-    # A run's reads fail this many times in a row before its health says so (a blip is not news).
-    HEALTH_AFTER = 2
-    WORKERS = 8
+    db: Database
+    ray: RayJobs
+    # Called after a round in which some run ended (its resources are free for the queue).
+    on_end: Callable[[], None] = lambda: None
+    interval_s: float = 2.0
+    max_backoff_s: float = 30.0
+    _retry: dict[str, _Retry] = field(default_factory=dict, init=False)
 
-    def __init__(
-        self,
-        db: Database,
-        ray: RayJobs,
-        on_end: Callable[[], None] = lambda: None,
-        interval_s: float = 2.0,
-        max_backoff_s: float = 30.0,
-    ) -> None:
-        self.db = db
-        self.ray = ray
-        # Called after a round in which some run ended (its resources are free for the queue).
-        self.on_end = on_end
-        self.interval_s = interval_s
-        self.max_backoff_s = max_backoff_s
-        self._retry: dict[str, _Retry] = {}
+    # A run's reads fail this many times in a row before its health says so (a blip is not news).
+    HEALTH_AFTER: ClassVar[int] = 2
+    WORKERS: ClassVar[int] = 8
 
     def tick(self) -> None:
         with self.db.transaction() as session:
@@ -103,7 +97,7 @@ class Reconciler:
         """What Ray says of one run, or the error (as text) that kept it from saying."""
         try:
             if stop_requested_at is not None:
-                self.ray.stop(run_id)
+                stop_job(self.ray, run_id, "stop requested")
             return self.ray.get(run_id)
         except (RayUnavailable, RayRejected) as exc:
             log.warning("reconciler: reading run %s from Ray failed: %s", run_id, exc)
@@ -114,7 +108,7 @@ class Reconciler:
         if retry.failures < self.HEALTH_AFTER:
             return
         run = session.get(Run, run_id, with_for_update=True)
-        if run is not None and run.status in ACTIVE and run.health in ("ok", "ray_error"):
+        if run is not None and run.status in ACTIVE and run.health in RECONCILER_HEALTH:
             reason = f"Ray fails to report this run (retrying with backoff): {error}"
             set_health(session, run, "ray_error", reason[:1000])
 

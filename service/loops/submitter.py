@@ -7,17 +7,15 @@ across a Ray call.
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 import jobs
-from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable, zip_files
+from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable, stop_job, zip_files
 from service.scheduling import backlog
 from service.scheduling.admission import Quotas, decide
 from service.scheduling.inventory import Inventory, InventoryCache
@@ -27,47 +25,29 @@ from service.store.lifecycle import transition
 from service.store.models import Run, utcnow
 from service.store.status import RunStatus
 
-log = logging.getLogger(__name__)
 JOBS_DIR = Path(jobs.__file__).parent
 
 
-@dataclass(frozen=True)
-class Claimed:
-    id: str
-    team: str
-    launch: dict[str, Any]
-
-
+@dataclass
 class Submitter:
-    def __init__(
-        self,
-        db: Database,
-        ray: RayJobs,
-        inventory: InventoryCache,
-        quotas: Quotas,
-        owner: str,
-        claim_ttl_s: float,
-        batch: int,
-        secrets: SecretStore | None = None,
-    ) -> None:
-        self.db = db
-        self.ray = ray
-        self.inventory = inventory
-        self.quotas = quotas
-        self.owner = owner
-        self.claim_ttl = timedelta(seconds=claim_ttl_s)
-        self.batch = batch
-        self.secrets = secrets or SecretStore(None)
+    db: Database
+    ray: RayJobs
+    inventory: InventoryCache
+    quotas: Quotas
+    owner: str
+    claim_ttl_s: float
+    batch: int  # runs admitted per round at most
+    secrets: SecretStore = field(default_factory=lambda: SecretStore(None))
 
     def tick(self) -> None:
         # Always a fresh read: a run that just ended must not wait for a cache to expire.
         inventory = self.inventory.get(max_age_s=0.0)
         with self.db.transaction() as session:
             claimed = self._claim(session, inventory)
-        for run in claimed:
-            self._submit(run)
+        for queued in claimed:
+            self._submit(queued)
 
-    def _claim(self, session: Session, inventory: Inventory) -> list[Claimed]:
+    def _claim(self, session: Session, inventory: Inventory) -> list[backlog.QueuedRow]:
         """Decide the round, claim the admitted runs and record why the others wait."""
         if not backlog.lock_admission(session):
             return []
@@ -87,12 +67,12 @@ class Submitter:
                     .where(Run.id == run_id, Run.status == RunStatus.QUEUED, backlog.unclaimed(now))
                     .values(
                         claim_owner=self.owner,
-                        claim_expires_at=now + self.claim_ttl,
+                        claim_expires_at=now + timedelta(seconds=self.claim_ttl_s),
                         queue_reason=None,
                     )
                 )
                 if session.execute(claim).rowcount:  # type: ignore[attr-defined]
-                    out.append(Claimed(run_id, row.run.team, row.launch))
+                    out.append(row)
             elif decision.reasons.get(run_id) != row.queue_reason:
                 session.execute(
                     update(Run)
@@ -101,8 +81,8 @@ class Submitter:
                 )
         return out
 
-    def _submit(self, run: Claimed) -> None:
-        launch = run.launch
+    def _submit(self, queued: backlog.QueuedRow) -> None:
+        run, launch = queued.run, queued.launch
         runtime_env = dict(launch["runtime_env"])
         try:
             # Resolved now, not when the run was accepted: the values are never stored.
@@ -146,8 +126,7 @@ class Submitter:
                 transition(session, row, RunStatus.SUBMITTED, reason)
             cancelled = row is not None and row.status == RunStatus.CANCELLED
         if cancelled:
-            log.info("run %s was cancelled while being submitted; stopping it on Ray", run.id)
-            self.ray.stop(run.id)
+            stop_job(self.ray, run.id, "cancelled while being submitted")
 
     def _fail(self, run_id: str, reason: str) -> None:
         with self.db.transaction() as session:

@@ -13,9 +13,9 @@ from datetime import datetime, timedelta
 from sqlalchemy import select
 
 from service.store.db import Database
-from service.store.lifecycle import set_health
-from service.store.models import Run, RunEvent, utcnow
-from service.store.status import ACTIVE, RunStatus
+from service.store.lifecycle import request_stop, set_health
+from service.store.models import Run, utcnow
+from service.store.status import ACTIVE, WATCHDOG_HEALTH, RunStatus
 
 
 class Watchdog:
@@ -37,8 +37,7 @@ class Watchdog:
         now = utcnow()
         stopping = False
         with self.db.transaction() as session:
-            # Only "ok" and "stuck" are this check's to change; other checks own other states.
-            query = select(Run).where(Run.status.in_(ACTIVE), Run.health.in_(("ok", "stuck")))
+            query = select(Run).where(Run.status.in_(ACTIVE), Run.health.in_(WATCHDOG_HEALTH))
             for run in session.scalars(query.with_for_update()):
                 reason = self.stuck_reason(run, now)
                 if reason is None:
@@ -46,17 +45,7 @@ class Watchdog:
                         set_health(session, run, "ok", None)
                     continue
                 set_health(session, run, "stuck", reason)
-                if self.stop_stuck and run.stop_requested_at is None:
-                    run.stop_requested_at = now
-                    session.add(
-                        RunEvent(
-                            run_id=run.id,
-                            at=now,
-                            from_status=run.status,
-                            to_status=run.status,
-                            reason=f"stop requested: stuck ({reason})",
-                        )
-                    )
+                if self.stop_stuck and request_stop(session, run, f"stuck ({reason})"):
                     stopping = True
         if stopping:
             self.on_stop()

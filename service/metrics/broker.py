@@ -23,6 +23,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.metrics import logcopy, store
+from service.schemas import json_value
 from service.store.db import Database
 from service.store.models import MetricPoint, RunEvent
 
@@ -106,7 +107,7 @@ def read_after(session: Session, run_id: str, cursor: Cursor) -> Read:
         Item(
             "metrics",
             off,
-            {"step": step, "values": {k: store.json_value(v) for k, v in vals.items()}},
+            {"step": step, "values": {k: json_value(v) for k, v in vals.items()}},
         )
         for off, step, vals in lines
     ]

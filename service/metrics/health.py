@@ -1,7 +1,7 @@
 """Health read from a run's metrics: NaN in a loss, reward collapse, no new step (stalled).
 
 The follower calls ``evaluate`` for every run it holds; the result goes through ``set_health``.
-A health set by another check (e.g. ``stuck``) is left alone.
+A health set by another check (e.g. ``stuck``) is left alone (see ``store.status``).
 """
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ from service.metrics import store
 from service.metrics.parse import MetricLine
 from service.store.lifecycle import set_health
 from service.store.models import Run, RunLog
-from service.store.status import Health, RunStatus
+from service.store.status import METRIC_HEALTH, Health, RunStatus
 
 REWARD_KEY = "critic/score/mean"
-OWN: frozenset[str] = frozenset({"ok", "nan", "reward_collapse", "stalled"})
 
 
 @dataclass(frozen=True)
@@ -72,7 +71,7 @@ def evaluate(
     now: datetime,
     rules: HealthRules,
 ) -> None:
-    if run.health not in OWN:
+    if run.health not in METRIC_HEALTH:
         return
     health: Health = "ok"
     reason: str | None = None

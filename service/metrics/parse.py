@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from jobs.verl_launch import PREFIX as PREFLIGHT_PREFIX
 
@@ -26,8 +25,7 @@ _NUMPY = re.compile(r"^(?:np|numpy)\.(?:float|int|uint|bool_?)\d*\((.*)\)$")
 _NUMBER = re.compile(r"^[+-]?(?:\d+\.?\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|nan|inf)$")
 
 
-@dataclass(frozen=True)
-class MetricLine:
+class MetricLine(NamedTuple):
     step: int
     values: dict[str, float]
 

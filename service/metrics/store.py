@@ -55,15 +55,6 @@ def _read(value: float | None) -> float:
     return math.nan if value is None else value
 
 
-def json_value(value: float) -> float | str:
-    """JSON has no NaN/inf: they travel as the strings "NaN", "Infinity", "-Infinity"."""
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "Infinity" if value > 0 else "-Infinity"
-    return value
-
-
 def dialect_insert(session: Session) -> Any:
     """The backend's INSERT (it has ``on_conflict_do_nothing`` on SQLite and PostgreSQL)."""
     dialect = session.get_bind().dialect.name

@@ -12,6 +12,7 @@ from service.recipes import env_names
 from service.secrets import SECRET_NAME
 
 PRIORITIES: dict[str, int] = {"low": 0, "normal": 1, "high": 2}
+PRIORITY_NAMES = {v: k for k, v in PRIORITIES.items()}
 
 
 class RunSpec(BaseModel):

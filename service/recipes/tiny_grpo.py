@@ -13,33 +13,44 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
+from jobs.tiny_grpo.options import DEFAULTS, to_argv
 from service.recipes.base import Group, Launch, LaunchContext, ResourceShape, RunSpec
 
-ACTOR_CPUS = 0.25
+ACTOR_CPUS: float = DEFAULTS["actor_cpus"]
 DRIVER_CPUS = 0.25
+# The job's options a spec sets (all but the CPUs each actor holds, which the recipe decides).
+OPTIONS = set(DEFAULTS) - {"actor_cpus"}
 
 
 class TinyGrpoSpec(RunSpec):
     recipe: Literal["tiny-grpo"] = "tiny-grpo"
-    prompts: int = Field(default=16, ge=1, le=10_000, description="distinct prompts")
-    batch_prompts: int = Field(default=8, ge=1, le=1024, description="prompts per trainer step")
-    n: int = Field(default=8, ge=2, le=64, description="responses per prompt (GRPO group)")
-    total_rollout_steps: int = Field(default=480, ge=1, le=10_000_000, description="prompts")
-    trigger_parameter_sync_step: int = Field(default=2, ge=1, le=1000)
-    staleness_threshold: float = Field(default=0.5, ge=0, le=10)
-    lr: float = Field(default=2.0, gt=0, le=100)
-    is_threshold: float = Field(default=2.0, gt=0)
+    prompts: int = Field(DEFAULTS["prompts"], ge=1, le=10_000, description="distinct prompts")
+    batch_prompts: int = Field(
+        DEFAULTS["batch_prompts"], ge=1, le=1024, description="prompts per trainer step"
+    )
+    n: int = Field(DEFAULTS["n"], ge=2, le=64, description="responses per prompt (GRPO group)")
+    total_rollout_steps: int = Field(
+        DEFAULTS["total_rollout_steps"], ge=1, le=10_000_000, description="prompts"
+    )
+    trigger_parameter_sync_step: int = Field(DEFAULTS["trigger_parameter_sync_step"], ge=1, le=1000)
+    staleness_threshold: float = Field(DEFAULTS["staleness_threshold"], ge=0, le=10)
+    lr: float = Field(DEFAULTS["lr"], gt=0, le=100)
+    is_threshold: float = Field(DEFAULTS["is_threshold"], gt=0)
     rs_threshold: str = Field(
-        default="0.5_2.0",
+        DEFAULTS["rs_threshold"],
         pattern=r"^\d+(\.\d+)?_\d+(\.\d+)?$",
         description="seq_mean_k1 rejection bounds, lower_upper",
     )
-    val_every: int = Field(default=5, ge=1)
-    gen_seconds: float = Field(default=0.2, ge=0, le=60, description="simulated generation time")
-    train_seconds: float = Field(default=0.05, ge=0, le=60, description="simulated update time")
-    trainer_npus: int = Field(default=1, ge=1, le=64)
-    rollout_npus: int = Field(default=1, ge=1, le=64)
-    seed: int = Field(default=0, ge=0)
+    val_every: int = Field(DEFAULTS["val_every"], ge=1)
+    gen_seconds: float = Field(
+        DEFAULTS["gen_seconds"], ge=0, le=60, description="simulated generation time"
+    )
+    train_seconds: float = Field(
+        DEFAULTS["train_seconds"], ge=0, le=60, description="simulated update time"
+    )
+    seed: int = Field(DEFAULTS["seed"], ge=0)
+    trainer_npus: int = Field(DEFAULTS["trainer_npus"], ge=1, le=64)
+    rollout_npus: int = Field(DEFAULTS["rollout_npus"], ge=1, le=64)
 
     @model_validator(mode="after")
     def _consistent(self) -> TinyGrpoSpec:
@@ -65,27 +76,7 @@ class TinyGrpoRecipe:
 
     def build(self, spec: Any, ctx: LaunchContext) -> Launch:
         assert isinstance(spec, TinyGrpoSpec)
-        options: dict[str, Any] = {
-            "prompts": spec.prompts,
-            "batch-prompts": spec.batch_prompts,
-            "n": spec.n,
-            "total-rollout-steps": spec.total_rollout_steps,
-            "trigger-parameter-sync-step": spec.trigger_parameter_sync_step,
-            "staleness-threshold": spec.staleness_threshold,
-            "lr": spec.lr,
-            "is-threshold": spec.is_threshold,
-            "rs-threshold": spec.rs_threshold,
-            "val-every": spec.val_every,
-            "gen-seconds": spec.gen_seconds,
-            "train-seconds": spec.train_seconds,
-            "trainer-npus": spec.trainer_npus,
-            "rollout-npus": spec.rollout_npus,
-            "actor-cpus": ACTOR_CPUS,
-            "seed": spec.seed,
-        }
-        argv = ["python3", "-m", "jobs.tiny_grpo"]
-        for key, value in options.items():
-            argv += [f"--{key}", str(value)]
+        argv = to_argv(spec.model_dump(include=OPTIONS) | {"actor_cpus": ACTOR_CPUS})
         return Launch(
             argv=argv,
             runtime_env={

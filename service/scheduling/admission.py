@@ -24,11 +24,11 @@ from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from service.recipes.base import PRIORITIES, ResourceShape
+from service.recipes.base import ResourceShape
+from service.scheduling.fit import on_empty_cluster
 from service.scheduling.inventory import Inventory
 from service.scheduling.placement import EPS, Fitter, Placement, Pool, pack
 
-PRIORITY_NAMES = {v: k for k, v in PRIORITIES.items()}
 # Resources the service's own account keeps cluster-wide.
 ACCOUNTED = ("NPU", "GPU", "CPU")
 
@@ -76,7 +76,8 @@ def decide(
     limit: int | None = None,
 ) -> Decision:
     """Decide one round. ``queued`` is first in, first out; ``held`` in admission order."""
-    totals = Pool.of(inventory.totals())
+    ever = on_empty_cluster(inventory)
+    totals = ever.pool
     free = Pool.of(inventory.available())
     account = {r: inventory.sum(r) for r in ACCOUNTED}
     team_used = held_by_team(held)
@@ -85,10 +86,9 @@ def decide(
         if not h.settled:
             _take_somewhere(free, h.shape)
 
-    share = max(1.0, inventory.sum("NPU") + inventory.sum("GPU"))
-    order = _fair_order(queued, team_used, quotas, share)
+    order = queue_order(queued, held, inventory, quotas)
     decision = Decision([r.id for r in order], [], {}, {})
-    ever, now = Fitter(totals), Fitter(free)
+    now = Fitter(free)
     head: QueuedRun | None = None
     unreserved: Fitter | None = None
     for run in order:
@@ -132,6 +132,14 @@ def decide(
         else:
             decision.reasons[run.id] = _capacity_reason(shape, free, inventory, account)
     return decision
+
+
+def queue_order(
+    queued: Sequence[QueuedRun], held: Sequence[HeldRun], inventory: Inventory, quotas: Quotas
+) -> list[QueuedRun]:
+    """The order in which ``decide`` considers the queue (it depends on no free resources)."""
+    share = max(1.0, inventory.sum("NPU") + inventory.sum("GPU"))
+    return _fair_order(queued, held_by_team(held), quotas, share)
 
 
 def held_by_team(held: Sequence[HeldRun]) -> dict[str, int]:

@@ -11,8 +11,8 @@ from sqlalchemy.orm import Session
 
 from service.recipes.base import ResourceShape
 from service.scheduling.admission import HeldRun, QueuedRun, Quotas, decide
+from service.scheduling.fit import on_empty_cluster
 from service.scheduling.inventory import Inventory
-from service.scheduling.placement import Pool, pack
 from service.settings import Settings
 from service.store.models import Run
 from service.store.status import ACTIVE, RunStatus
@@ -119,8 +119,7 @@ def plan(
         warning = []
     held_runs = held(session, now, inventory.fetched_at)
     decision = decide([*(r.run for r in rows), candidate], held_runs, inventory, quotas)
-    totals = Pool.of(inventory.totals())
-    ever = pack(candidate.shape, totals) if inventory.nodes else None
+    ever = on_empty_cluster(inventory).fit(candidate.shape) if inventory.nodes else None
     placement = decision.placements.get(candidate.id) or ever
     reason = decision.reasons.get(candidate.id)
     return {

@@ -14,7 +14,13 @@ from dataclasses import replace
 from service.errors import InvalidSpec, field_error
 from service.recipes.base import Group, ResourceShape
 from service.scheduling.inventory import Inventory
-from service.scheduling.placement import Pool, pack
+from service.scheduling.placement import Fitter, Pool, pack
+
+
+def on_empty_cluster(inventory: Inventory) -> Fitter:
+    """Shapes packed onto the whole cluster with nothing running: one that fails here can never
+    run. Admission, the dry-run plan and the refusal at the door all ask this."""
+    return Fitter(Pool.of(inventory.totals()))
 
 
 def never_fits(
@@ -25,9 +31,10 @@ def never_fits(
     if quota is not None and shape.accelerators > quota:
         msg = f"needs {shape.accelerators} {acc}s but team {team}'s quota is {quota}"
         return InvalidSpec(msg, [field_error(_loc(f, "team"), msg) for f in _size_fields(shape)])
-    totals = Pool.of(inventory.totals())
-    if not inventory.nodes or pack(shape, totals) is not None:
+    ever = on_empty_cluster(inventory)
+    if not inventory.nodes or ever.fit(shape) is not None:
         return None
+    totals = ever.pool
     node_acc, node_cpu = totals.largest(acc), totals.largest("CPU")
     errors = []
     for group in _distinct(shape.groups):

@@ -8,11 +8,16 @@ from sqlalchemy.orm import Session
 
 from service.errors import Conflict
 from service.store.models import Run, RunEvent
-from service.store.status import TERMINAL, Health, RunStatus, is_allowed
+from service.store.status import ACTIVE, TERMINAL, Health, RunStatus, is_allowed
 
 
 class IllegalTransition(Conflict):
     title = "Illegal status transition"
+
+
+def accept(session: Session, run: Run) -> RunEvent:
+    """Record a new run as QUEUED (its first event); flush, never commit."""
+    return _event(session, run, None, RunStatus.QUEUED, "accepted", run.created_at)
 
 
 def transition(session: Session, run: Run, dst: RunStatus, reason: str) -> RunEvent:
@@ -31,25 +36,23 @@ def transition(session: Session, run: Run, dst: RunStatus, reason: str) -> RunEv
         run.ended_at = now
         run.claim_owner = None
         run.claim_expires_at = None
-    event = RunEvent(run_id=run.id, at=now, from_status=src, to_status=dst, reason=reason)
-    session.add(event)
-    session.flush()
-    return event
+    return _event(session, run, src, dst, reason, now)
 
 
 def note(session: Session, run: Run, reason: str) -> RunEvent:
     """Append an event that leaves the status as it is (a stop request, a change of health)."""
     run.updated_at = datetime.now(UTC)
-    event = RunEvent(
-        run_id=run.id,
-        at=run.updated_at,
-        from_status=run.status,
-        to_status=run.status,
-        reason=reason,
-    )
-    session.add(event)
-    session.flush()
-    return event
+    return _event(session, run, run.status, run.status, reason, run.updated_at)
+
+
+def request_stop(session: Session, run: Run, reason: str | None = None) -> bool:
+    """Ask for an active run to be stopped (the reconciler delivers it to Ray); returns whether
+    this is a new request."""
+    if run.status not in ACTIVE or run.stop_requested_at is not None:
+        return False
+    run.stop_requested_at = datetime.now(UTC)
+    note(session, run, f"stop requested: {reason}" if reason else "stop requested")
+    return True
 
 
 def set_health(session: Session, run: Run, health: Health, reason: str | None) -> bool:
@@ -60,3 +63,12 @@ def set_health(session: Session, run: Run, health: Health, reason: str | None) -
     run.health_reason = reason
     note(session, run, f"health {health}: {reason or 'recovered'}")
     return True
+
+
+def _event(
+    session: Session, run: Run, src: str | None, dst: str, reason: str, at: datetime
+) -> RunEvent:
+    event = RunEvent(run_id=run.id, at=at, from_status=src, to_status=dst, reason=reason)
+    session.add(event)
+    session.flush()
+    return event

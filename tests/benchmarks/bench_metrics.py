@@ -27,7 +27,6 @@ from typing import Any, ClassVar, Literal
 
 import httpx
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, text
 
 from service.app import create_app
 from service.metrics import store
@@ -36,31 +35,19 @@ from service.recipes.base import Launch, LaunchContext, ResourceShape, RunSpec
 from service.recipes.registry import default_registry
 from service.settings import Settings
 from service.store.db import Database, upgrade
+from tests import postgres
 from tests.factories import add_run
 
-PG_ADMIN = os.environ.get("RLRUN_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 RAY_PORT = int(os.environ.get("RLRUN_TEST_RAY_PORT", "46379")) + 200
 KEYS = 50
 
 
 @contextmanager
 def databases(tmp: Path) -> Iterator[list[tuple[str, str]]]:
-    name = f"rlrun_bench_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    urls = [
-        ("sqlite", f"sqlite:///{tmp}/bench.db"),
-        ("postgres", PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"),
-    ]
-    for _, url in urls:
-        upgrade(url)
-    try:
-        yield urls
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-        admin.dispose()
+    sqlite = f"sqlite:///{tmp}/bench.db"
+    upgrade(sqlite)
+    with postgres.admin_url() as admin, postgres.fresh_database(admin, "rlrun_bench") as pg:
+        yield [("sqlite", sqlite), ("postgres", pg)]
 
 
 def bench_ingest(urls: list[tuple[str, str]]) -> None:
@@ -264,11 +251,13 @@ class SyntheticRay:
         )
 
 app = create_app(Settings(database_url=url, ray_address="http://127.0.0.1:9", run_loops=False))
-services = app.state.services
-follower = Follower(
-    services.db, SyntheticRay(), "bench", 15, 8_000_000, HealthRules(), services.broker.notify
-)
 def loop():
+    while not hasattr(app.state, "services"):  # built when the app starts
+        time.sleep(0.1)
+    services = app.state.services
+    follower = Follower(
+        services.db, SyntheticRay(), "bench", 15, 8_000_000, HealthRules(), services.broker.notify
+    )
     while True:
         follower.tick()
         time.sleep(1.0)

@@ -4,6 +4,7 @@ the argv of verl's fully async entry point, the job's runtime env, and what it h
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,19 +68,14 @@ def overrides(spec: VerlFullyAsyncSpec, checkpoint_dir: str) -> list[Item]:
         model = getattr(spec, block)
         _walk(model, type(model).prefix, (block,), items)
         if block == "trainer":
-            res = spec.resources
-            for key, value, field in (
-                ("trainer.nnodes", res.n_nodes_train, "n_nodes_train"),
-                ("trainer.n_gpus_per_node", res.n_gpus_training, "n_gpus_training"),
-                ("rollout.nnodes", res.n_nodes_rollout, "n_nodes_rollout"),
-                ("rollout.n_gpus_per_node", res.n_gpus_rollout, "n_gpus_rollout"),
-                ("trainer.device", DEVICE[res.accelerator], "accelerator"),
-            ):
-                items.append(
-                    Item(f"{key}={hydra_value(value, ('resources', field))}", ("resources", field))
-                )
+            for key, field in RESOURCE_KEYS.items():
+                value = getattr(spec.resources, field)
+                if field == "accelerator":
+                    value = DEVICE[value]
+                loc = ("resources", field)
+                items.append(Item(f"{key}={hydra_value(value, loc)}", loc))
             if spec.trainer.default_local_dir is None:  # unset or null: the run's own dir
-                loc: Loc = ("trainer", "default_local_dir")
+                loc = ("trainer", "default_local_dir")
                 items = [item for item in items if item.loc != loc]
                 items.append(
                     Item(f"trainer.default_local_dir={hydra_value(checkpoint_dir, loc)}", loc)
@@ -88,16 +84,21 @@ def overrides(spec: VerlFullyAsyncSpec, checkpoint_dir: str) -> list[Item]:
     return items
 
 
-def _walk(model: BaseModel, prefix: str, loc: Loc, out: list[Item]) -> None:
-    for name, info in type(model).model_fields.items():
+def _keyed(model: type[BaseModel], prefix: str) -> Iterator[tuple[str, str, bool]]:
+    """(field name, verl key, passed even when unset) for each field of a spec block."""
+    for name, info in model.model_fields.items():
         extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-        key = str(extra.get("verl_key") or f"{prefix}.{name}")
+        yield name, str(extra.get("verl_key") or f"{prefix}.{name}"), bool(extra.get("always"))
+
+
+def _walk(model: BaseModel, prefix: str, loc: Loc, out: list[Item]) -> None:
+    for name, key, always in _keyed(type(model), prefix):
+        if name not in model.model_fields_set and not always:
+            continue
         value = getattr(model, name)
-        chosen = name in model.model_fields_set or bool(extra.get("always"))
         if isinstance(value, Block):
-            if chosen:
-                _walk(value, key, (*loc, name), out)
-        elif chosen:
+            _walk(value, key, (*loc, name), out)
+        else:
             out.append(Item(f"{key}={hydra_value(value, (*loc, name))}", (*loc, name)))
 
 
@@ -227,10 +228,8 @@ def spec_keys() -> dict[str, Loc]:
     out: dict[str, Loc] = {f"{k}": ("resources", f) for k, f in RESOURCE_KEYS.items()}
 
     def walk(model: type[BaseModel], prefix: str, loc: Loc) -> None:
-        for name, info in model.model_fields.items():
-            extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-            key = str(extra.get("verl_key") or f"{prefix}.{name}")
-            sub = info.annotation
+        for name, key, _ in _keyed(model, prefix):
+            sub = model.model_fields[name].annotation
             if isinstance(sub, type) and issubclass(sub, Block):
                 walk(sub, key, (*loc, name))
             else:

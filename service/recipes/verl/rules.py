@@ -171,11 +171,7 @@ def _check_parallelism(get: Callable[..., Any], err: Callable[[str, str], None])
             f"data-parallel size {dp}",
         )
     rollout = "actor_rollout_ref.rollout"
-    for part in (
-        "tensor_model_parallel_size",
-        "data_parallel_size",
-        "pipeline_model_parallel_size",
-    ):
+    for part in pools.REPLICA_PARTS:
         if (_int(get(f"{rollout}.{part}", 1)) or 0) < 1:
             err(f"{rollout}.{part}", "must be a positive integer")
             return

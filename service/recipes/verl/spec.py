@@ -38,11 +38,7 @@ MAX_OVERRIDE_CHARS = 2000
 
 def V(default: Any = None, *, key: str | None = None, always: bool = False, **kw: Any) -> Any:
     """A spec field with its verl key (if not prefix + name) and whether it is always passed."""
-    extra: dict[str, Any] = {}
-    if key:
-        extra["verl_key"] = key
-    if always:
-        extra["always"] = True
+    extra: dict[str, Any] = {k: v for k, v in (("verl_key", key), ("always", always)) if v}
     return Field(default=default, json_schema_extra=extra or None, **kw)
 
 

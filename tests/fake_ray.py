@@ -1,0 +1,93 @@
+"""The Ray Jobs client in memory, for unit tests of the loops: no Ray, scriptable answers.
+
+It has what the loops and the inventory use of ``RayJobs`` (submit, get, list_jobs, stop, logs,
+cluster_status, version, package_uri, close). A test sets a job's status (``set_status``), its
+log (``log``), the nodes (``nodes``) and failures (``fail``: the next calls of a method raise),
+and reads back what was asked (``submitted``, ``stopped``).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from service.cluster.ray_jobs import JobInfo, RayJobs
+
+ENDED = {"SUCCEEDED", "FAILED", "STOPPED"}
+
+
+class FakeRay(RayJobs):
+    def __init__(self, nodes: dict[str, dict[str, float]] | None = None) -> None:
+        # Not RayJobs.__init__: no HTTP client. Subclassing keeps the interface checked.
+        self.address = "fake://ray"
+        self.nodes = nodes if nodes is not None else {"n1": {"NPU": 8.0, "CPU": 8.0}}
+        self.used: dict[str, dict[str, float]] = defaultdict(dict)
+        self.jobs: dict[str, JobInfo] = {}
+        self.log: dict[str, str] = {}
+        self.submitted: list[dict[str, Any]] = []
+        self.stopped: list[str] = []
+        # A stop ends the job at once (as if it exited within its grace period).
+        self.stop_ends_job = True
+        self._failures: dict[str, list[Exception]] = defaultdict(list)
+
+    def fail(self, method: str, exc: Exception, times: int = 1) -> None:
+        """The next ``times`` calls of ``method`` raise ``exc``."""
+        self._failures[method] += [exc] * times
+
+    def _answer(self, method: str, value: Any) -> Any:
+        """``value``, unless a failure is scripted for this call of ``method``."""
+        if self._failures[method]:
+            raise self._failures[method].pop(0)
+        return value
+
+    def set_status(self, run_id: str, status: str, message: str | None = None, **more: Any) -> None:
+        """The job's status; ``more``: ``error_type``, ``exit_code`` (the driver's)."""
+        error_type, exit_code = more.get("error_type"), more.get("exit_code")
+        self.jobs[run_id] = JobInfo(run_id, status, message, error_type, exit_code, None, None)
+
+    def close(self) -> None:
+        pass
+
+    def version(self) -> dict[str, Any]:
+        return self._answer("version", {"ray_version": "fake"})
+
+    def submit(
+        self, submission_id: str, entrypoint: str, runtime_env: dict[str, Any], *_: Any, **__: Any
+    ) -> bool:
+        self._answer("submit", None)
+        fresh = submission_id not in self.jobs  # else Ray's "already exists"
+        if fresh:
+            job = {"submission_id": submission_id, "entrypoint": entrypoint}
+            self.submitted.append(job | {"runtime_env": runtime_env})
+            self.set_status(submission_id, "PENDING")
+        return fresh
+
+    def cluster_status(self) -> dict[str, Any]:
+        self._answer("cluster_status", None)
+        usage = {
+            node: {r: [self.used[node].get(r, 0.0), total] for r, total in resources.items()}
+            for node, resources in self.nodes.items()
+        }
+        return {"data": {"clusterStatus": {"loadMetricsReport": {"usageByNode": usage}}}}
+
+    def package_uri(self, module_dir: Path) -> str:
+        return f"gcs://_ray_pkg_{module_dir.name}.zip"
+
+    def get(self, submission_id: str) -> JobInfo | None:
+        return self._answer("get", self.jobs.get(submission_id))
+
+    def list_jobs(self) -> list[JobInfo]:
+        return self._answer("list_jobs", list(self.jobs.values()))
+
+    def stop(self, submission_id: str) -> bool:
+        self._answer("stop", None)
+        self.stopped.append(submission_id)
+        job = self.jobs.get(submission_id)
+        running = job is not None and job.status not in ENDED
+        if running and self.stop_ends_job:
+            self.set_status(submission_id, "STOPPED")
+        return running
+
+    def logs(self, submission_id: str) -> str | None:
+        return self._answer("logs", self.log.get(submission_id))

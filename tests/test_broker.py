@@ -1,0 +1,64 @@
+"""The event broker without HTTP: replay, live delivery on notify, resume by cursor, the end."""
+
+from __future__ import annotations
+
+import asyncio
+
+from service.metrics import store
+from service.metrics.broker import Broker, Cursor, Item
+from service.metrics.parse import MetricLine
+from service.store.db import Database
+from service.store.lifecycle import note, transition
+from service.store.models import Run, RunLog, utcnow
+from service.store.status import RunStatus
+from tests.factories import add_run
+
+
+def write(db: Database, run_id: str, offset: int, step: int, end: bool = False) -> None:
+    """One metric line ending at ``offset``; with ``end`` the run succeeds and its log is read."""
+    with db.transaction() as s:
+        store.add_lines(s, run_id, [(offset, MetricLine(step, {"a": float(step)}))])
+        if end:
+            run = s.get(Run, run_id)
+            assert run is not None
+            transition(s, run, RunStatus.SUCCEEDED, "done")
+            s.add(RunLog(run_id=run_id, log_offset=offset, finished_at=utcnow()))
+
+
+async def collect(broker: Broker, run_id: str, cursor: Cursor) -> list[tuple[Item, Cursor]]:
+    return [pair async for pair in broker.subscribe(run_id, cursor)]
+
+
+def test_a_subscriber_gets_the_stored_items_then_live_ones_then_the_end(db: Database) -> None:
+    run_id = add_run(db)
+    with db.transaction() as s:
+        run = s.get(Run, run_id)
+        assert run is not None
+        note(s, run, "started")
+    write(db, run_id, 10, 1)
+    broker = Broker(db, poll_s=30.0)  # only a notify can wake it in time
+
+    async def scenario() -> list[tuple[Item, Cursor]]:
+        task = asyncio.create_task(collect(broker, run_id, Cursor()))
+        while broker.upstreams == 0:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        await asyncio.to_thread(write, db, run_id, 20, 2, True)
+        broker.notify(run_id)
+        return await asyncio.wait_for(task, 10)
+
+    got = asyncio.run(scenario())
+    kinds = [(item.kind, item.data.get("step") or item.data.get("reason")) for item, _ in got]
+    assert kinds == [
+        ("status", "started"),
+        ("metrics", 1),
+        ("status", "done"),
+        ("metrics", 2),
+        ("end", None),
+    ]
+    assert broker.upstreams == 0
+    # Resuming from the cursor after the first metric line replays only what came later.
+    after_first = got[1][1]
+    resumed = asyncio.run(collect(Broker(db, 30.0), run_id, after_first))
+    assert [i.kind for i, _ in resumed] == ["status", "metrics", "end"]
+    assert resumed[-1][1] == Cursor(got[2][0].position, 20)

@@ -1,0 +1,87 @@
+"""The reconciler, one tick at a time against an in-memory Ray: what Ray says becomes the status."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.cluster.ray_jobs import RayUnavailable
+from service.loops.reconciler import Reconciler
+from service.store.db import Database
+from service.store.lifecycle import request_stop
+from service.store.models import Run
+from service.store.status import RunStatus
+from tests.factories import add_run, read_run
+from tests.fake_ray import FakeRay
+
+
+def status_and_reasons(db: Database) -> tuple[str, list[str]]:
+    run, reasons = read_run(db)
+    return run.status, reasons
+
+
+def test_ray_s_running_and_success_become_the_run_s_and_an_end_wakes_the_queue(
+    db: Database,
+) -> None:
+    ray, ended = FakeRay(), []
+    loop = Reconciler(db, ray, on_end=lambda: ended.append(True))
+    add_run(db, "r1", RunStatus.SUBMITTED)
+    ray.set_status("r1", "PENDING")
+    loop.tick()
+    assert status_and_reasons(db) == ("SUBMITTED", [])
+    ray.set_status("r1", "RUNNING")
+    loop.tick()
+    assert status_and_reasons(db) == ("RUNNING", ["Ray reports the job running"])
+    assert ended == []
+    ray.set_status("r1", "SUCCEEDED")
+    loop.tick()
+    assert status_and_reasons(db)[0] == "SUCCEEDED" and ended == [True]
+
+
+def test_a_failure_keeps_ray_s_error_exit_code_and_last_message_line(db: Database) -> None:
+    ray = FakeRay()
+    add_run(db, "r1", RunStatus.RUNNING)
+    ray.set_status(
+        "r1", "FAILED", "Traceback...\nValueError: boom", error_type="JOB_FAILED", exit_code=3
+    )
+    Reconciler(db, ray).tick()
+    status, reasons = status_and_reasons(db)
+    assert status == "FAILED" and reasons == ["JOB_FAILED: exit code 3: ValueError: boom"]
+    run, _ = read_run(db)
+    assert run.ray_exit_code == 3 and run.ray_error_type == "JOB_FAILED"
+
+
+def test_a_job_ray_no_longer_knows_is_lost(db: Database) -> None:
+    add_run(db, "r1", RunStatus.RUNNING)
+    Reconciler(db, FakeRay()).tick()
+    status, reasons = status_and_reasons(db)
+    assert status == "LOST" and "Ray no longer knows job r1" in reasons[0]
+
+
+def test_a_stop_request_is_delivered_to_ray_until_the_job_stops(db: Database) -> None:
+    ray = FakeRay()
+    ray.stop_ends_job = False  # the job takes its grace period to exit
+    add_run(db, "r1", RunStatus.RUNNING)
+    ray.set_status("r1", "RUNNING")
+    with db.transaction() as s:
+        run = s.get(Run, "r1")
+        assert run is not None and request_stop(s, run, "by hand")
+        assert not request_stop(s, run, "twice")  # one request is enough
+    loop = Reconciler(db, ray)
+    loop.tick()
+    loop.tick()
+    assert ray.stopped == ["r1", "r1"] and status_and_reasons(db)[0] == "RUNNING"
+    ray.set_status("r1", "STOPPED")
+    loop.tick()
+    assert status_and_reasons(db) == (
+        "STOPPED",
+        ["stop requested: by hand", "the job was stopped"],
+    )
+
+
+def test_ray_unavailable_changes_nothing(db: Database) -> None:
+    ray = FakeRay()
+    add_run(db, "r1", RunStatus.RUNNING)
+    ray.fail("get", RayUnavailable("no answer"))
+    with pytest.raises(RayUnavailable):
+        Reconciler(db, ray).tick()
+    assert status_and_reasons(db) == ("RUNNING", [])
