@@ -20,16 +20,9 @@ from fastapi.testclient import TestClient
 from service.app import create_app
 from service.cluster.local_ray import LocalRayCluster
 from service.cluster.ray_jobs import RayJobs
-from tests.conftest import RAY_PORT, TERMINAL, make_settings, wait_for, wait_status
+from tests.conftest import RAY_PORT, TERMINAL, make_settings, submit, wait_for, wait_status
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
-
-
-def submit(client: TestClient, **spec: Any) -> str:
-    resp = client.post("/runs", json={"recipe": "test-script", **spec})
-    assert resp.status_code == 201, resp.text
-    run_id: str = resp.json()["id"]
-    return run_id
 
 
 def test_a_restarted_head_loses_running_runs_and_runs_the_queued_and_new_ones(
