@@ -122,7 +122,12 @@ class MetricPoint(Base):
     value: Mapped[float | None] = mapped_column(Float)
     log_offset: Mapped[int] = mapped_column(BigInteger)
 
-    __table_args__ = (Index("ix_metric_points_run_offset", "run_id", "log_offset"),)
+    # On SQLite the rows live in their primary key's b-tree (no rowid copy): a key's history is
+    # one range read, and each point is stored once.
+    __table_args__ = (
+        Index("ix_metric_points_run_offset", "run_id", "log_offset"),
+        {"sqlite_with_rowid": False},
+    )
 
 
 class MetricLatest(Base):
@@ -130,6 +135,7 @@ class MetricLatest(Base):
     cost one row per key, however many points are stored. ``first_step`` bounds its history."""
 
     __tablename__ = "metric_latest"
+    __table_args__ = ({"sqlite_with_rowid": False},)
 
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
     key: Mapped[str] = mapped_column(String(200), primary_key=True)
@@ -144,6 +150,7 @@ class MetricBucket(Base):
     a downsampled read of a long run cost about what its answer costs."""
 
     __tablename__ = "metric_buckets"
+    __table_args__ = ({"sqlite_with_rowid": False},)
 
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
     key: Mapped[str] = mapped_column(String(200), primary_key=True)

@@ -1,4 +1,5 @@
-"""metric latest values and history tiers, filled from the stored points
+"""metric latest values and history tiers, filled from the stored points; SQLite points
+without rowid
 
 Revision ID: 0005
 Revises: 0003
@@ -29,6 +30,7 @@ def upgrade() -> None:
         sa.Column("value", sa.Float(), nullable=True),
         sa.ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("run_id", "key"),
+        sqlite_with_rowid=False,
     )
     op.create_table(
         "metric_buckets",
@@ -43,7 +45,9 @@ def upgrade() -> None:
         sa.Column("last_value", sa.Float(), nullable=True),
         sa.ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("run_id", "key", "level", "bucket"),
+        sqlite_with_rowid=False,
     )
+    _points_with_rowid(False)
     op.execute(
         "INSERT INTO metric_latest (run_id, key, first_step, step, value) "
         "SELECT run_id, key, first_step, step, value FROM ("
@@ -52,18 +56,33 @@ def upgrade() -> None:
         " FROM metric_points) AS t WHERE rn = 1"
     )
     for level in LEVELS:
-        part = f"PARTITION BY run_id, key, step / {2**level}"
-        op.execute(
-            "INSERT INTO metric_buckets"
-            " (run_id, key, level, bucket, count, min, max, last_step, last_value) "
-            f"SELECT run_id, key, {level}, step / {2**level}, n, lo, hi, step, value FROM ("
-            f" SELECT run_id, key, step, value, count(*) OVER ({part}) AS n,"
-            f" min(value) OVER ({part}) AS lo, max(value) OVER ({part}) AS hi,"
-            f" row_number() OVER ({part} ORDER BY step DESC) AS rn"
-            " FROM metric_points) AS t WHERE rn = 1"
-        )
+        op.execute(_BUCKETS.format(level=level, width=2**level))
+
+
+# Each (run, key, step // width)'s count, min, max and last point, from the stored points.
+_BUCKETS = (
+    "INSERT INTO metric_buckets"
+    " (run_id, key, level, bucket, count, min, max, last_step, last_value)"
+    " SELECT run_id, key, {level}, step / {width}, n, lo, hi, step, value FROM ("
+    "  SELECT run_id, key, step, value,"
+    "  count(*) OVER (PARTITION BY run_id, key, step / {width}) AS n,"
+    "  min(value) OVER (PARTITION BY run_id, key, step / {width}) AS lo,"
+    "  max(value) OVER (PARTITION BY run_id, key, step / {width}) AS hi,"
+    "  row_number() OVER (PARTITION BY run_id, key, step / {width} ORDER BY step DESC) AS rn"
+    "  FROM metric_points) AS t WHERE rn = 1"
+)
+
+
+def _points_with_rowid(with_rowid: bool) -> None:
+    """On SQLite, metric points live in their primary key's b-tree (copied over once)."""
+    if op.get_bind().dialect.name == "sqlite":
+        with op.batch_alter_table(
+            "metric_points", recreate="always", table_kwargs={"sqlite_with_rowid": with_rowid}
+        ):
+            pass
 
 
 def downgrade() -> None:
+    _points_with_rowid(True)
     op.drop_table("metric_buckets")
     op.drop_table("metric_latest")

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import case, func, or_, select
+from sqlalchemy import ARRAY, FromClause, bindparam, case, cast, func, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -70,41 +70,60 @@ def dialect_insert(session: Session) -> Any:
 LEVELS = (4, 6, 8, 10, 12)
 
 
-@dataclass
-class _Summary:
-    """Points of one key in one bucket: count, min and max ignoring NaN, the last (step, value)."""
-
-    count: int
-    min: float | None
-    max: float | None
-    last_step: int
-    last_value: float | None
-
-    def add(self, other: _Summary) -> None:
-        self.count += other.count
-        self.min = _least(self.min, other.min)
-        self.max = _greatest(self.max, other.max)
-        if other.last_step > self.last_step:
-            self.last_step, self.last_value = other.last_step, other.last_value
-
-    def point(self) -> Point:
-        return Point(self.last_step, _read(self.last_value), _read(self.min), _read(self.max))
+# A summary of one key's points in one bucket, as a list for speed:
+# [count, min, max (both ignoring NaN, None when none), last step, value at the last step].
+Summary = list[Any]
 
 
-def _least(a: float | None, b: float | None) -> float | None:
-    return b if a is None else a if b is None else min(a, b)
+def _absorb(into: Summary, other: Summary) -> None:
+    into[0] += other[0]
+    if other[1] is not None and (into[1] is None or other[1] < into[1]):
+        into[1] = other[1]
+    if other[2] is not None and (into[2] is None or other[2] > into[2]):
+        into[2] = other[2]
+    if other[3] > into[3]:
+        into[3], into[4] = other[3], other[4]
 
 
-def _greatest(a: float | None, b: float | None) -> float | None:
-    return b if a is None else a if b is None else max(a, b)
+def _fold(items: Iterable[tuple[str, int, Summary]], shift: int) -> dict[tuple[str, int], Summary]:
+    """Summaries per (key, bucket >> shift)."""
+    out: dict[tuple[str, int], Summary] = {}
+    for key, bucket, summary in items:
+        seen = out.get((key, bucket >> shift))
+        if seen is None:
+            out[(key, bucket >> shift)] = list(summary)
+        else:
+            _absorb(seen, summary)
+    return out
+
+
+def _point(summary: Summary) -> Point:
+    return Point(summary[3], _read(summary[4]), _read(summary[1]), _read(summary[2]))
 
 
 def _sql_extreme(session: Session, lowest: bool, a: Any, b: Any) -> Any:
     """``a`` or ``b``, the lower (higher) ignoring NULL, in the backend's SQL."""
-    if session.get_bind().dialect.name == "postgresql":
+    if _postgres(session):
         return (func.least if lowest else func.greatest)(a, b)  # these ignore NULL
     # SQLite's scalar min/max give NULL when either is NULL.
     return func.coalesce((func.min if lowest else func.max)(a, b), a, b)
+
+
+def _postgres(session: Session) -> bool:
+    return session.get_bind().dialect.name == "postgresql"
+
+
+def _bulk_insert(
+    session: Session, table: FromClause, rows: list[dict[str, Any]]
+) -> tuple[Any, Any]:
+    """An INSERT of ``rows`` and its parameters. On PostgreSQL: one statement over one array per
+    column (small to send, parsed once); on SQLite: the driver's executemany."""
+    insert = dialect_insert(session)
+    if not _postgres(session):
+        return insert(table), rows
+    names = list(rows[0])
+    arrays = select(*(func.unnest(cast(bindparam(n), ARRAY(table.c[n].type))) for n in names))
+    return insert(table).from_select(names, arrays), {n: [r[n] for r in rows] for n in names}
 
 
 def add_lines(session: Session, run_id: str, lines: Iterable[tuple[int, MetricLine]]) -> int:
@@ -124,12 +143,12 @@ def add_lines(session: Session, run_id: str, lines: Iterable[tuple[int, MetricLi
     ]
     if not rows:
         return 0
-    insert = dialect_insert(session)
+    stmt, params = _bulk_insert(session, MetricPoint.__table__, rows)
     new = session.execute(
-        insert(MetricPoint.__table__)
-        .on_conflict_do_nothing(index_elements=["run_id", "key", "step"])
-        .returning(MetricPoint.key, MetricPoint.step, MetricPoint.value),
-        rows,  # one compiled statement, sent as multi-row batches
+        stmt.on_conflict_do_nothing(index_elements=["run_id", "key", "step"]).returning(
+            MetricPoint.key, MetricPoint.step, MetricPoint.value
+        ),
+        params,
     ).all()
     if new:
         _keep_latest(session, run_id, new)
@@ -147,11 +166,18 @@ def _keep_latest(session: Session, run_id: str, new: Sequence[Any]) -> None:
             seen[0] = min(seen[0], step)
             if step > seen[1]:
                 seen[1:] = [step, value]
-    ins = dialect_insert(session)(MetricLatest.__table__)
-    ex, old = ins.excluded, MetricLatest.__table__.c
+    stmt, params = _bulk_insert(
+        session,
+        MetricLatest.__table__,
+        [
+            {"run_id": run_id, "key": k, "first_step": f, "step": s, "value": v}
+            for k, (f, s, v) in latest.items()
+        ],
+    )
+    ex, old = stmt.excluded, MetricLatest.__table__.c
     newer = ex.step > old.step
     session.execute(
-        ins.on_conflict_do_update(
+        stmt.on_conflict_do_update(
             index_elements=["run_id", "key"],
             set_={
                 "first_step": _sql_extreme(session, True, old.first_step, ex.first_step),
@@ -159,28 +185,38 @@ def _keep_latest(session: Session, run_id: str, new: Sequence[Any]) -> None:
                 "value": case((newer, ex.value), else_=old.value),
             },
         ),
-        [
-            {"run_id": run_id, "key": k, "first_step": f, "step": s, "value": v}
-            for k, (f, s, v) in latest.items()
-        ],
+        params,
     )
 
 
 def _keep_buckets(session: Session, run_id: str, new: Sequence[Any]) -> None:
-    buckets: dict[tuple[str, int, int], _Summary] = {}
-    for key, step, value in new:
-        for level in LEVELS:
-            point = _Summary(1, value, value, step, value)
-            seen = buckets.get((key, level, step >> level))
-            if seen is None:
-                buckets[(key, level, step >> level)] = point
-            else:
-                seen.add(point)
-    ins = dialect_insert(session)(MetricBucket.__table__)
-    ex, old = ins.excluded, MetricBucket.__table__.c
+    # Each level folds the one below it: the points are walked once.
+    level = LEVELS[0]
+    tier = _fold(((k, s, [1, v, v, s, v]) for k, s, v in new), level)
+    rows = []
+    for next_level in (*LEVELS[1:], None):
+        rows += [
+            {
+                "run_id": run_id,
+                "key": key,
+                "level": level,
+                "bucket": bucket,
+                "count": n,
+                "min": lo,
+                "max": hi,
+                "last_step": last_step,
+                "last_value": last_value,
+            }
+            for (key, bucket), (n, lo, hi, last_step, last_value) in tier.items()
+        ]
+        if next_level is not None:
+            tier = _fold(((k, b, s) for (k, b), s in tier.items()), next_level - level)
+            level = next_level
+    stmt, params = _bulk_insert(session, MetricBucket.__table__, rows)
+    ex, old = stmt.excluded, MetricBucket.__table__.c
     newer = ex.last_step > old.last_step
     session.execute(
-        ins.on_conflict_do_update(
+        stmt.on_conflict_do_update(
             index_elements=["run_id", "key", "level", "bucket"],
             set_={
                 "count": old.count + ex.count,
@@ -190,20 +226,7 @@ def _keep_buckets(session: Session, run_id: str, new: Sequence[Any]) -> None:
                 "last_value": case((newer, ex.last_value), else_=old.last_value),
             },
         ),
-        [
-            {
-                "run_id": run_id,
-                "key": key,
-                "level": level,
-                "bucket": bucket,
-                "count": b.count,
-                "min": b.min,
-                "max": b.max,
-                "last_step": b.last_step,
-                "last_value": b.last_value,
-            }
-            for (key, level, bucket), b in buckets.items()
-        ],
+        params,
     )
 
 
@@ -275,7 +298,7 @@ def series(
         for key, step, value in _points(session, run_id, names, [(lo, hi)]):
             out[key].append(Point(step, _read(value), _read(value), _read(value)))
         return out
-    summaries: dict[str, dict[int, _Summary]] = {k: {} for k in names}
+    summaries: dict[str, dict[int, Summary]] = {k: {} for k in names}
     level = max((lv for lv in LEVELS if 1 << lv <= w), default=None)
     b_lo, b_hi = lo // w, hi // w
     from_points = []
@@ -291,55 +314,63 @@ def series(
             b_hi -= 1
         if b_lo <= b_hi:
             shift = w.bit_length() - 1 - level
-            rows = session.execute(
-                select(
-                    MetricBucket.key,
-                    MetricBucket.bucket,
-                    MetricBucket.count,
-                    MetricBucket.min,
-                    MetricBucket.max,
-                    MetricBucket.last_step,
-                    MetricBucket.last_value,
+            rows = (
+                session.connection()
+                .execute(  # Core rows: no ORM per-row cost
+                    select(
+                        MetricBucket.key,
+                        MetricBucket.bucket,
+                        MetricBucket.count,
+                        MetricBucket.min,
+                        MetricBucket.max,
+                        MetricBucket.last_step,
+                        MetricBucket.last_value,
+                    )
+                    .where(
+                        MetricBucket.run_id == run_id,
+                        MetricBucket.key.in_(names),
+                        MetricBucket.level == level,
+                        MetricBucket.bucket.between(b_lo << shift, ((b_hi + 1) << shift) - 1),
+                    )
+                    .order_by(MetricBucket.key, MetricBucket.bucket)
                 )
-                .where(
-                    MetricBucket.run_id == run_id,
-                    MetricBucket.key.in_(names),
-                    MetricBucket.level == level,
-                    MetricBucket.bucket.between(b_lo << shift, ((b_hi + 1) << shift) - 1),
-                )
-                .order_by(MetricBucket.key, MetricBucket.bucket)
+                .all()
             )
             for key, bucket, *summary in rows:
-                _merge(summaries[key], bucket >> shift, _Summary(*summary))
+                _merge(summaries[key], bucket >> shift, summary)
     if from_points:
         for key, step, value in _points(session, run_id, names, from_points):
-            _merge(summaries[key], step // w, _Summary(1, value, value, step, value))
+            _merge(summaries[key], step // w, [1, value, value, step, value])
     for key, buckets in summaries.items():
-        out[key] = [buckets[b].point() for b in sorted(buckets)]
+        out[key] = [_point(buckets[b]) for b in sorted(buckets)]
     return out
 
 
-def _merge(buckets: dict[int, _Summary], bucket: int, summary: _Summary) -> None:
+def _merge(buckets: dict[int, Summary], bucket: int, summary: Summary) -> None:
     seen = buckets.get(bucket)
     if seen is None:
         buckets[bucket] = summary
     else:
-        seen.add(summary)
+        _absorb(seen, summary)
 
 
 def _points(
     session: Session, run_id: str, keys: Sequence[str], ranges: Sequence[tuple[int, int]]
 ) -> Sequence[Any]:
     """(key, step, value) of ``keys`` in the step ranges, by key and step."""
-    return session.execute(
-        select(MetricPoint.key, MetricPoint.step, MetricPoint.value)
-        .where(
-            MetricPoint.run_id == run_id,
-            MetricPoint.key.in_(keys),
-            or_(*(MetricPoint.step.between(a, b) for a, b in ranges)),
+    return (
+        session.connection()
+        .execute(
+            select(MetricPoint.key, MetricPoint.step, MetricPoint.value)
+            .where(
+                MetricPoint.run_id == run_id,
+                MetricPoint.key.in_(keys),
+                or_(*(MetricPoint.step.between(a, b) for a, b in ranges)),
+            )
+            .order_by(MetricPoint.key, MetricPoint.step)
         )
-        .order_by(MetricPoint.key, MetricPoint.step)
-    ).all()
+        .all()
+    )
 
 
 def lines_after(
