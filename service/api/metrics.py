@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Header, Query
 from fastapi.responses import PlainTextResponse, Response
@@ -94,14 +94,30 @@ def _existing_run_stream(services: ServicesDep, run_id: str) -> str:
     return run_id
 
 
+def _stream_start(
+    services: ServicesDep,
+    run_id: Annotated[str, Depends(_existing_run_stream)],
+    last_event_id: Annotated[str | None, Header()] = None,
+    since: Annotated[
+        Literal["start", "now"],
+        Query(description="without Last-Event-ID: replay from the start, or only what comes next"),
+    ] = "start",
+) -> Cursor:
+    # Taken before the response starts: once a client sees the stream open, "now" is fixed.
+    if last_event_id is None and since == "now":
+        return services.broker.head_of(run_id)
+    return Cursor.parse(last_event_id)
+
+
 @router.get("/{run_id}/events", response_class=EventSourceResponse)
 async def run_events(
     services: ServicesDep,
     run_id: Annotated[str, Depends(_existing_run_stream)],
-    last_event_id: Annotated[str | None, Header()] = None,
+    start: Annotated[Cursor, Depends(_stream_start)],
 ) -> AsyncIterator[ServerSentEvent]:
-    """``status`` and ``metrics`` events: everything after ``Last-Event-ID`` (or from the
-    start), then live ones; a last ``end`` event once the run has ended and its log is read
-    to the end. Event ids are ``<status event id>-<log offset>`` (resume is exact for both)."""
-    async for item, cursor in services.broker.subscribe(run_id, Cursor.parse(last_event_id)):
+    """``status`` and ``metrics`` events (a metrics event carries its step and all its values):
+    everything after ``Last-Event-ID`` (or from the start, or from now), then live ones; a last
+    ``end`` event once the run has ended and its log is read to the end. Event ids are
+    ``<status event id>-<log offset>`` (resume is exact for both)."""
+    async for item, cursor in services.broker.subscribe(run_id, start):
         yield ServerSentEvent(event=item.kind, data=item.data, id=cursor.encode())

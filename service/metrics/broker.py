@@ -164,7 +164,8 @@ class Broker:
         with self.db.transaction() as session:
             return read_after(session, run_id, cursor)
 
-    def _head(self, run_id: str) -> Cursor:
+    def head_of(self, run_id: str) -> Cursor:
+        """Where the run's stream is now (blocking: call it from a thread)."""
         with self.db.transaction() as session:
             return head(session, run_id)
 
@@ -206,7 +207,7 @@ class Broker:
                     topic.task.cancel()
 
     async def _upstream(self, run_id: str, topic: _Topic) -> None:
-        topic.cursor = await asyncio.to_thread(self._head, run_id)
+        topic.cursor = await asyncio.to_thread(self.head_of, run_id)
         topic.ready.set()
         while True:
             topic.wake.clear()

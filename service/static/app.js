@@ -73,14 +73,19 @@ async function refreshCharts() {
   if (!current) return;
   const keys = CHARTS.flatMap((c) => c.keys).join(",");
   const data = await getJSON(`/runs/${current.id}/metrics?keys=${encodeURIComponent(keys)}&max_points=500`);
+  current.series = data.series;
+  drawCharts();
+}
+
+function drawCharts() {
   const holder = document.getElementById("charts");
   for (const chart of CHARTS) {
-    const present = chart.keys.filter((k) => (data.series[k] || []).length);
+    const present = chart.keys.filter((k) => (current.series[k] || []).length);
     if (!present.length) continue;
-    const steps = [...new Set(present.flatMap((k) => data.series[k].map((p) => p.step)))].sort((a, b) => a - b);
+    const steps = [...new Set(present.flatMap((k) => current.series[k].map((p) => p.step)))].sort((a, b) => a - b);
     const columns = present.map((k) => {
       // NaN and infinities arrive as strings: leave a gap in the curve.
-      const byStep = new Map(data.series[k].map((p) => [p.step, typeof p.value === "number" ? p.value : null]));
+      const byStep = new Map(current.series[k].map((p) => [p.step, typeof p.value === "number" ? p.value : null]));
       return steps.map((s) => (byStep.has(s) ? byStep.get(s) : null));
     });
     const plotData = [steps, ...columns];
@@ -101,28 +106,58 @@ async function refreshCharts() {
   }
 }
 
+// A metrics event carries its step and every value: it is applied in place, without re-reading
+// the run. Events that come while the run is being read wait, then apply past what was read.
+function applyMetrics(view, event) {
+  if (view.loading) { view.waiting.push(event); return; }
+  const { step, values } = event;
+  for (const [key, value] of Object.entries(values)) {
+    if (key in view.run.metrics.latest) view.run.metrics.latest[key] = value;
+    const points = view.series[key];
+    if (points && (!points.length || points[points.length - 1].step < step)) {
+      points.push({ step, value, min: value, max: value });
+    }
+  }
+  view.run.progress = view.run.progress || {};
+  if (view.run.progress.step == null || step > view.run.progress.step) view.run.progress.step = step;
+  view.draw = view.draw || setTimeout(() => {
+    view.draw = null;
+    if (current !== view) return;
+    renderRun(view.run);
+    drawCharts();
+  }, 250);
+}
+
 async function openRun(id) {
   if (current) {
     if (current.source) current.source.close();
     Object.values(current.plots).forEach((p) => p.destroy());
   }
   document.getElementById("charts").replaceChildren();
-  current = { id, source: null, plots: {} };
+  const view = current = { id, source: null, plots: {}, run: null, series: {}, loading: true, waiting: [] };
   const reload = async () => {
-    if (!current || current.id !== id) return;
-    renderRun(await getJSON(`/runs/${id}`));
+    if (current !== view) return;
+    view.loading = true;
+    view.run = await getJSON(`/runs/${id}`);
+    renderRun(view.run);
     await refreshCharts();
+    view.loading = false;
+    view.waiting.splice(0).forEach((event) => applyMetrics(view, event));
   };
-  await reload();
-  // Live: every status or metrics event re-reads the run (cheap, and never out of order).
-  const source = new EventSource(`/runs/${id}/events`);
+  // Live from now: the run is read once the stream is open, so nothing falls in between.
+  const source = new EventSource(`/runs/${id}/events?since=now`);
   let pending = null;
   const schedule = () => { pending = pending || setTimeout(() => { pending = null; reload(); }, 250); };
+  source.addEventListener("metrics", (e) => applyMetrics(view, JSON.parse(e.data)));
   source.addEventListener("status", schedule);
-  source.addEventListener("metrics", schedule);
   // The run has ended and its log is read to the end: nothing more will come.
   source.addEventListener("end", () => { source.close(); schedule(); });
-  current.source = source;
+  view.source = source;
+  await new Promise((resolve) => {
+    source.addEventListener("open", resolve, { once: true });
+    setTimeout(resolve, 3000);
+  });
+  await reload();
   refreshRuns();
 }
 
