@@ -37,7 +37,7 @@ from service.db import Database
 from service.metrics import store
 from service.metrics.parse import MetricLine
 from service.models import MetricPoint
-from tests.benchmarks.bench_metrics import cpu_seconds, databases
+from tests.benchmarks.bench_metrics import databases
 from tests.factories import add_run
 from tests.live import free_port
 from tests.service_process import ServiceProcess
@@ -346,6 +346,11 @@ def loop():
 threading.Thread(target=loop, daemon=True).start()
 uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 """
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def bench_live(
