@@ -314,29 +314,9 @@ def series(
             b_hi -= 1
         if b_lo <= b_hi:
             shift = w.bit_length() - 1 - level
-            rows = (
-                session.connection()
-                .execute(  # Core rows: no ORM per-row cost
-                    select(
-                        MetricBucket.key,
-                        MetricBucket.bucket,
-                        MetricBucket.count,
-                        MetricBucket.min,
-                        MetricBucket.max,
-                        MetricBucket.last_step,
-                        MetricBucket.last_value,
-                    )
-                    .where(
-                        MetricBucket.run_id == run_id,
-                        MetricBucket.key.in_(names),
-                        MetricBucket.level == level,
-                        MetricBucket.bucket.between(b_lo << shift, ((b_hi + 1) << shift) - 1),
-                    )
-                    .order_by(MetricBucket.key, MetricBucket.bucket)
-                )
-                .all()
-            )
-            for key, bucket, *summary in rows:
+            for key, bucket, *summary in _tier(
+                session, run_id, names, level, b_lo << shift, ((b_hi + 1) << shift) - 1
+            ):
                 _merge(summaries[key], bucket >> shift, summary)
     if from_points:
         for key, step, value in _points(session, run_id, names, from_points):
@@ -344,6 +324,34 @@ def series(
     for key, buckets in summaries.items():
         out[key] = [_point(buckets[b]) for b in sorted(buckets)]
     return out
+
+
+def _tier(
+    session: Session, run_id: str, keys: Sequence[str], level: int, lo: int, hi: int
+) -> Sequence[Any]:
+    """(key, bucket, *summary) of ``keys`` in one tier's buckets ``[lo, hi]``, by key and bucket."""
+    return (
+        session.connection()  # Core rows: no ORM cost per row
+        .execute(
+            select(
+                MetricBucket.key,
+                MetricBucket.bucket,
+                MetricBucket.count,
+                MetricBucket.min,
+                MetricBucket.max,
+                MetricBucket.last_step,
+                MetricBucket.last_value,
+            )
+            .where(
+                MetricBucket.run_id == run_id,
+                MetricBucket.key.in_(keys),
+                MetricBucket.level == level,
+                MetricBucket.bucket.between(lo, hi),
+            )
+            .order_by(MetricBucket.key, MetricBucket.bucket)
+        )
+        .all()
+    )
 
 
 def _merge(buckets: dict[int, Summary], bucket: int, summary: Summary) -> None:
@@ -390,9 +398,3 @@ def lines_after(
         # The last line may be cut by the limit: leave it for the next read.
         grouped.pop(next(reversed(grouped)))
     return [(off, step, values) for (off, step), values in grouped.items()]
-
-
-def keys_of(session: Session, run_id: str) -> Sequence[str]:
-    return session.scalars(
-        select(MetricLatest.key).where(MetricLatest.run_id == run_id).order_by(MetricLatest.key)
-    ).all()
