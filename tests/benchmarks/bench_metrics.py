@@ -248,7 +248,7 @@ def bench_cpu(tmp: Path, runs: int = 50, seconds: float = 30.0) -> None:
 
     url = f"sqlite:///{tmp}/cpu.db"
     upgrade(url)
-    for row in bench_live("sqlite", url, runs, runs, seconds):
+    for row in bench_live("sqlite", url, tmp, runs, runs, seconds):
         print(f"{row.goal} (SQLite): {row.ours:,.0f} {row.unit}")
 
 

@@ -2,7 +2,7 @@
 table with the ratios. From the repo root:
 
     PYTHONPATH=$PWD python -m tests.benchmarks.bench_metrics_peers [--steps 100000]
-        [--grow-to 1000000] [--sse-runs 20] [--sse-clients 200] [--sse-seconds 30] [--no-sse]
+        [--grow-to 1000000] [--sse-runs 20] [--sse-clients 200] [--sse-seconds 20] [--no-sse]
 
 Both servers run as child processes on 127.0.0.1 and are read over HTTP with keep-alive. The
 service's points are stored at the store level in batches of 100 steps x 10 keys (1,000 points,
@@ -78,15 +78,21 @@ def _value(key: int, step: int) -> float:
     return ((step * 7919 + key * 104_729) % 1000) / 1000
 
 
-def median_ms(call: Callable[[], Any], repeat: int, budget_s: float = 5.0) -> float:
-    """Median of up to ``repeat`` calls after a warm-up (at least 3 and within ``budget_s``)."""
-    call()
-    times: list[float] = []
-    while len(times) < repeat and (len(times) < 3 or sum(times) < budget_s):
-        t0 = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1000
+def paired_ms(
+    ours: Callable[[], Any], peer: Callable[[], Any] | None, repeat: int, budget_s: float = 8.0
+) -> tuple[float, float | None]:
+    """Medians of ``ours`` and ``peer`` called in turn (both meet the same load on a shared
+    machine): up to ``repeat`` rounds after a warm-up of ``ours``, at least 3, within a budget."""
+    ours()
+    mine: list[float] = []
+    theirs: list[float] = []
+    while len(mine) < repeat and (len(mine) < 3 or sum(mine) + sum(theirs) < budget_s):
+        for call, times in ((ours, mine), (peer, theirs)):
+            if call is not None:
+                t0 = time.perf_counter()
+                call()
+                times.append(time.perf_counter() - t0)
+    return statistics.median(mine) * 1000, statistics.median(theirs) * 1000 if theirs else None
 
 
 class Mlflow:
@@ -99,7 +105,8 @@ class Mlflow:
         self.workdir = workdir
         self.proc: subprocess.Popen[bytes] | None = None
         self.http = httpx.Client(base_url=self.url, timeout=600)
-        self.run_id = ""
+        self.run_id = self.experiment = ""
+        self.points = 0
 
     def __enter__(self) -> Mlflow:
         log = open(self.workdir / "mlflow.log", "wb")  # the child's, kept open while it runs
@@ -124,9 +131,12 @@ class Mlflow:
             if time.monotonic() > deadline or self.proc.poll() is not None:
                 raise RuntimeError(f"MLflow did not start; see {self.workdir / 'mlflow.log'}")
             time.sleep(0.5)
-        exp = self._post("experiments/create", {"name": "bench"})["experiment_id"]
-        self.run_id = self._post("runs/create", {"experiment_id": exp})["run"]["info"]["run_id"]
+        self.experiment = self._post("experiments/create", {"name": "bench"})["experiment_id"]
         return self
+
+    def new_run(self) -> None:
+        body = {"experiment_id": self.experiment}
+        self.run_id = self._post("runs/create", body)["run"]["info"]["run_id"]
 
     def __exit__(self, *exc: object) -> None:
         self.http.close()
@@ -144,6 +154,7 @@ class Mlflow:
         return resp.json()
 
     def log_batch(self, metrics: list[tuple[str, int, float]]) -> None:
+        self.points += len(metrics)
         now = int(time.time() * 1000)
         self._post(
             "runs/log-batch",
@@ -180,25 +191,27 @@ class Mlflow:
         return sum(p.stat().st_size for p in self.workdir.glob("mlflow.db*"))
 
 
-def fill(db: Database, run_id: str, keys: Sequence[str], start: int, stop: int) -> float:
-    """Store steps ``[start, stop)`` of ``keys``, 100 steps a transaction; points per second."""
-    started = time.perf_counter()
+def fill(
+    db: Database, run_id: str, keys: Sequence[str], start: int, stop: int, mlflow: Mlflow | None
+) -> tuple[float, float | None]:
+    """Store steps ``[start, stop)`` of ``keys``, 100 steps a transaction, and the same steps of
+    one key into MLflow 1,000 a ``log-batch`` (its largest), in turn; points/s of each."""
+    ours = peer = 0.0
     for lo in range(start, stop, BATCH_STEPS):
         batch = [
             (s + 1, MetricLine(s, {k: _value(i, s) for i, k in enumerate(keys)}))
             for s in range(lo, min(stop, lo + BATCH_STEPS))
         ]
+        t0 = time.perf_counter()
         with db.transaction() as session:
             store.add_lines(session, run_id, batch)
-    return (stop - start) * len(keys) / (time.perf_counter() - started)
-
-
-def fill_mlflow(mlflow: Mlflow, key: str, steps: int) -> float:
-    """One key's steps through ``log-batch``, 1,000 metrics (its largest) a call; points/s."""
-    started = time.perf_counter()
-    for lo in range(0, steps, 1000):
-        mlflow.log_batch([(key, s, _value(0, s)) for s in range(lo, min(steps, lo + 1000))])
-    return steps / (time.perf_counter() - started)
+        ours += time.perf_counter() - t0
+        if mlflow is not None and lo % 1000 == 0:
+            t0 = time.perf_counter()
+            mlflow.log_batch([(KEY, s, _value(0, s)) for s in range(lo, min(stop, lo + 1000))])
+            peer += time.perf_counter() - t0
+    points = (stop - start) * len(keys)
+    return points / ours, (stop - start) / peer if mlflow is not None else None
 
 
 def bytes_per_point(db: Database) -> float:
@@ -225,13 +238,13 @@ def _params(keys: Sequence[str], points: int) -> dict[str, Any]:
 
 
 def bench_database(
-    label: str, url: str, workdir: Path, mlflow: Mlflow | None, steps: int, grow_to: int
+    label: str, url: str, workdir: Path, mlflow: Mlflow, steps: int, grow_to: int
 ) -> list[Row]:
     db = Database(url)
     run_id = f"r{uuid.uuid4().hex[:20]}"
     add_run(db, run_id)
-    ingest = fill(db, run_id, KEYS, 0, steps)
-    peer_ingest = fill_mlflow(mlflow, KEY, steps) if mlflow else None
+    mlflow.new_run()
+    ingest, peer_ingest = fill(db, run_id, KEYS, 0, steps, mlflow)
     service = ServiceProcess(url, "http://127.0.0.1:9", workdir / f"service-{label}.log")
     service.env["RLRUN_RUN_LOOPS"] = "false"
     service.start()
@@ -248,28 +261,25 @@ def bench_database(
 
         got = http.get(metrics, params=_params([KEY], 1000)).json()["series"][KEY]
         print(f"{label}: 1 key of {steps:,} steps -> {len(got)} points")
-        sampled = median_ms(lambda: mlflow.sampled(KEY, 1000), 10) if mlflow else None
+        assert mlflow.sampled(KEY, 1000) == 1000
+        one, sampled = paired_ms(ours([KEY], 1000), lambda: mlflow.sampled(KEY, 1000), 20)
+        full, paged = paired_ms(ours([KEY], steps), lambda: mlflow.history(KEY), 3)
+
+        def sampled_keys() -> None:  # MLflow's call takes one key: ten keys are ten calls
+            for _ in KEYS:
+                mlflow.sampled(KEY, 1000)
+
+        ten, sampled_ten = paired_ms(ours(KEYS, 1000), sampled_keys, 10)
         rows += [
+            Row(f"1 key, {steps:,} steps -> 1,000 points", label, one, sampled),
+            Row(f"full {steps:,} points of 1 key", label, full, paged),
+            Row(f"{len(KEYS)} keys -> 1,000 points each", label, ten, sampled_ten),
+            Row(f"{len(KEYS)} keys / 1 key", label, ten / one, unit="x"),
             Row(
-                f"1 key, {steps:,} steps -> 1,000 points",
+                f"GET /runs/{{id}}, {steps * len(KEYS):,} points",
                 label,
-                median_ms(ours([KEY], 1000), 20),
-                sampled,
+                paired_ms(run, None, 20)[0],
             ),
-            Row(
-                f"full {steps:,} points of 1 key",
-                label,
-                median_ms(ours([KEY], steps), 3),
-                median_ms(lambda: mlflow.history(KEY), 1) if mlflow else None,
-            ),
-            # MLflow's call takes one key: a page of ten keys is ten calls.
-            Row(
-                f"{len(KEYS)} keys -> 1,000 points each",
-                label,
-                median_ms(ours(KEYS, 1000), 10),
-                sampled * len(KEYS) if sampled else None,
-            ),
-            Row(f"GET /runs/{{id}}, {steps * len(KEYS):,} points", label, median_ms(run, 20)),
             Row(
                 f"ingest, {BATCH_STEPS * len(KEYS):,} points a batch",
                 label,
@@ -279,21 +289,21 @@ def bench_database(
             ),
         ]
         if grow_to > steps:
-            fill(db, run_id, [KEY], steps, grow_to)
+            fill(db, run_id, [KEY], steps, grow_to, None)
             rows += [
                 Row(
                     f"1 key, {grow_to:,} steps -> 1,000 points",
                     label,
-                    median_ms(ours([KEY], 1000), 20),
+                    paired_ms(ours([KEY], 1000), None, 20)[0],
                 ),
                 Row(
                     f"GET /runs/{{id}}, {steps * (len(KEYS) - 1) + grow_to:,} points",
                     label,
-                    median_ms(run, 20),
+                    paired_ms(run, None, 20)[0],
                 ),
             ]
         # MLflow's figure: its whole SQLite file per point (it keeps latest values too).
-        peer_bytes = mlflow.bytes_on_disk() / steps if mlflow else None
+        peer_bytes = mlflow.bytes_on_disk() / mlflow.points
         rows.append(Row("bytes per stored point", label, bytes_per_point(db), peer_bytes, "B"))
         http.close()
     finally:
@@ -354,7 +364,13 @@ def cpu_seconds(pid: int) -> float:
 
 
 def bench_live(
-    label: str, url: str, runs: int, clients: int, seconds: float, every: float = 1.0
+    label: str,
+    url: str,
+    workdir: Path,
+    runs: int,
+    clients: int,
+    seconds: float,
+    every: float = 1.0,
 ) -> list[Row]:
     """``clients`` SSE clients over ``runs`` live runs: printed line -> client, service CPU."""
     db = Database(url)
@@ -363,22 +379,27 @@ def bench_live(
         add_run(db, run_id)
     db.dispose()
     port = free_port()
+    log = open(workdir / f"live-{label}.log", "wb")  # noqa: SIM115 (the child's, until it ends)
     proc = subprocess.Popen(
         [sys.executable, "-c", SERVER, url, str(port), str(time.time()), str(every), ",".join(ids)],
         env=os.environ | {"PYTHONPATH": os.getcwd()},
+        stderr=log,
     )
     delays: list[float] = []
     measuring = False
+    window = [0.0]
 
     async def client(run_id: str, http: httpx.AsyncClient) -> None:
-        async with http.stream("GET", f"http://127.0.0.1:{port}/runs/{run_id}/events") as resp:
+        url = f"http://127.0.0.1:{port}/runs/{run_id}/events?since=now"
+        async with http.stream("GET", url) as resp:
             kind = ""
             async for line in resp.aiter_lines():
                 if line.startswith("event:"):
                     kind = line[6:].strip()
                 elif line.startswith("data:") and kind == "metrics" and measuring:
                     printed = float(line.split('"bench/printed_at":', 1)[1].split(",", 1)[0])
-                    delays.append(time.time() - printed)
+                    if printed >= window[0]:  # a line printed while measuring, not a replay
+                        delays.append(time.time() - printed)
 
     async def main() -> tuple[float, float]:
         nonlocal measuring
@@ -391,7 +412,7 @@ def bench_live(
                     await asyncio.sleep(0.2)
             tasks = [asyncio.create_task(client(ids[i % runs], h)) for i in range(clients)]
             await asyncio.sleep(5)  # warm up
-            measuring = True
+            measuring, window[0] = True, time.time()
             c0, w0 = cpu_seconds(proc.pid), time.monotonic()
             await asyncio.sleep(seconds)
             c1, w1 = cpu_seconds(proc.pid), time.monotonic()
@@ -406,6 +427,7 @@ def bench_live(
     finally:
         proc.terminate()
         proc.wait(30)
+        log.close()
     delays.sort()
     goal = f"{clients} SSE clients, {runs} live runs (100 keys/s each)"
     expected = clients * seconds / every
@@ -445,25 +467,19 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     parser.add_argument("--grow-to", type=int, default=1_000_000)
     parser.add_argument("--sse-runs", type=int, default=20)
     parser.add_argument("--sse-clients", type=int, default=200)
-    parser.add_argument("--sse-seconds", type=float, default=30)
+    parser.add_argument("--sse-seconds", type=float, default=20)
     parser.add_argument("--no-sse", action="store_true")
     args = parser.parse_args(argv)
     rows: list[Row] = []
     with _workdir() as workdir, databases(workdir) as urls, Mlflow(workdir) as mlflow:
         print(f"MLflow at {mlflow.url}; the service on {', '.join(label for label, _ in urls)}")
-        for n, (label, url) in enumerate(urls):
-            # The MLflow side is measured once, beside the first database.
-            rows += bench_database(
-                label, url, workdir, mlflow if n == 0 else None, args.steps, args.grow_to
-            )
+        for label, url in urls:
+            rows += bench_database(label, url, workdir, mlflow, args.steps, args.grow_to)
         if not args.no_sse:
             for label, url in urls:
-                rows += bench_live(label, url, args.sse_runs, args.sse_clients, args.sse_seconds)
-    for r in rows:
-        if r.peer is None and r.db == "postgres":
-            # The peer figure of the same measure, from beside the first database.
-            same = next((p for p in rows if p.goal == r.goal and p.peer is not None), None)
-            r.peer = same.peer if same else None
+                rows += bench_live(
+                    label, url, workdir, args.sse_runs, args.sse_clients, args.sse_seconds
+                )
     print_table(rows)
     budget(rows)
     return rows
