@@ -224,7 +224,11 @@ def test_the_latest_table_follows_the_newest_step_with_nan_and_inf(db: Database)
     with db.transaction() as s:
         row = s.get(MetricLatest, (run_id, key))
         assert row is not None and (row.first_step, row.step) == (3, 7)
+        assert store.keys_of(s, run_id) == [inf_key, key]
         assert list(store.series(s, run_id, None, 10)) == [inf_key, key]
+        assert store.latest_of_runs(s, [run_id, "other"], [inf_key]) == {
+            run_id: {inf_key: (7, -math.inf)}
+        }
 
 
 def test_the_kept_log_copy_is_bounded_and_tails_by_lines(db: Database) -> None:

@@ -244,6 +244,30 @@ def latest(session: Session, run_id: str) -> dict[str, tuple[int, float]]:
     return {key: (step, _read(value)) for key, step, value in rows}
 
 
+def latest_of_runs(
+    session: Session, run_ids: Sequence[str], keys: Sequence[str]
+) -> dict[str, dict[str, tuple[int, float]]]:
+    """Run -> key -> (step, value) at the newest step, for a page of runs in one query."""
+    if not run_ids:
+        return {}
+    rows = session.execute(
+        select(MetricLatest.run_id, MetricLatest.key, MetricLatest.step, MetricLatest.value).where(
+            MetricLatest.run_id.in_(run_ids), MetricLatest.key.in_(keys)
+        )
+    )
+    out: dict[str, dict[str, tuple[int, float]]] = {}
+    for run_id, key, step, value in rows:
+        out.setdefault(run_id, {})[key] = (step, _read(value))
+    return out
+
+
+def keys_of(session: Session, run_id: str) -> Sequence[str]:
+    """A run's keys, sorted (one row each in the latest table)."""
+    return session.scalars(
+        select(MetricLatest.key).where(MetricLatest.run_id == run_id).order_by(MetricLatest.key)
+    ).all()
+
+
 def recent(session: Session, run_id: str, key: str, limit: int) -> list[tuple[int, float]]:
     """The newest ``limit`` (step, value) pairs of one key, oldest first."""
     rows = session.execute(
