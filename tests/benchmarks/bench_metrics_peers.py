@@ -409,6 +409,8 @@ def bench_live(
                     (await h.get(f"http://127.0.0.1:{port}/healthz")).raise_for_status()
                     break
                 except httpx.HTTPError:
+                    if proc.poll() is not None:
+                        raise RuntimeError(f"the live server exited; see {log.name}") from None
                     await asyncio.sleep(0.2)
             tasks = [asyncio.create_task(client(ids[i % runs], h)) for i in range(clients)]
             await asyncio.sleep(5)  # warm up
