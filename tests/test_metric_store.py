@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+import random
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 
 from service.loops.follower import Follower
 from service.metrics import logcopy, store
@@ -14,7 +15,7 @@ from service.metrics.health import HealthRules
 from service.metrics.log_readers import WholeLogReader
 from service.metrics.parse import MetricLine
 from service.store.db import Database
-from service.store.models import MetricPoint, Run, RunLog, utcnow
+from service.store.models import MetricBucket, MetricLatest, MetricPoint, Run, RunLog, utcnow
 from service.store.status import RunStatus
 from tests.factories import add_run, read_run
 from tests.fake_ray import FakeRay
@@ -46,27 +47,129 @@ def test_storing_the_same_lines_twice_adds_nothing_and_nan_inf_survive(db: Datab
     stored = points(db, run_id)
     assert len(stored) == 5
     with db.transaction() as s:
-        series = {k: store.series(s, run_id, k, 100) for k in ("loss", "big", "low")}
+        series = {k: v[0] for k, v in store.series(s, run_id, ["loss", "big", "low"], 100).items()}
         replay = store.lines_after(s, run_id, 10)
-    assert math.isnan(series["loss"][0].value)
-    assert series["big"][0].value == math.inf and series["low"][0].value == -math.inf
+    assert math.isnan(series["loss"].value)
+    assert series["big"].value == math.inf and series["low"].value == -math.inf
     assert replay == [(20, 2, {"a": 0.7})]
 
 
 def test_downsampling_keeps_each_buckets_last_value_with_its_min_and_max(db: Database) -> None:
     run_id = add_run(db)
-    values = [float((i * 37) % 101) for i in range(1000)]
+    values = [float((i * 37) % 101) for i in range(1024)]
     with db.transaction() as s:
         store.add_lines(s, run_id, [(i + 1, MetricLine(i, {"k": v})) for i, v in enumerate(values)])
     with db.transaction() as s:
-        got = store.series(s, run_id, "k", 10)
-        window = store.series(s, run_id, "k", 10, from_step=100, to_step=199)
-    assert len(got) == 10
+        got = store.series(s, run_id, ["k"], 16)["k"]
+        window = store.series(s, run_id, ["k"], 10, from_step=100, to_step=199)["k"]
+    assert len(got) == 16  # aligned buckets of 64 steps
     for n, point in enumerate(got):
-        bucket = values[n * 100 : (n + 1) * 100]
-        assert (point.step, point.value) == (n * 100 + 99, bucket[-1])
+        bucket = values[n * 64 : (n + 1) * 64]
+        assert (point.step, point.value) == (n * 64 + 63, bucket[-1])
         assert (point.min, point.max) == (min(bucket), max(bucket))
-    assert window[0].min == min(values[100:110]) and window[-1].step == 199
+    # Buckets of 16 steps, the first and last cut by the range.
+    assert [p.step for p in window] == [111, 127, 143, 159, 175, 191, 199]
+    assert (window[0].min, window[0].max) == (min(values[100:112]), max(values[100:112]))
+    assert window[-1].min == min(values[192:200])
+
+
+def _reference(
+    stored: dict[str, dict[int, float]], keys: list[str], max_points: int, lo: int, hi: int
+) -> dict[str, list[tuple[int, str, str, str]]]:
+    """Downsampling straight from the points: aligned buckets of ``store.width`` steps."""
+    steps = [st for k in keys for st in stored.get(k, {})]
+    out: dict[str, list[tuple[int, str, str, str]]] = {k: [] for k in keys}
+    if not steps:
+        return out
+    lo, hi = max(lo, min(steps)), min(hi, max(steps))
+    w = store.width(lo, hi, max_points)
+    for key in keys:
+        buckets: dict[int, list[tuple[int, float]]] = {}
+        for step, value in sorted(stored.get(key, {}).items()):
+            if lo <= step <= hi:
+                buckets.setdefault(step // w, []).append((step, value))
+        for pts in buckets.values():
+            finite = [v for _, v in pts if not math.isnan(v)]
+            lo_v, hi_v = (min(finite), max(finite)) if finite else (math.nan, math.nan)
+            out[key].append((pts[-1][0], repr(pts[-1][1]), repr(lo_v), repr(hi_v)))
+    return out
+
+
+def _as_reference(got: dict[str, list[store.Point]]) -> dict[str, list[tuple[int, str, str, str]]]:
+    return {
+        k: [(p.step, repr(p.value), repr(p.min), repr(p.max)) for p in pts]
+        for k, pts in got.items()
+    }
+
+
+def test_tier_reads_equal_downsampling_the_points_and_reingest_adds_nothing(db: Database) -> None:
+    rng = random.Random(7)
+    run_id = add_run(db)
+    stored: dict[str, dict[int, float]] = {"a": {}, "b": {}, "sparse": {}}
+    lines: list[tuple[int, MetricLine]] = []
+    for i in range(6000):
+        step = i * 3 if i < 3000 else 9000 + (i - 3000) * 301  # dense, then sparse up to ~912k
+        values = {"a": rng.choice([rng.random(), math.nan, math.inf, -math.inf, rng.random()])}
+        if i % 2:
+            values["b"] = rng.uniform(-5, 5)
+        if i % 97 == 0:
+            values["sparse"] = math.nan if i % 3 == 0 else float(i)
+        for k, v in values.items():
+            stored[k].setdefault(step, v)
+        lines.append((i + 1, MetricLine(step, values)))
+    rng.shuffle(lines)  # a replica may read lines out of step order
+    with db.transaction() as s:
+        for n in range(0, len(lines), 500):
+            store.add_lines(s, run_id, lines[n : n + 500])
+    with db.transaction() as s:
+        buckets_before = s.scalar(select(func.count()).select_from(MetricBucket))
+        # Reading the log again, even with other values at the same steps, changes nothing.
+        store.add_lines(s, run_id, lines[:800])
+        store.add_lines(
+            s,
+            run_id,
+            [(o, MetricLine(m.step, dict.fromkeys(m.values, 1.5))) for o, m in lines[:50]],
+        )
+        assert s.scalar(select(func.count()).select_from(MetricBucket)) == buckets_before
+        for keys in (["a"], ["a", "b", "sparse", "missing"]):
+            for max_points, lo, hi in [
+                (10_000, 0, 10**9),  # every point
+                (1000, 0, 10**9),  # from the coarsest tiers
+                (500, 0, 8000),  # the finest tier as stored
+                (100, 0, 9000),  # two stored buckets per answered one
+                (300, 1234, 700_001),  # a range that cuts its first and last buckets
+                (40, 5, 900_000),
+                (2, 0, 10**9),  # wider than the coarsest tier
+                (50, 4000, 4100),  # below the finest tier: from the points
+            ]:
+                got = store.series(s, run_id, keys, max_points, lo, hi)
+                assert _as_reference(got) == _reference(stored, keys, max_points, lo, hi), (
+                    keys,
+                    max_points,
+                    lo,
+                    hi,
+                )
+                assert all(len(v) <= max_points for v in got.values())
+
+
+def test_multi_key_reads_answer_each_key_as_alone_and_all_keys_by_name(db: Database) -> None:
+    run_id = add_run(db)
+    with db.transaction() as s:
+        store.add_lines(
+            s,
+            run_id,
+            [
+                (i, MetricLine(i, {"z": i * 2.0, "a": -i * 1.0} if i % 4 else {"z": 0.0}))
+                for i in range(5000)
+            ],
+        )
+    with db.transaction() as s:
+        both = store.series(s, run_id, ["z", "a", "nope"], 100)
+        alone = {k: store.series(s, run_id, [k], 100)[k] for k in ("z", "a")}
+        every = store.series(s, run_id, None, 100)
+    assert list(both) == ["z", "a", "nope"] and both["nope"] == []
+    assert both["z"] == alone["z"] and both["a"] == alone["a"]
+    assert list(every) == ["a", "z"] and every["z"] == alone["z"]
 
 
 def test_latest_gives_each_watched_key_at_its_newest_step(db: Database) -> None:
@@ -79,6 +182,34 @@ def test_latest_gives_each_watched_key_at_its_newest_step(db: Database) -> None:
         store.add_lines(s, run_id, lines)
         latest = store.latest(s, run_id)
     assert latest == {"critic/score/mean": (2, 0.4), "val-core/x/acc/mean@1": (1, 0.2)}
+
+
+def test_the_latest_table_follows_the_newest_step_with_nan_and_inf(db: Database) -> None:
+    run_id = add_run(db)
+    key, inf_key = "critic/score/mean", "critic/score/max"
+    batches = [
+        [(1, MetricLine(5, {key: 0.5, inf_key: math.inf}))],
+        [(2, MetricLine(3, {key: 0.3, inf_key: 1.0}))],  # an older step arrives late
+        [(3, MetricLine(7, {key: math.nan, inf_key: -math.inf}))],
+        [(4, MetricLine(7, {key: 0.9}))],  # the same step again: the first value wins
+    ]
+    seen = []
+    for batch in batches:
+        with db.transaction() as s:
+            store.add_lines(s, run_id, batch)
+            seen.append(store.latest(s, run_id))
+    assert seen[0] == {key: (5, 0.5), inf_key: (5, math.inf)}
+    assert seen[1] == seen[0]
+    step, value = seen[3][key]
+    assert step == 7 and math.isnan(value) and seen[3][inf_key] == (7, -math.inf)
+    with db.transaction() as s:
+        row = s.get(MetricLatest, (run_id, key))
+        assert row is not None and (row.first_step, row.step) == (3, 7)
+        assert store.keys_of(s, run_id) == [inf_key, key]
+        assert list(store.series(s, run_id, None, 10)) == [inf_key, key]
+        assert store.latest_of_runs(s, [run_id, "other"], [inf_key]) == {
+            run_id: {inf_key: (7, -math.inf)}
+        }
 
 
 def test_the_kept_log_copy_is_bounded_and_tails_by_lines(db: Database) -> None:

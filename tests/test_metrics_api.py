@@ -152,6 +152,8 @@ def test_the_event_stream_of_an_ended_run_replays_and_resumes_after_last_event_i
         api.get(f"/runs/{run_id}/events", headers={"Last-Event-ID": events[2]["id"]}).text
     )
     assert resumed == events[3:]
+    # From now: nothing stored is replayed, the stream only ends.
+    assert [e["event"] for e in sse(api.get(f"/runs/{run_id}/events?since=now").text)] == ["end"]
     assert api.get("/runs/nope/events").status_code == 404
 
 

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import math
+
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import create_engine, inspect, select, text
 
-from service.store.db import downgrade, upgrade
-from service.store.models import Base
+from service.metrics import store
+from service.metrics.parse import MetricLine
+from service.store.db import Database, downgrade, upgrade
+from service.store.models import Base, MetricLatest
+from tests.factories import add_run
 
 
 def _tables(url: str) -> set[str]:
@@ -33,3 +38,40 @@ def test_models_match_the_migrations(db_url: str) -> None:
         diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
     engine.dispose()
     assert diff == []
+
+
+def test_the_metric_tiers_migration_fills_latest_values_and_buckets_from_stored_points(
+    db_url: str,
+) -> None:
+    upgrade(db_url)
+    downgrade(db_url, "0003")
+    db = Database(db_url)
+    run_id = add_run(db)
+    points = [("a", step, float(step % 7) if step % 5 else None) for step in range(0, 3000, 3)]
+    points += [("b", 40, 1.0)]
+    with db.transaction() as s:
+        s.execute(
+            text(
+                "INSERT INTO metric_points (run_id, key, step, value, log_offset) "
+                "VALUES (:r, :k, :s, :v, 0)"
+            ),
+            [{"r": run_id, "k": k, "s": st, "v": v} for k, st, v in points],
+        )
+    upgrade(db_url)
+    with db.transaction() as s:
+        migrated = store.series(s, run_id, ["a", "b"], 50)
+        latest = s.execute(select(MetricLatest.key, MetricLatest.first_step, MetricLatest.step))
+        assert sorted(latest) == [("a", 0, 2997), ("b", 40, 40)]
+    # The same points stored through ingest read back the same.
+    other = add_run(db, "r2")
+    with db.transaction() as s:
+        store.add_lines(
+            s,
+            other,
+            [(0, MetricLine(st, {k: math.nan if v is None else v})) for k, st, v in points],
+        )
+        assert store.series(s, other, ["a", "b"], 50) == migrated
+    db.dispose()
+    downgrade(db_url, "0003")
+    assert {"metric_latest", "metric_buckets"}.isdisjoint(_tables(db_url))
+    upgrade(db_url)

@@ -29,6 +29,8 @@ from service.store.db import Database
 log = logging.getLogger(__name__)
 # The largest value an INTEGER column holds on every backend: the bound of numeric queries.
 INT32_MAX = 2**31 - 1
+# Metric steps are BIGINT: the bound of step queries.
+INT64_MAX = 2**63 - 1
 
 
 @dataclass(frozen=True)

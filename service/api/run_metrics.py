@@ -6,20 +6,22 @@ the event stream checks in a short one and holds none while it streams.
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import AsyncIterator, Iterator
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Header, Query
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import PlainTextResponse, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from service.api.auth import CredentialsDep, Principal, Viewer, principal_from, require_visible
-from service.api.deps import INT32_MAX, ServicesDep
+from service.api.deps import INT64_MAX, ServicesDep
 from service.errors import InvalidSpec, field_error
 from service.metrics import logcopy, store
 from service.metrics.broker import Cursor
 from service.schemas import json_value
-from service.wire import PointOut, SeriesOut
+from service.wire import SeriesOut
 
 router = APIRouter(prefix="/runs", tags=["metrics"])
 
@@ -31,40 +33,40 @@ def metric_series(
     run_id: str,
     keys: Annotated[str | None, Query(description="comma-separated keys; all when absent")] = None,
     max_points: Annotated[int, Query(ge=2, le=100_000)] = 1000,
-    from_step: Annotated[int | None, Query(ge=0, le=INT32_MAX)] = None,
-    to_step: Annotated[int | None, Query(ge=0, le=INT32_MAX)] = None,
-) -> SeriesOut:
-    """History per key; above ``max_points`` each point is a bucket's last value with its
-    min and max. NaN and infinities are the strings "NaN", "Infinity", "-Infinity"."""
+    from_step: Annotated[int | None, Query(ge=0, le=INT64_MAX)] = None,
+    to_step: Annotated[int | None, Query(ge=0, le=INT64_MAX)] = None,
+) -> Response:
+    """History per key, all keys in one read. Above ``max_points`` steps, each point is an
+    aligned bucket of a power-of-two number of steps: its last step and value with its min and
+    max. NaN and infinities are the strings "NaN", "Infinity", "-Infinity"."""
     if from_step is not None and to_step is not None and to_step < from_step:
         msg = "to_step must not be below from_step"
         raise InvalidSpec(msg, [field_error(["query", "to_step"], msg)])
     limit = services.settings.metric_keys_per_request
-    names = [k for k in (keys or "").split(",") if k]
+    names = list(dict.fromkeys(k for k in (keys or "").split(",") if k))
     if len(names) > limit:
         msg = f"at most {limit} keys per request"
         raise InvalidSpec(msg, [field_error(["query", "keys"], msg)])
     with services.db.read() as session:
         require_visible(session, principal, run_id)
-        names = names or sorted(store.keys_of(session, run_id))[:limit]
-        series = {
-            key: store.series(session, run_id, key, max_points, from_step, to_step) for key in names
-        }
-    return SeriesOut(
-        run_id=run_id,
-        series={
+        chosen = names or sorted(store.keys_of(session, run_id))[:limit]
+        found = store.series(session, run_id, chosen, max_points, from_step, to_step)
+    # Built as plain JSON: a dashboard page of keys is tens of thousands of points.
+    body = {
+        "run_id": run_id,
+        "series": {
             key: [
-                PointOut(
-                    step=p.step,
-                    value=json_value(p.value),
-                    min=json_value(p.min),
-                    max=json_value(p.max),
-                )
+                {"step": p.step, "value": _j(p.value), "min": _j(p.min), "max": _j(p.max)}
                 for p in points
             ]
-            for key, points in series.items()
+            for key, points in found.items()
         },
-    )
+    }
+    return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
+
+
+def _j(value: float) -> float | str:
+    return value if -math.inf < value < math.inf else json_value(value)
 
 
 @router.get("/{run_id}/metrics/keys")
@@ -124,6 +126,21 @@ def _stream_caller(
         services.streams.give(principal.key)
 
 
+def _stream_start(
+    services: ServicesDep,
+    run_id: str,
+    last_event_id: Annotated[str | None, Header()] = None,
+    since: Annotated[
+        Literal["start", "now"],
+        Query(description="without Last-Event-ID: replay from the start, or only what comes next"),
+    ] = "start",
+) -> Cursor:
+    # Taken before the response starts: once a client sees the stream open, "now" is fixed.
+    if last_event_id is None and since == "now":
+        return services.broker.head_of(run_id)
+    return Cursor.parse(last_event_id)
+
+
 @router.get(
     "/{run_id}/events",
     response_class=EventSourceResponse,
@@ -133,12 +150,11 @@ async def run_events(
     services: ServicesDep,
     principal: Annotated[Principal, Depends(_stream_caller)],
     run_id: str,
-    last_event_id: Annotated[str | None, Header()] = None,
+    start: Annotated[Cursor, Depends(_stream_start)],
 ) -> AsyncIterator[ServerSentEvent]:
-    """``status`` and ``metrics`` events: everything after ``Last-Event-ID`` (or from the
-    start), then live ones; a last ``end`` event once the run has ended and its log is read
-    to the end. Event ids are ``<status event id>-<log offset>`` (resume is exact for both).
-    A ``reconnect`` event, then the end of the stream, means the service could not read on:
-    connect again with ``Last-Event-ID``."""
-    async for item, cursor in services.broker.subscribe(run_id, Cursor.parse(last_event_id)):
+    """``status`` and ``metrics`` events (a metrics event carries its step and all its values):
+    everything after ``Last-Event-ID`` (or from the start, or from now), then live ones; a last
+    ``end`` event once the run has ended and its log is read to the end. Event ids are
+    ``<status event id>-<log offset>`` (resume is exact for both)."""
+    async for item, cursor in services.broker.subscribe(run_id, start):
         yield ServerSentEvent(event=item.kind, data=item.data, id=cursor.encode())

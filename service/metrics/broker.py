@@ -174,7 +174,8 @@ class Broker:
         with self.db.read() as session:
             return read_after(session, run_id, cursor)
 
-    def _head(self, run_id: str) -> Cursor:
+    def head_of(self, run_id: str) -> Cursor:
+        """Where the run's stream is now (blocking: call it from a thread)."""
         with self.db.read() as session:
             return head(session, run_id)
 
@@ -243,7 +244,7 @@ class Broker:
             topic.ready.set()
 
     async def _follow(self, run_id: str, topic: _Topic) -> None:
-        topic.cursor = await asyncio.to_thread(self._head, run_id)
+        topic.cursor = await asyncio.to_thread(self.head_of, run_id)
         topic.ready.set()
         while True:
             topic.wake.clear()

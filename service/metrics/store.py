@@ -1,4 +1,4 @@
-"""Metric points in the database: idempotent batch writes, latest values, downsampled history.
+"""Metric points in the database: idempotent batch writes, latest values, history tiers.
 
 NaN is stored as NULL (SQLite turns NaN into NULL anyway, so both backends agree); ``±inf`` is
 stored as itself. Reads hand NULL back as ``nan``. Writes flush, never commit.
@@ -11,12 +11,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import ARRAY, FromClause, bindparam, case, cast, func, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from service.metrics.parse import MetricLine
-from service.store.models import MetricPoint
+from service.store.models import MetricBucket, MetricLatest, MetricPoint
 
 # Keys shown as ``metrics.latest`` on a run: reward, validation, async health, staleness.
 LATEST_KEYS = (
@@ -81,8 +81,71 @@ def storable(
     return kept, notes
 
 
+# History tiers: bucket widths 2**level steps, 4x apart, so a downsampled read merges at most
+# two stored buckets per answered one (the width answered is a power of two, see ``width``).
+LEVELS = (4, 6, 8, 10, 12)
+
+
+# A summary of one key's points in one bucket, as a list for speed:
+# [count, min, max (both ignoring NaN, None when none), last step, value at the last step].
+Summary = list[Any]
+
+
+def _absorb(into: Summary, other: Summary) -> None:
+    into[0] += other[0]
+    if other[1] is not None and (into[1] is None or other[1] < into[1]):
+        into[1] = other[1]
+    if other[2] is not None and (into[2] is None or other[2] > into[2]):
+        into[2] = other[2]
+    if other[3] > into[3]:
+        into[3], into[4] = other[3], other[4]
+
+
+def _fold(items: Iterable[tuple[str, int, Summary]], shift: int) -> dict[tuple[str, int], Summary]:
+    """Summaries per (key, bucket >> shift)."""
+    out: dict[tuple[str, int], Summary] = {}
+    for key, bucket, summary in items:
+        seen = out.get((key, bucket >> shift))
+        if seen is None:
+            out[(key, bucket >> shift)] = list(summary)
+        else:
+            _absorb(seen, summary)
+    return out
+
+
+def _point(summary: Summary) -> Point:
+    return Point(summary[3], _read(summary[4]), _read(summary[1]), _read(summary[2]))
+
+
+def _sql_extreme(session: Session, lowest: bool, a: Any, b: Any) -> Any:
+    """``a`` or ``b``, the lower (higher) ignoring NULL, in the backend's SQL."""
+    if _postgres(session):
+        return (func.least if lowest else func.greatest)(a, b)  # these ignore NULL
+    # SQLite's scalar min/max give NULL when either is NULL.
+    return func.coalesce((func.min if lowest else func.max)(a, b), a, b)
+
+
+def _postgres(session: Session) -> bool:
+    return session.get_bind().dialect.name == "postgresql"
+
+
+def _bulk_insert(
+    session: Session, table: FromClause, rows: list[dict[str, Any]]
+) -> tuple[Any, Any]:
+    """An INSERT of ``rows`` and its parameters. On PostgreSQL: one statement over one array per
+    column (small to send, parsed once); on SQLite: the driver's executemany."""
+    insert = dialect_insert(session)
+    if not _postgres(session):
+        return insert(table), rows
+    names = list(rows[0])
+    arrays = select(*(func.unnest(cast(bindparam(n), ARRAY(table.c[n].type))) for n in names))
+    return insert(table).from_select(names, arrays), {n: [r[n] for r in rows] for n in names}
+
+
 def add_lines(session: Session, run_id: str, lines: Iterable[tuple[int, MetricLine]]) -> int:
-    """Store each ``(end offset, line)``'s values; a (run, key, step) already stored is kept."""
+    """Store each ``(end offset, line)``'s values; a (run, key, step) already stored is kept.
+    The latest values and history tiers take in exactly the points that were new, in the same
+    transaction, so storing the same lines again changes nothing."""
     rows = [
         {
             "run_id": run_id,
@@ -94,35 +157,103 @@ def add_lines(session: Session, run_id: str, lines: Iterable[tuple[int, MetricLi
         for offset, line in lines
         for key, value in line.values.items()
     ]
-    if rows:
-        stmt = dialect_insert(session)(MetricPoint).on_conflict_do_nothing(
-            index_elements=["run_id", "key", "step"]
-        )
-        session.execute(stmt, rows)  # one compiled statement, sent as multi-row batches
+    if not rows:
+        return 0
+    stmt, params = _bulk_insert(session, MetricPoint.__table__, rows)
+    new = session.execute(
+        stmt.on_conflict_do_nothing(index_elements=["run_id", "key", "step"]).returning(
+            MetricPoint.key, MetricPoint.step, MetricPoint.value
+        ),
+        params,
+    ).all()
+    if new:
+        _keep_latest(session, run_id, new)
+        _keep_buckets(session, run_id, new)
     return len(rows)
+
+
+def _keep_latest(session: Session, run_id: str, new: Sequence[Any]) -> None:
+    latest: dict[str, list[Any]] = {}  # key -> [first step, step, value]
+    for key, step, value in new:
+        seen = latest.get(key)
+        if seen is None:
+            latest[key] = [step, step, value]
+        else:
+            seen[0] = min(seen[0], step)
+            if step > seen[1]:
+                seen[1:] = [step, value]
+    stmt, params = _bulk_insert(
+        session,
+        MetricLatest.__table__,
+        [
+            {"run_id": run_id, "key": k, "first_step": f, "step": s, "value": v}
+            for k, (f, s, v) in latest.items()
+        ],
+    )
+    ex, old = stmt.excluded, MetricLatest.__table__.c
+    newer = ex.step > old.step
+    session.execute(
+        stmt.on_conflict_do_update(
+            index_elements=["run_id", "key"],
+            set_={
+                "first_step": _sql_extreme(session, True, old.first_step, ex.first_step),
+                "step": case((newer, ex.step), else_=old.step),
+                "value": case((newer, ex.value), else_=old.value),
+            },
+        ),
+        params,
+    )
+
+
+def _keep_buckets(session: Session, run_id: str, new: Sequence[Any]) -> None:
+    # Each level folds the one below it: the points are walked once.
+    level = LEVELS[0]
+    tier = _fold(((k, s, [1, v, v, s, v]) for k, s, v in new), level)
+    rows = []
+    for next_level in (*LEVELS[1:], None):
+        rows += [
+            {
+                "run_id": run_id,
+                "key": key,
+                "level": level,
+                "bucket": bucket,
+                "count": n,
+                "min": lo,
+                "max": hi,
+                "last_step": last_step,
+                "last_value": last_value,
+            }
+            for (key, bucket), (n, lo, hi, last_step, last_value) in tier.items()
+        ]
+        if next_level is not None:
+            tier = _fold(((k, b, s) for (k, b), s in tier.items()), next_level - level)
+            level = next_level
+    stmt, params = _bulk_insert(session, MetricBucket.__table__, rows)
+    ex, old = stmt.excluded, MetricBucket.__table__.c
+    newer = ex.last_step > old.last_step
+    session.execute(
+        stmt.on_conflict_do_update(
+            index_elements=["run_id", "key", "level", "bucket"],
+            set_={
+                "count": old.count + ex.count,
+                "min": _sql_extreme(session, True, old.min, ex.min),
+                "max": _sql_extreme(session, False, old.max, ex.max),
+                "last_step": case((newer, ex.last_step), else_=old.last_step),
+                "last_value": case((newer, ex.last_value), else_=old.last_value),
+            },
+        ),
+        params,
+    )
 
 
 def latest(session: Session, run_id: str) -> dict[str, tuple[int, float]]:
     """Key -> (step, value) at the newest step that key was logged, for the keys users watch."""
-    newest = (
-        select(MetricPoint.key, func.max(MetricPoint.step).label("step"))
-        .where(
-            MetricPoint.run_id == run_id,
-            or_(
-                MetricPoint.key.in_(LATEST_KEYS),
-                *(MetricPoint.key.like(p) for p in LATEST_PATTERNS),
-            ),
-        )
-        .group_by(MetricPoint.key)
-        .subquery()
-    )
     rows = session.execute(
-        select(MetricPoint.key, MetricPoint.step, MetricPoint.value).join(
-            newest,
-            and_(
-                MetricPoint.run_id == run_id,
-                MetricPoint.key == newest.c.key,
-                MetricPoint.step == newest.c.step,
+        select(MetricLatest.key, MetricLatest.step, MetricLatest.value).where(
+            MetricLatest.run_id == run_id,
+            or_(
+                MetricLatest.key.in_(LATEST_KEYS),
+                *(MetricLatest.key.like(p) for p in LATEST_PATTERNS),
             ),
         )
     )
@@ -135,26 +266,22 @@ def latest_of_runs(
     """Run -> key -> (step, value) at the newest step, for a page of runs in one query."""
     if not run_ids:
         return {}
-    newest = (
-        select(MetricPoint.run_id, MetricPoint.key, func.max(MetricPoint.step).label("step"))
-        .where(MetricPoint.run_id.in_(run_ids), MetricPoint.key.in_(keys))
-        .group_by(MetricPoint.run_id, MetricPoint.key)
-        .subquery()
-    )
     rows = session.execute(
-        select(MetricPoint.run_id, MetricPoint.key, MetricPoint.step, MetricPoint.value).join(
-            newest,
-            and_(
-                MetricPoint.run_id == newest.c.run_id,
-                MetricPoint.key == newest.c.key,
-                MetricPoint.step == newest.c.step,
-            ),
+        select(MetricLatest.run_id, MetricLatest.key, MetricLatest.step, MetricLatest.value).where(
+            MetricLatest.run_id.in_(run_ids), MetricLatest.key.in_(keys)
         )
     )
     out: dict[str, dict[str, tuple[int, float]]] = {}
     for run_id, key, step, value in rows:
         out.setdefault(run_id, {})[key] = (step, _read(value))
     return out
+
+
+def keys_of(session: Session, run_id: str) -> Sequence[str]:
+    """A run's keys, sorted (one row each in the latest table)."""
+    return session.scalars(
+        select(MetricLatest.key).where(MetricLatest.run_id == run_id).order_by(MetricLatest.key)
+    ).all()
 
 
 def recent(session: Session, run_id: str, key: str, limit: int) -> list[tuple[int, float]]:
@@ -168,53 +295,130 @@ def recent(session: Session, run_id: str, key: str, limit: int) -> list[tuple[in
     return [(step, _read(value)) for step, value in reversed(rows)]
 
 
+def width(lo: int, hi: int, max_points: int) -> int:
+    """The smallest power of two whose aligned buckets (``step // width``) cover ``[lo, hi]`` in
+    at most ``max_points`` buckets; 1 means every point."""
+    w = 1
+    while hi // w - lo // w + 1 > max_points:
+        w *= 2
+    return w
+
+
 def series(
     session: Session,
     run_id: str,
-    key: str,
+    keys: Sequence[str] | None,
     max_points: int,
     from_step: int | None = None,
     to_step: int | None = None,
-) -> list[Point]:
-    """One key's history; above ``max_points`` the steps fall into equal buckets, each giving
-    its last step and value with the bucket's min and max (NaN ignored by min/max)."""
-    where = [MetricPoint.run_id == run_id, MetricPoint.key == key]
-    if from_step is not None:
-        where.append(MetricPoint.step >= from_step)
-    if to_step is not None:
-        where.append(MetricPoint.step <= to_step)
-    count, lo, hi = session.execute(
-        select(func.count(), func.min(MetricPoint.step), func.max(MetricPoint.step)).where(*where)
-    ).one()
-    if not count:
-        return []
-    if count <= max_points:
-        rows = session.execute(
-            select(MetricPoint.step, MetricPoint.value).where(*where).order_by(MetricPoint.step)
-        )
-        return [Point(s, _read(v), _read(v), _read(v)) for s, v in rows]
-    width = -(-(hi - lo + 1) // max_points)
-    bucket = (MetricPoint.step - lo) // width
-    ranked = (
-        select(
-            MetricPoint.step,
-            MetricPoint.value,
-            func.row_number()
-            .over(partition_by=bucket, order_by=MetricPoint.step.desc())
-            .label("rank"),
-            func.min(MetricPoint.value).over(partition_by=bucket).label("lo"),
-            func.max(MetricPoint.value).over(partition_by=bucket).label("hi"),
-        )
-        .where(*where)
-        .subquery()
-    )
-    # One pass with window functions: each bucket's last row, with the bucket's min and max.
-    buckets: Sequence[Any] = session.execute(
-        select(ranked.c.step, ranked.c.value, ranked.c.lo, ranked.c.hi)
-        .where(ranked.c.rank == 1)
-        .order_by(ranked.c.step)
+) -> dict[str, list[Point]]:
+    """History of ``keys`` (all the run's keys when None), one answer for all of them: steps
+    ``[from_step, to_step]`` in aligned buckets of ``width`` steps, each giving its last step and
+    value with its min and max (NaN ignored by min/max); width 1 gives the points themselves.
+
+    Buckets come from the coarsest tier that divides the width (at most two stored buckets per
+    answered one), or from the points below the finest tier; a bucket cut by ``from_step`` or
+    ``to_step`` is summarised from its points in the range."""
+    spans = session.execute(
+        select(MetricLatest.key, MetricLatest.first_step, MetricLatest.step)
+        .where(MetricLatest.run_id == run_id, *([MetricLatest.key.in_(keys)] if keys else []))
+        .order_by(MetricLatest.key)
     ).all()
-    return [Point(r[0], _read(r[1]), _read(r[2]), _read(r[3])) for r in buckets]
+    out: dict[str, list[Point]] = {k: [] for k in (keys or [k for k, _, _ in spans])}
+    if not spans:
+        return out
+    first, last = min(s[1] for s in spans), max(s[2] for s in spans)
+    lo = first if from_step is None else max(from_step, first)
+    hi = last if to_step is None else min(to_step, last)
+    if lo > hi:
+        return out
+    names = [k for k, _, _ in spans]
+    w = width(lo, hi, max_points)
+    if w == 1:
+        for key, step, value in _points(session, run_id, names, [(lo, hi)]):
+            out[key].append(Point(step, _read(value), _read(value), _read(value)))
+        return out
+    summaries: dict[str, dict[int, Summary]] = {k: {} for k in names}
+    level = max((lv for lv in LEVELS if 1 << lv <= w), default=None)
+    b_lo, b_hi = lo // w, hi // w
+    from_points = []
+    if level is None:
+        from_points.append((lo, hi))
+    else:
+        # Buckets cut by the range come from points; the rest from the tier.
+        if lo > first and lo % w:
+            from_points.append((lo, min(hi, (b_lo + 1) * w - 1)))
+            b_lo += 1
+        if hi < last and (hi + 1) % w and b_hi >= b_lo:
+            from_points.append((max(lo, b_hi * w), hi))
+            b_hi -= 1
+        if b_lo <= b_hi:
+            shift = w.bit_length() - 1 - level
+            for key, bucket, *summary in _tier(
+                session, run_id, names, level, b_lo << shift, ((b_hi + 1) << shift) - 1
+            ):
+                _merge(summaries[key], bucket >> shift, summary)
+    if from_points:
+        for key, step, value in _points(session, run_id, names, from_points):
+            _merge(summaries[key], step // w, [1, value, value, step, value])
+    for key, buckets in summaries.items():
+        out[key] = [_point(buckets[b]) for b in sorted(buckets)]
+    return out
+
+
+def _tier(
+    session: Session, run_id: str, keys: Sequence[str], level: int, lo: int, hi: int
+) -> Sequence[Any]:
+    """(key, bucket, *summary) of ``keys`` in one tier's buckets ``[lo, hi]``, by key and bucket."""
+    return (
+        session.connection()  # Core rows: no ORM cost per row
+        .execute(
+            select(
+                MetricBucket.key,
+                MetricBucket.bucket,
+                MetricBucket.count,
+                MetricBucket.min,
+                MetricBucket.max,
+                MetricBucket.last_step,
+                MetricBucket.last_value,
+            )
+            .where(
+                MetricBucket.run_id == run_id,
+                MetricBucket.key.in_(keys),
+                MetricBucket.level == level,
+                MetricBucket.bucket.between(lo, hi),
+            )
+            .order_by(MetricBucket.key, MetricBucket.bucket)
+        )
+        .all()
+    )
+
+
+def _merge(buckets: dict[int, Summary], bucket: int, summary: Summary) -> None:
+    seen = buckets.get(bucket)
+    if seen is None:
+        buckets[bucket] = summary
+    else:
+        _absorb(seen, summary)
+
+
+def _points(
+    session: Session, run_id: str, keys: Sequence[str], ranges: Sequence[tuple[int, int]]
+) -> Sequence[Any]:
+    """(key, step, value) of ``keys`` in the step ranges, by key and step."""
+    return (
+        session.connection()
+        .execute(
+            select(MetricPoint.key, MetricPoint.step, MetricPoint.value)
+            .where(
+                MetricPoint.run_id == run_id,
+                MetricPoint.key.in_(keys),
+                or_(*(MetricPoint.step.between(a, b) for a, b in ranges)),
+            )
+            .order_by(MetricPoint.key, MetricPoint.step)
+        )
+        .all()
+    )
 
 
 def lines_after(
@@ -234,9 +438,3 @@ def lines_after(
         # The last line may be cut by the limit: leave it for the next read.
         grouped.pop(next(reversed(grouped)))
     return [(off, step, values) for (off, step), values in grouped.items()]
-
-
-def keys_of(session: Session, run_id: str) -> Sequence[str]:
-    return session.scalars(
-        select(MetricPoint.key).where(MetricPoint.run_id == run_id).distinct()
-    ).all()

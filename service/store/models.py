@@ -14,6 +14,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    SmallInteger,
     String,
     Text,
     TypeDecorator,
@@ -138,7 +139,45 @@ class MetricPoint(Base):
     value: Mapped[float | None] = mapped_column(Float)
     log_offset: Mapped[int] = mapped_column(BigInteger)
 
-    __table_args__ = (Index("ix_metric_points_run_offset", "run_id", "log_offset"),)
+    # On SQLite the rows live in their primary key's b-tree (no rowid copy): a key's history is
+    # one range read, and each point is stored once.
+    __table_args__ = (
+        Index("ix_metric_points_run_offset", "run_id", "log_offset"),
+        {"sqlite_with_rowid": False},
+    )
+
+
+class MetricLatest(Base):
+    """Each key's value at its newest step, kept at ingest: a run's latest values and its keys
+    cost one row per key, however many points are stored. ``first_step`` bounds its history."""
+
+    __tablename__ = "metric_latest"
+    __table_args__ = ({"sqlite_with_rowid": False},)
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    key: Mapped[str] = mapped_column(String(200), primary_key=True)
+    first_step: Mapped[int] = mapped_column(BigInteger)
+    step: Mapped[int] = mapped_column(BigInteger)
+    value: Mapped[float | None] = mapped_column(Float)
+
+
+class MetricBucket(Base):
+    """One key's points in steps ``[bucket * 2**level, (bucket + 1) * 2**level)``, summarised at
+    ingest (count, min and max ignoring NaN, the last step and its value): history tiers that let
+    a downsampled read of a long run cost about what its answer costs."""
+
+    __tablename__ = "metric_buckets"
+    __table_args__ = ({"sqlite_with_rowid": False},)
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    key: Mapped[str] = mapped_column(String(200), primary_key=True)
+    level: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    bucket: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    count: Mapped[int] = mapped_column(Integer)
+    min: Mapped[float | None] = mapped_column(Float)
+    max: Mapped[float | None] = mapped_column(Float)
+    last_step: Mapped[int] = mapped_column(BigInteger)
+    last_value: Mapped[float | None] = mapped_column(Float)
 
 
 class RunLog(Base):

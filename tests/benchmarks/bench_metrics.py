@@ -7,16 +7,15 @@
 - latency: p50/p95 from a metric line printed in a real Ray job (by an actor, so Ray's log
   forwarding is included) to an SSE client, on a local Ray head.
 - cpu: service CPU with 50 active runs streaming, each followed over a synthetic growing log
-  (simulated: 50 real Ray jobs do not fit 2 cores), with one SSE client per run.
+  (simulated: 50 real Ray jobs do not fit 2 cores), with one SSE client per run (the live part
+  of ``bench_metrics_peers``).
 - tiny: the default tiny-grpo run: time until its mean reward is above 0.8.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import statistics
-import subprocess
 import sys
 import time
 import uuid
@@ -231,98 +230,13 @@ def bench_tiny_grpo(tmp: Path) -> None:
         cluster.cleanup()
 
 
-SERVER = """
-import sys, time, threading, uvicorn
-from service.app import create_app
-from service.settings import Settings
-from service.loops.follower import Follower
-from service.metrics.health import HealthRules
-
-url, port, runs, t0 = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
-
-class SyntheticRay:
-    # Each run's log grows by one verl-sized metric line (50 keys) per second.
-    def logs(self, run_id):
-        n = int(time.time() - t0)
-        return "".join(
-            f"(FullyAsyncTrainer pid=1, ip=10.0.0.1) step:{i} - "
-            + " - ".join(f"k/{k}:{i * 0.1 + k}" for k in range(50)) + "\\n"
-            for i in range(1, n + 1)
-        )
-
-app = create_app(Settings(database_url=url, ray_address="http://127.0.0.1:9", run_loops=False))
-def loop():
-    while not hasattr(app.state, "services"):  # built when the app starts
-        time.sleep(0.1)
-    services = app.state.services
-    follower = Follower(
-        services.db, SyntheticRay(), "bench", 15, 8_000_000, HealthRules(), services.broker.notify
-    )
-    while True:
-        follower.tick()
-        time.sleep(1.0)
-threading.Thread(target=loop, daemon=True).start()
-uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
-"""
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def bench_cpu(tmp: Path, runs: int = 50, seconds: float = 30.0) -> None:
-    from tests.live import free_port
+    from tests.benchmarks.bench_metrics_peers import bench_live
 
     url = f"sqlite:///{tmp}/cpu.db"
     upgrade(url)
-    db = Database(url)
-    ids = [f"cpu-{i:03d}" for i in range(runs)]
-    for run_id in ids:
-        add_run(db, run_id)
-    db.dispose()
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", SERVER, url, str(port), str(runs), str(time.time())],
-        env=os.environ | {"PYTHONPATH": os.getcwd()},
-    )
-    received = 0
-
-    async def client(run_id: str, http: httpx.AsyncClient) -> None:
-        nonlocal received
-        async with http.stream("GET", f"http://127.0.0.1:{port}/runs/{run_id}/events") as resp:
-            async for line in resp.aiter_lines():
-                if line.startswith("event: metrics"):
-                    received += 1
-
-    async def main() -> tuple[float, float]:
-        async with httpx.AsyncClient(timeout=None) as http:
-            while True:
-                try:
-                    (await http.get(f"http://127.0.0.1:{port}/healthz")).raise_for_status()
-                    break
-                except httpx.HTTPError:
-                    await asyncio.sleep(0.2)
-            tasks = [asyncio.create_task(client(r, http)) for r in ids]
-            await asyncio.sleep(5)  # warm up
-            c0, w0 = cpu_seconds(proc.pid), time.monotonic()
-            await asyncio.sleep(seconds)
-            c1, w1 = cpu_seconds(proc.pid), time.monotonic()
-            for t in tasks:
-                t.cancel()
-            return c1 - c0, w1 - w0
-
-    try:
-        cpu, wall = asyncio.run(main())
-    finally:
-        proc.terminate()
-        proc.wait(10)
-    print(
-        f"service CPU, {runs} runs streaming (simulated followers over synthetic logs, "
-        f"1 line x 50 keys per run per second, {runs} SSE clients, SQLite): "
-        f"{cpu / wall * 100:.0f}% of one core "
-        f"({received} metric events delivered)"
-    )
+    for row in bench_live("sqlite", url, tmp, runs, runs, seconds):
+        print(f"{row.goal} (SQLite): {row.ours:,.0f} {row.unit}")
 
 
 def main() -> None:
