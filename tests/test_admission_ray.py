@@ -162,12 +162,14 @@ def test_cancelling_a_queued_run_frees_its_place_at_once(
 def test_a_silent_running_run_is_flagged_stuck_and_stopped_by_policy(
     sqlite_service: Callable[..., TestClient],
 ) -> None:
-    settings = {"stuck_silent_s": 1.0, "watchdog_interval_s": 0.3, "stop_stuck": True}
+    # Silent longer than the log stream's own delay: the job's first line must not arrive after
+    # the run was already called stuck (and so clear the flag before the stop lands).
+    settings = {"stuck_silent_s": 4.0, "watchdog_interval_s": 0.3, "stop_stuck": True}
     with sqlite_service(**settings) as client:
         run_id = submit(client, seconds=120)
         run = wait_status(client, run_id, TERMINAL)
     assert run["status"] == "STOPPED"
-    assert run["health"] == {"status": "stuck", "reason": "no log output for 1 s while RUNNING"}
+    assert run["health"] == {"status": "stuck", "reason": "no log output for 4 s while RUNNING"}
     reasons = [e["reason"] for e in run["events"]]
-    assert "health stuck: no log output for 1 s while RUNNING" in reasons
-    assert "stop requested: stuck (no log output for 1 s while RUNNING)" in reasons
+    assert "health stuck: no log output for 4 s while RUNNING" in reasons
+    assert "stop requested: stuck (no log output for 4 s while RUNNING)" in reasons

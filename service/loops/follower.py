@@ -33,6 +33,9 @@ from service.store.status import TERMINAL, RunStatus
 
 log = logging.getLogger(__name__)
 _LONG_AGO = datetime.min.replace(tzinfo=UTC)
+# Ray may report a job ended before its last lines are in the job log: the final read of a run
+# waits this long after the run was seen ended.
+FINAL_READ_AFTER = timedelta(seconds=2)
 
 
 @dataclass(frozen=True)
@@ -135,8 +138,9 @@ class Follower:
         """One read of one run's log; the final one when the run has ended (``held.status``
         was read before the log) and the reader has all of it."""
         ended_at = (held.ended_at or _LONG_AGO) if held.status in TERMINAL else None
-        text, complete = self._reader.read(held.run_id, held.offset, ended_at)
-        final = ended_at is not None and complete
+        settled = ended_at is not None and utcnow() - ended_at >= FINAL_READ_AFTER
+        text, complete = self._reader.read(held.run_id, held.offset, ended_at if settled else None)
+        final = settled and complete
         if text is None and not final:
             return  # Ray does not know the job (yet, or any more): the reconciler decides.
         new, lines = split_lines(text or "", held.offset, final)

@@ -1,7 +1,8 @@
 """How the follower reads a job log past an offset: Ray's tail stream, or the whole log.
 
 ``TailReader`` (the service's) keeps one ``LogTail`` per followed run, so each read costs only
-what is new; the text read but not yet stored stays with it until the follower says it is.
+what is new; the text read but not yet stored stays with it until the follower says it is. Its
+final read of an ended run checks the whole log once, for lines the stream never sent.
 ``WholeLogReader`` fetches the whole log and drops the known prefix: simple, and costly for a
 long log (it is what tests with a stand-in for Ray use, and the benchmark's baseline).
 """
@@ -68,6 +69,12 @@ class TailReader:
         # Asked before taking: when the stream had ended, the take holds all of the rest.
         complete = ended_at is not None and run.tail.complete_since(ended_at)
         run.pending += run.tail.take()
+        if complete:
+            # Ray may end a tail stream before it has sent the last lines (ray issue 57002):
+            # the final read of an ended run takes the rest from the whole log, once.
+            whole = self.ray.logs(run_id)
+            if whole is not None and len(whole) - offset > len(run.pending):
+                run.pending = whole[offset:]
         if run.tail.missing and not run.pending:
             return None, complete
         return run.pending, complete

@@ -120,15 +120,31 @@ export function runView(root, id, signal) {
     return headers.get("Log-Complete") === "true";
   }
 
+  // The run as last read; metrics events update it in place (they carry step and values).
+  let current = null;
+  function addKeys(more) {
+    const known = new Set([...picker.options].map((o) => o.value));
+    const fresh = more.filter((k) => !known.has(k));
+    picker.append(...fresh.map((k) => h("option", { value: k }, k)));
+    keys = [...new Set([...keys, ...more])].sort();
+  }
+  function applyMetrics({ values }) {
+    if (!current) return;
+    addKeys(Object.keys(values));
+    for (const [k, v] of Object.entries(values)) if (k in current.metrics.latest) current.metrics.latest[k] = v;
+    const version = values["fully_async/count/current_param_version"];
+    if (typeof version === "number") current.progress.step = version;
+    render(current);
+  }
+
   let running = null, again = false;
   async function reload() {
     if (running) { again = true; return; }
     running = (async () => {
       try {
-        render(await getJSON(path, signal));
-        keys = await getJSON(`${path}/metrics/keys`, signal);
-        const known = new Set([...picker.options].map((o) => o.value));
-        picker.append(...keys.filter((k) => !known.has(k)).map((k) => h("option", { value: k }, k)));
+        current = await getJSON(path, signal);
+        render(current);
+        addKeys(await getJSON(`${path}/metrics/keys`, signal));
         await drawCharts();
       } catch (err) {
         if (err instanceof ApiError && err.status === 404) root.replaceChildren(h("p", { class: "error" }, `no run ${id}`));
@@ -143,10 +159,18 @@ export function runView(root, id, signal) {
   (async () => {
     await reload();
     getText(`${path}/script`, signal).then(({ text }) => { script.textContent = text; }, showError);
-    // Live: each status or metrics event re-reads the run (debounced); the stream's end is final.
-    let pending = null;
+    // Live, from the stream's own payloads: a metrics event updates the run in place and the
+    // charts at most every 2 s (one request for all of them); a status event re-reads the run
+    // (debounced). The stream's end is final. It starts "now": the run was just read whole.
+    let pending = null, chartsDue = null;
     const schedule = () => { pending = pending || setTimeout(() => { pending = null; reload(); }, 400); };
-    subscribe(`${path}/events`, schedule, signal).then(() => { if (!signal.aborted) reload(); });
+    const onEvent = (event) => {
+      if (event.kind === "metrics") {
+        applyMetrics(event.data);
+        chartsDue = chartsDue || setTimeout(() => { chartsDue = null; drawCharts().catch(showError); }, 2000);
+      } else if (event.kind === "status") schedule();
+    };
+    subscribe(`${path}/events?since=now`, onEvent, signal).then(() => { if (!signal.aborted) reload(); });
     // Log lines that are not metric lines come with no event: read on while the run is active.
     const tick = async () => {
       if (signal.aborted) return;
