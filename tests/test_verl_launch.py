@@ -57,7 +57,11 @@ def service(factory: Callable[..., TestClient], db_url: str, root: Path, **kw: A
 def finished(client: TestClient, run_id: str) -> dict[str, Any]:
     """The ended run, once the follower has read its whole log (preflight included)."""
     wait_status(client, run_id, TERMINAL, timeout=90)
-    return dict(wait_for(lambda: client.get(f"/runs/{run_id}").json(), lambda r: r["preflight"]))
+    wait_for(
+        lambda: client.get(f"/runs/{run_id}/logs?tail=1").headers["Log-Complete"],
+        lambda complete: complete == "true",
+    )
+    return dict(client.get(f"/runs/{run_id}").json())
 
 
 def test_a_missing_data_file_fails_the_run_in_preflight_naming_node_and_path(
