@@ -83,6 +83,8 @@ def run_doc(run: Any, events: Sequence[Any], latest: Latest | None = None) -> di
 
 def json_value(value: float) -> float | str:
     """JSON has no NaN/inf: they travel as the strings "NaN", "Infinity", "-Infinity"."""
+    if -math.inf < value < math.inf:  # the common case, in one comparison (false for NaN)
+        return value
     if math.isnan(value):
         return "NaN"
     if math.isinf(value):

@@ -7,7 +7,6 @@ the event stream checks in a short one and holds none while it streams.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import AsyncIterator, Iterator
 from typing import Annotated, Literal
 
@@ -49,14 +48,19 @@ def metric_series(
         raise InvalidSpec(msg, [field_error(["query", "keys"], msg)])
     with services.db.read() as session:
         require_visible(session, principal, run_id)
-        chosen = names or sorted(store.keys_of(session, run_id))[:limit]
+        chosen = names or list(store.keys_of(session, run_id))[:limit]
         found = store.series(session, run_id, chosen, max_points, from_step, to_step)
     # Built as plain JSON: a dashboard page of keys is tens of thousands of points.
     body = {
         "run_id": run_id,
         "series": {
             key: [
-                {"step": p.step, "value": _j(p.value), "min": _j(p.min), "max": _j(p.max)}
+                {
+                    "step": p.step,
+                    "value": json_value(p.value),
+                    "min": json_value(p.min),
+                    "max": json_value(p.max),
+                }
                 for p in points
             ]
             for key, points in found.items()
@@ -65,16 +69,12 @@ def metric_series(
     return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
 
 
-def _j(value: float) -> float | str:
-    return value if -math.inf < value < math.inf else json_value(value)
-
-
 @router.get("/{run_id}/metrics/keys")
 def metric_keys(services: ServicesDep, principal: Viewer, run_id: str) -> list[str]:
     """Every key the run has logged, sorted."""
     with services.db.read() as session:
         require_visible(session, principal, run_id)
-        return sorted(store.keys_of(session, run_id))
+        return list(store.keys_of(session, run_id))
 
 
 @router.get(
