@@ -12,6 +12,8 @@ from typing import Any
 
 import httpx
 import pytest
+from playwright.sync_api import Error as PlaywrightError
+from playwright.sync_api import sync_playwright
 
 from service.app import create_app
 from service.cluster.local_ray import LocalRayCluster
@@ -73,8 +75,6 @@ def live(ray_cluster: LocalRayCluster, tmp_path_factory: pytest.TempPathFactory)
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
     with sync_playwright() as pw:
         browser = pw.chromium.launch(
             executable_path=CHROMIUM,
@@ -105,8 +105,19 @@ def page(browser: Any) -> Iterator[Any]:
 
 def until(page: Any, expression: str, timeout: float = 30_000) -> None:
     """Poll a page expression until it is truthy (``page.evaluate`` is not subject to the
-    page's CSP; ``wait_for_function`` evaluates strings, which the policy forbids)."""
-    wait_for(lambda: page.evaluate(expression), bool, timeout=timeout / 1000, every=0.2)
+    page's CSP; ``wait_for_function`` evaluates strings, which the policy forbids).
+
+    A view renders after a click or a hash change, so an expression may first throw (its
+    element is not there yet, or the page is between documents); that counts as not yet, and
+    the last error is what a timeout reports."""
+
+    def probe() -> Any:
+        try:
+            return page.evaluate(expression)
+        except PlaywrightError as e:
+            return e
+
+    wait_for(probe, lambda v: bool(v) and not isinstance(v, PlaywrightError), timeout / 1000)
 
 
 def shot(page: Any, name: str) -> None:
