@@ -34,6 +34,7 @@ from service.api import cluster as cluster_api
 from service.api.body_limit import BodyLimit
 from service.api.deps import Services
 from service.api.overload import ShedLoad
+from service.api.read_cache import ReadCache
 from service.cluster.local_ray import LocalRayCluster, PortInUse
 from service.cluster.ray_jobs import RayJobs
 from service.errors import install_handlers
@@ -197,7 +198,8 @@ def build_services(settings: Settings, registry: RecipeRegistry, ray_address: st
             "watchdog": Loop("watchdog", watchdog.tick, settings.watchdog_interval_s, backoff),
             "follower": Loop("follower", follower.tick, settings.follow_interval_s, backoff),
         }
-    return Services(settings, db, registry, broker, ray, inventory, loops, follower)
+    reads = ReadCache(db, settings.read_cache_s)
+    return Services(settings, db, registry, broker, ray, inventory, loops, follower, reads)
 
 
 @contextmanager

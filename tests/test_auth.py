@@ -293,3 +293,17 @@ def test_live_streams_per_token_are_limited_and_freed_when_closed(tmp_path: Any)
                 return again.status_code
 
         wait_for(reopened, lambda status: status == 200, timeout=20, every=0.5)
+
+
+def test_an_answer_kept_for_one_caller_is_refused_to_another_team(
+    secured: dict[str, Any],
+) -> None:
+    c = secured["callers"]
+    other = submit(c["other"]).json()["id"]
+    # The admin's read is kept (GET /runs/{id} answers repeat reads from memory) ...
+    assert c["admin"].get(f"/runs/{other}").status_code == 200
+    assert c["other"].get(f"/runs/{other}").status_code == 200
+    # ... and is still another team's run to everyone else.
+    assert c["member"].get(f"/runs/{other}").status_code == 404
+    assert c["viewer"].get(f"/runs/{other}").status_code == 404
+    assert c["anonymous"].get(f"/runs/{other}").status_code == 401

@@ -17,6 +17,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from service.api.limits import StreamSlots
+from service.api.read_cache import ReadCache
 from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable
 from service.loops.base import Loop
 from service.loops.follower import Follower
@@ -45,6 +46,7 @@ class Services:
     inventory: InventoryCache
     loops: Mapping[str, Loop]
     follower: Follower | None
+    reads: ReadCache
     streams: StreamSlots = field(default_factory=StreamSlots)
 
     def wake(self, name: str) -> None:

@@ -15,12 +15,14 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
+from pydantic_core import to_json
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.api.auth import Member, Principal, Viewer, audited, ensure_sees, visible_run
 from service.api.deps import ServicesDep
+from service.api.read_cache import Answer
 from service.errors import Conflict, Forbidden, TooManyRequests
 from service.ids import new_run_id
 from service.metrics import store
@@ -239,13 +241,19 @@ def list_runs(
 
 
 @router.get("/{run_id}", response_model=RunOut)
-def get_run(services: ServicesDep, principal: Viewer, run_id: str) -> Response:
-    """The run with its progress and latest metrics (three queries, whatever the run holds)."""
-    with services.db.read() as session:
-        run = run_row(session, run_id)
-        ensure_sees(principal, run.team, run_id)
-        doc = run_doc(run, events_of(session, run_id), store.latest(session, run_id))
-    return json_response(doc)
+async def get_run(services: ServicesDep, principal: Viewer, run_id: str) -> Response:
+    """The run with its progress and latest metrics (three queries, whatever the run holds;
+    none while the run has not changed since the last caller read it)."""
+
+    def read() -> Answer:
+        with services.db.read() as session:
+            run = run_row(session, run_id)
+            doc = run_doc(run, events_of(session, run_id), store.latest(session, run_id))
+        return Answer(to_json(doc), run.team)
+
+    answer = await services.reads.answer(f"run:{run_id}", read)
+    ensure_sees(principal, answer.team, run_id)
+    return Response(answer.body, media_type="application/json")
 
 
 @router.post(

@@ -113,6 +113,10 @@ class Database:
         # faster than letting them sleep in SQLite's busy handler (other processes still meet
         # busy_timeout). Taken and released by the same thread, within one call.
         self._write_turn = threading.Lock() if self.engine.dialect.name == "sqlite" else None
+        # Counts this process's committed write transactions: what was read before it moved
+        # may be out of date (``service/api/read_cache.py``).
+        self.generation = 0
+        self._generation_lock = threading.Lock()
 
     @contextmanager
     def read(self) -> Iterator[Session]:
@@ -126,6 +130,9 @@ class Database:
         validation, no Ray call inside it."""
         with _bounded(self.wait_s), self._turn(), self._writers() as session, session.begin():
             yield session
+        # After the commit, never before: a read that saw the old generation is then stale.
+        with self._generation_lock:
+            self.generation += 1
 
     @contextmanager
     def _turn(self) -> Iterator[None]:

@@ -1,0 +1,75 @@
+"""Answers of hot reads kept between writes: many clients polling one run cost one read of the
+database per change, not one per request.
+
+An answer is served while no write transaction of this process has committed since it was read
+(``Database.generation``), and for at most ``ttl_s``: the bound on how long a write by another
+replica (which this process does not see) can go unseen. Concurrent misses of one key share
+one read, and a request never joins a read that began before the last write it could know of.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fastapi.concurrency import run_in_threadpool
+
+from service.store.db import Database
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A serialised answer and the team of the run it shows ("" if it shows no one run)."""
+
+    body: bytes
+    team: str = ""
+
+
+class ReadCache:
+    def __init__(self, db: Database, ttl_s: float, size: int = 1024) -> None:
+        self._db = db
+        self._ttl_s = ttl_s
+        self._size = size
+        self._entries: dict[str, tuple[int, float, Answer]] = {}
+        self._lock = threading.Lock()  # held for dict updates only, never across a hand-over
+        # Reads under way, by key: touched on the event loop's thread only.
+        self._flights: dict[str, tuple[int, asyncio.Future[Answer]]] = {}
+
+    async def answer(self, key: str, read: Callable[[], Answer]) -> Answer:
+        """The kept answer for ``key`` if still good, else ``read()`` on a worker thread."""
+        entry = self._entries.get(key)
+        generation = self._db.generation
+        if entry and entry[0] == generation and time.monotonic() - entry[1] < self._ttl_s:
+            return entry[2]
+        flight = self._flights.get(key)
+        if flight is None or flight[0] != generation:
+            future = asyncio.ensure_future(run_in_threadpool(self._read, key, read))
+            self._flights[key] = flight = (generation, future)
+            future.add_done_callback(lambda done: self._landed(key, done))
+        # Shielded: a client that goes away does not cancel the read others wait for.
+        return await asyncio.shield(flight[1])
+
+    def _read(self, key: str, read: Callable[[], Answer]) -> Answer:
+        # The generation is taken before the read's snapshot: a write that commits while it
+        # runs leaves the answer already out of date, never kept as current.
+        generation, at = self._db.generation, time.monotonic()
+        answer = read()
+        if self._ttl_s > 0:
+            with self._lock:
+                kept = self._entries.pop(key, None)
+                # A read that began after this one and landed first stays.
+                entry = kept if kept and kept[0] > generation else (generation, at, answer)
+                if len(self._entries) >= self._size:
+                    del self._entries[next(iter(self._entries))]  # the oldest kept
+                self._entries[key] = entry
+        return answer
+
+    def _landed(self, key: str, done: asyncio.Future[Answer]) -> None:
+        flight = self._flights.get(key)
+        if flight is not None and flight[1] is done:
+            del self._flights[key]
+        if not done.cancelled():
+            done.exception()  # retrieved: a failed read is its waiters' error, not the loop's

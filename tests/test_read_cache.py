@@ -1,0 +1,155 @@
+"""Answers of GET /runs/{id} kept between writes: this process's writes are seen at once,
+another process's within ``read_cache_s``; concurrent misses share one read; a read never
+serves a request that came after a write it began before."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.api.read_cache import Answer, ReadCache
+from service.app import create_app
+from service.errors import NotFound
+from service.store.db import Database, upgrade
+from service.store.models import Run
+from tests.conftest import make_settings, submit
+
+
+def _rename(db: Database, run_id: str, name: str) -> None:
+    with db.transaction() as s:
+        run = s.get(Run, run_id)
+        assert run is not None
+        run.name = name
+
+
+def test_this_replicas_writes_are_seen_at_once(db_url: str) -> None:
+    settings = make_settings(db_url, "http://127.0.0.1:9", run_loops=False, read_cache_s=60)
+    with TestClient(create_app(settings)) as client:
+        run_id = submit(client)
+        assert client.get(f"/runs/{run_id}").json()["status"] == "QUEUED"
+        assert client.post(f"/runs/{run_id}/cancel").status_code == 200
+        assert client.get(f"/runs/{run_id}").json()["status"] == "CANCELLED"
+        # A write by anything else in this process (here: the app's own database) as well.
+        _rename(client.app.state.services.db, run_id, "renamed")  # type: ignore[attr-defined]
+        assert client.get(f"/runs/{run_id}").json()["name"] == "renamed"
+
+
+@pytest.mark.parametrize("ttl", [0.0, 0.5])
+def test_another_replicas_write_is_seen_within_the_bound(db_url: str, ttl: float) -> None:
+    settings = make_settings(db_url, "http://127.0.0.1:9", run_loops=False, read_cache_s=ttl)
+    upgrade(db_url)
+    other = Database(db_url)  # another replica: its writes move no generation here
+    try:
+        with TestClient(create_app(settings)) as client:
+            run_id = submit(client, name="before")
+            assert client.get(f"/runs/{run_id}").json()["name"] == "before"
+            _rename(other, run_id, "after")
+            seen = client.get(f"/runs/{run_id}").json()["name"]
+            # Kept: still the answer read before; not kept (0): read again.
+            assert seen == ("before" if ttl else "after")
+            time.sleep(ttl)
+            assert client.get(f"/runs/{run_id}").json()["name"] == "after"
+    finally:
+        other.dispose()
+
+
+class Reads:
+    """A read that counts its calls and waits for ``gate`` (set: no wait)."""
+
+    def __init__(self, body: bytes = b"{}") -> None:
+        self.calls = 0
+        self.gate = threading.Event()
+        self.gate.set()
+        self.body = body
+
+    def __call__(self) -> Answer:
+        self.calls += 1
+        assert self.gate.wait(10)
+        return Answer(self.body, "team")
+
+
+@pytest.fixture
+def database(tmp_path: Any) -> Any:
+    url = f"sqlite:///{tmp_path}/db.sqlite"
+    upgrade(url)
+    db = Database(url)
+    yield db
+    db.dispose()
+
+
+def test_concurrent_misses_share_one_read_and_later_hits_read_nothing(database: Database) -> None:
+    cache, read = ReadCache(database, ttl_s=60), Reads()
+
+    async def main() -> list[Answer]:
+        read.gate.clear()
+        waiting = [asyncio.create_task(cache.answer("k", read)) for _ in range(300)]
+        await asyncio.sleep(0.05)
+        read.gate.set()
+        return [*await asyncio.gather(*waiting), await cache.answer("k", read)]
+
+    answers = asyncio.run(main())
+    assert read.calls == 1
+    assert {a.body for a in answers} == {b"{}"}
+
+
+def test_a_request_after_a_write_does_not_join_a_read_that_began_before(
+    database: Database,
+) -> None:
+    cache, read = ReadCache(database, ttl_s=60), Reads()
+
+    async def main() -> None:
+        read.gate.clear()
+        before = asyncio.create_task(cache.answer("k", read))
+        await asyncio.sleep(0.05)
+        with database.transaction():
+            pass  # a committed write: the read under way may not have seen it
+        after = asyncio.create_task(cache.answer("k", read))
+        await asyncio.sleep(0.05)
+        read.gate.set()
+        await asyncio.gather(before, after)
+        # The second read was kept, with the generation after the write: a hit.
+        await cache.answer("k", read)
+
+    asyncio.run(main())
+    assert read.calls == 2
+
+
+def test_a_failed_read_fails_its_waiters_and_is_not_kept(database: Database) -> None:
+    cache = ReadCache(database, ttl_s=60)
+    calls = 0
+
+    def missing() -> Answer:
+        nonlocal calls
+        calls += 1
+        raise NotFound("no run 'x'")
+
+    async def main() -> None:
+        for _ in range(2):
+            results = await asyncio.gather(
+                *(cache.answer("x", missing) for _ in range(20)), return_exceptions=True
+            )
+            assert all(isinstance(r, NotFound) for r in results)
+
+    asyncio.run(main())
+    assert calls == 2
+
+
+def test_the_cache_keeps_at_most_its_size(database: Database) -> None:
+    cache, read = ReadCache(database, ttl_s=60, size=3), Reads()
+
+    async def main() -> None:
+        for key in ("a", "b", "c", "d"):
+            await cache.answer(key, read)
+        assert read.calls == 4
+        for key in ("b", "c", "d"):  # kept
+            await cache.answer(key, read)
+        assert read.calls == 4
+        await cache.answer("a", read)  # the oldest was let go
+        assert read.calls == 5
+
+    asyncio.run(main())
