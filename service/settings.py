@@ -24,7 +24,8 @@ class Settings(BaseSettings):
     db_wait_s: float = 5.0
     db_pool_size: int = 20
     db_max_overflow: int = 30
-    # How long an answer of GET /runs/{id} may be served again without reading the database.
+    # How long an answer of GET /runs/{id} or GET /runs may be served again without reading
+    # the database.
     # This replica's own writes refresh it at once, so only another replica's write can go
     # unseen, and for no longer than this. 0: every read reads the database.
     read_cache_s: float = Field(default=1.0, ge=0)

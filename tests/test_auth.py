@@ -307,3 +307,15 @@ def test_an_answer_kept_for_one_caller_is_refused_to_another_team(
     assert c["member"].get(f"/runs/{other}").status_code == 404
     assert c["viewer"].get(f"/runs/{other}").status_code == 404
     assert c["anonymous"].get(f"/runs/{other}").status_code == 401
+
+
+def test_a_kept_page_of_runs_is_only_ever_its_teams(secured: dict[str, Any]) -> None:
+    c = secured["callers"]
+    own, other = submit(c["member"]).json()["id"], submit(c["other"]).json()["id"]
+
+    def listed(who: str) -> set[str]:
+        return {r["id"] for r in c[who].get("/runs").json()["items"]}
+
+    assert listed("admin") == {own, other}  # kept for the admin's view of every team
+    assert listed("viewer") == listed("member") == {own}
+    assert listed("other") == {other}

@@ -134,8 +134,7 @@ def create_run(
                 if replayed is None:
                     raise
                 return replayed
-        session.add(run)
-        session.flush()
+        session.add(run)  # flushed with its first event
         accepted = accept(session, run)
         audited(session, request, principal, "run.create", run_id=run_id, target=run.team)
         doc = run_doc(run, [accepted])
@@ -214,7 +213,7 @@ def _replay(session: Session, key: str, digest: str) -> Response | None:
 
 
 @router.get("", response_model=RunPage)
-def list_runs(
+async def list_runs(
     services: ServicesDep,
     principal: Viewer,
     status: Annotated[list[RunStatus] | None, Query()] = None,
@@ -228,16 +227,19 @@ def list_runs(
         team = principal.team
     query = page_query(bool(status), bool(team), bool(cursor))
     params = {"limit": limit + 1, "status": status, "team": team, "cursor": cursor}
-    with services.db.read() as session:
-        rows = session.connection().execute(query, params).all()
-        page = rows[:limit]
-        latest = store.latest_of_runs(session, [r.id for r in page], SUMMARY_KEYS)
-    return json_response(
-        {
-            "items": [summary_doc(r, latest.get(r.id)) for r in page],
-            "next_cursor": page[-1].id if len(rows) > limit else None,
-        }
-    )
+
+    def read() -> Answer:
+        with services.db.read() as session:
+            rows = session.connection().execute(query, params).all()
+            page = rows[:limit]
+            latest = store.latest_of_runs(session, [r.id for r in page], SUMMARY_KEYS)
+        items = [summary_doc(r, latest.get(r.id)) for r in page]
+        next_cursor = page[-1].id if len(rows) > limit else None
+        return Answer(to_json({"items": items, "next_cursor": next_cursor}))
+
+    # The key is everything the page depends on, the team it is limited to included.
+    answer = await services.reads.answer(f"runs:{to_json(params).decode()}", read)
+    return Response(answer.body, media_type="application/json")
 
 
 @router.get("/{run_id}", response_model=RunOut)

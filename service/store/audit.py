@@ -31,8 +31,7 @@ def record(
             target=target[:200] if target else None,
             client=client[:100] if client else None,
         )
-    )
-    session.flush()
+    )  # flushed with the change it records, at its commit
 
 
 def page(
