@@ -42,6 +42,7 @@ from service.loops.follower import Follower
 from service.loops.reconciler import Reconciler
 from service.loops.submitter import Submitter
 from service.loops.watchdog import Watchdog
+from service.metrics import store
 from service.metrics.broker import Broker
 from service.metrics.health import HealthRules
 from service.recipes.registry import RecipeRegistry, default_registry
@@ -187,6 +188,7 @@ def build_services(settings: Settings, registry: RecipeRegistry, ray_address: st
                 settings.collapse_drop,
             ),
             broker.notify,
+            limits=store.Limits(settings.metric_keys_per_run, settings.metric_points_per_run),
         )
         backoff = settings.max_backoff_s
         loops |= {
