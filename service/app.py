@@ -147,6 +147,7 @@ def build_services(settings: Settings, registry: RecipeRegistry, ray_address: st
     ray = RayJobs(ray_address, settings.ray_token, settings.ray_timeout_s)
     inventory = InventoryCache(ray, settings.inventory_ttl_s)
     broker = Broker(db, settings.events_poll_s)
+    secrets = SecretStore(settings.secrets_dir)
     loops: dict[str, Loop] = {}
     follower = None
     if settings.run_loops:
@@ -159,7 +160,7 @@ def build_services(settings: Settings, registry: RecipeRegistry, ray_address: st
             owner,
             settings.claim_ttl_s,
             settings.submit_batch,
-            SecretStore(settings.secrets_dir),
+            secrets,
         )
         reconciler = Reconciler(
             db,
@@ -199,7 +200,7 @@ def build_services(settings: Settings, registry: RecipeRegistry, ray_address: st
             "watchdog": Loop("watchdog", watchdog.tick, settings.watchdog_interval_s, backoff),
             "follower": Loop("follower", follower.tick, settings.follow_interval_s, backoff),
         }
-    return Services(settings, db, registry, broker, ray, inventory, loops, follower)
+    return Services(settings, db, registry, broker, ray, inventory, loops, follower, secrets)
 
 
 @contextmanager

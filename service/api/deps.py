@@ -23,6 +23,7 @@ from service.loops.follower import Follower
 from service.metrics.broker import Broker
 from service.recipes.registry import RecipeRegistry
 from service.scheduling.inventory import Inventory, InventoryCache
+from service.secrets import SecretStore
 from service.settings import Settings
 from service.store.db import Database
 
@@ -45,6 +46,8 @@ class Services:
     inventory: InventoryCache
     loops: Mapping[str, Loop]
     follower: Follower | None
+    # The secrets specs name: checked when a run is accepted, read when it is submitted.
+    secrets: SecretStore
     streams: StreamSlots = field(default_factory=StreamSlots)
 
     def wake(self, name: str) -> None:
