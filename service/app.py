@@ -43,6 +43,7 @@ from service.loops.follower import Follower
 from service.loops.reconciler import Reconciler
 from service.loops.submitter import Submitter
 from service.loops.watchdog import Watchdog
+from service.metrics import store
 from service.metrics.broker import Broker
 from service.metrics.health import HealthRules
 from service.recipes.registry import RecipeRegistry, default_registry
@@ -147,6 +148,7 @@ def build_services(settings: Settings, registry: RecipeRegistry, ray_address: st
     ray = RayJobs(ray_address, settings.ray_token, settings.ray_timeout_s)
     inventory = InventoryCache(ray, settings.inventory_ttl_s)
     broker = Broker(db, settings.events_poll_s)
+    secrets = SecretStore(settings.secrets_dir)
     loops: dict[str, Loop] = {}
     follower = None
     if settings.run_loops:
@@ -159,7 +161,7 @@ def build_services(settings: Settings, registry: RecipeRegistry, ray_address: st
             owner,
             settings.claim_ttl_s,
             settings.submit_batch,
-            SecretStore(settings.secrets_dir),
+            secrets,
         )
         reconciler = Reconciler(
             db,
@@ -188,6 +190,7 @@ def build_services(settings: Settings, registry: RecipeRegistry, ray_address: st
                 settings.collapse_drop,
             ),
             broker.notify,
+            limits=store.Limits(settings.metric_keys_per_run, settings.metric_points_per_run),
         )
         backoff = settings.max_backoff_s
         loops |= {
@@ -199,7 +202,7 @@ def build_services(settings: Settings, registry: RecipeRegistry, ray_address: st
             "follower": Loop("follower", follower.tick, settings.follow_interval_s, backoff),
         }
     reads = ReadCache(db, settings.read_cache_s)
-    return Services(settings, db, registry, broker, ray, inventory, loops, follower, reads)
+    return Services(settings, db, registry, broker, ray, inventory, loops, follower, reads, secrets)
 
 
 @contextmanager

@@ -33,19 +33,31 @@ class SecretStore:
         self.directory = Path(directory) if directory else None
         self.environ = os.environ if environ is None else environ
 
-    def get(self, team: str, name: str) -> str | None:
+    def _source(self, team: str, name: str) -> Path | str | None:
+        """Where the secret is: its file, the name of its env var, or None."""
         if not SECRET_NAME.fullmatch(name):
             return None
         if self.directory is not None:
             for path in (self.directory / team / name, self.directory / name):
                 if path.is_file():
-                    return path.read_text().strip()
+                    return path
         upper = re.sub(r"[-.]", "_", name).upper()
         team_upper = re.sub(r"[-.]", "_", team).upper()
         for var in (f"RLRUN_SECRET_{team_upper}__{upper}", f"RLRUN_SECRET_{upper}"):
             if var in self.environ:
-                return self.environ[var]
+                return var
         return None
+
+    def get(self, team: str, name: str) -> str | None:
+        source = self._source(team, name)
+        if isinstance(source, Path):
+            return source.read_text().strip()
+        return None if source is None else self.environ[source]
+
+    def unknown(self, team: str, refs: Mapping[str, str]) -> list[str]:
+        """The env vars of ``{env var: secret name}`` whose secret is not in the store (no value
+        is read)."""
+        return [var for var, name in refs.items() if self._source(team, name) is None]
 
     def resolve(self, team: str, refs: Mapping[str, str]) -> dict[str, str]:
         """Env var name -> value for each ``{env var: secret name}``; ``SecretMissing`` if any

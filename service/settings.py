@@ -168,6 +168,11 @@ class Settings(BaseSettings):
     streams_per_caller: int = Field(default=16, ge=1)
     metric_keys_per_request: int = Field(default=200, ge=1)
     cluster_list_limit: int = Field(default=500, ge=1)
+    # What one run may store: distinct metric keys (verl logs a few hundred; past the limit only
+    # new keys are dropped) and points (100 keys x 200,000 steps: about 2.5 GiB on SQLite and
+    # 5 GiB on PostgreSQL at the measured bytes per point; past it nothing more is stored).
+    metric_keys_per_run: int = Field(default=2_000, ge=1)
+    metric_points_per_run: int = Field(default=20_000_000, ge=1)
 
     @property
     def auth_enabled(self) -> bool:

@@ -1,17 +1,26 @@
-"""Bounded answers: keys per metrics request, rows of the cluster view."""
+"""Bounded answers (keys per metrics request, rows of the cluster view) and bounded storage
+(metric keys and points per run)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import cast
 
 import pytest
 from fastapi.testclient import TestClient
 
 from service.app import create_app
+from service.cluster.ray_jobs import RayJobs
+from service.loops.follower import Follower
+from service.metrics import store
+from service.metrics.health import HealthRules
+from service.metrics.log_readers import WholeLogReader
 from service.metrics.parse import MetricLine
 from service.metrics.store import add_lines
 from service.store.db import Database
+from service.store.models import RunLog
 from tests.conftest import make_settings
+from tests.factories import add_run
 
 
 @pytest.fixture
@@ -52,3 +61,110 @@ def test_values_the_database_cannot_hold_are_a_422_not_a_500(small: TestClient) 
         assert small.get(path).status_code in (404, 200, 422), path
     nul_name = small.post("/runs", json={"recipe": "test-script", "name": "a\u0000b"})
     assert nul_name.status_code in (201, 422), nul_name.text  # 422 on PostgreSQL
+
+
+def _line(step: int, *keys: str) -> tuple[int, MetricLine]:
+    return step * 10, MetricLine(step, {k: float(step) for k in keys})
+
+
+def _kept(lines: list[tuple[int, MetricLine]]) -> list[tuple[int, list[str]]]:
+    return [(m.step, list(m.values)) for _, m in lines]
+
+
+def test_past_the_key_limit_only_new_keys_are_dropped() -> None:
+    budget = store.Budget(store.Limits(keys=3, points=100), 2, 0, frozenset({"a", "b"}))
+    lines = [_line(1, "a", "c", "d", "e"), _line(2, "d", "b", "c"), _line(3, "e")]
+    kept, notes = store.within(lines, budget)
+    assert _kept(kept) == [(1, ["a", "c"]), (2, ["b", "c"])]
+    assert list(notes) == [store.KEYS_FULL]
+    assert notes[store.KEYS_FULL].startswith(f"{store.KEYS_FULL} 3 keys (e.g. 'd')")
+
+
+def test_past_the_point_limit_nothing_more_is_kept() -> None:
+    budget = store.Budget(store.Limits(keys=100, points=10), 3, 7, frozenset({"a", "b"}))
+    lines = [_line(1, "a", "b"), _line(2, "a", "b", "c"), _line(3, "a")]
+    kept, notes = store.within(lines, budget)
+    assert _kept(kept) == [(1, ["a", "b"]), (2, ["a"])]
+    assert notes == {store.POINTS_FULL: f"{store.POINTS_FULL} 10 points (from step 2)"}
+
+
+def test_within_the_limits_every_line_is_kept_as_it_is() -> None:
+    lines = [_line(1, "a", "b"), _line(2, "a", "c")]
+    kept, notes = store.within(lines, store.Budget(store.Limits(3, 4), 0, 0, frozenset()))
+    assert kept == lines and notes == {}
+
+
+class GrowingLog:
+    """Ray's answer for a job log that grows between reads (the rest of the follower is real)."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def logs(self, _run_id: str) -> str:
+        return self.text
+
+
+def _following(db: Database, limits: store.Limits) -> tuple[Follower, GrowingLog]:
+    log = GrowingLog()
+    ray = cast(RayJobs, log)
+    reader = WholeLogReader(ray)
+    return Follower(db, ray, "me", 30.0, 10_000, HealthRules(), reader=reader, limits=limits), log
+
+
+def _stored(api: TestClient, run_id: str) -> dict[str, list[int]]:
+    series = api.get(f"/runs/{run_id}/metrics", params={"max_points": 1000}).json()["series"]
+    return {key: [p["step"] for p in points] for key, points in series.items()}
+
+
+def _notes(api: TestClient, run_id: str, prefix: str) -> list[str]:
+    events = api.get(f"/runs/{run_id}").json()["events"]
+    return [e["reason"] for e in events if e["reason"].startswith(prefix)]
+
+
+def test_a_run_past_its_key_limit_keeps_its_keys_growing_and_stores_no_new_one(
+    db_url: str, api: TestClient
+) -> None:
+    db = Database(db_url)
+    run_id = add_run(db, "r-keys")
+    follower, log = _following(db, store.Limits(keys=3, points=1_000_000))
+    log.text = "step:1 - a:1.0 - b:1.0\n"
+    follower.tick()
+    log.text += "step:2 - a:2.0 - c:2.0 - d:2.0 - e:2.0\n"  # c is the third key; d, e are not
+    follower.tick()
+    # More new keys in one line than one statement may bind.
+    garbage = " - ".join(f"g{n}:1.0" for n in range(70_000))
+    log.text += f"step:3 - {garbage} - b:3.0 - c:3.0\nstep:4 - a:4.0\n"
+    for _ in range(2):  # the second read finds nothing new and notes nothing twice
+        follower.tick()
+    with db.transaction() as s:
+        runlog = s.get(RunLog, run_id)
+        assert runlog is not None
+        counted, offset = runlog.metric_keys, runlog.log_offset
+    db.dispose()
+    assert api.get(f"/runs/{run_id}/metrics/keys").json() == ["a", "b", "c"]
+    assert _stored(api, run_id) == {"a": [1, 2, 4], "b": [1, 3], "c": [2, 3]}
+    assert counted == 3 and offset == len(log.text)
+    [note] = _notes(api, run_id, store.KEYS_FULL)
+    assert "3 keys (e.g. 'd')" in note
+
+
+def test_a_run_past_its_point_limit_stores_no_more_and_is_still_followed(
+    db_url: str, api: TestClient
+) -> None:
+    db = Database(db_url)
+    run_id = add_run(db, "r-points")
+    follower, log = _following(db, store.Limits(keys=100, points=5))
+    log.text = "step:1 - a:1.0 - b:1.0\nstep:2 - a:2.0 - b:2.0\nstep:3 - a:3.0 - b:3.0\n"
+    follower.tick()
+    log.text += "step:4 - a:4.0 - c:4.0\n"
+    for _ in range(2):
+        follower.tick()
+    with db.transaction() as s:
+        runlog = s.get(RunLog, run_id)
+        assert runlog is not None
+        counted, offset, last_step = runlog.metric_points, runlog.log_offset, runlog.last_step
+    db.dispose()
+    assert _stored(api, run_id) == {"a": [1, 2, 3], "b": [1, 2]}
+    assert counted == 5 and offset == len(log.text)
+    assert last_step == 4  # progress printed still counts: the run is not stalled
+    assert _notes(api, run_id, store.POINTS_FULL) == [f"{store.POINTS_FULL} 5 points (from step 3)"]

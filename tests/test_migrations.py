@@ -11,7 +11,7 @@ from sqlalchemy import create_engine, inspect, select, text
 from service.metrics import store
 from service.metrics.parse import MetricLine
 from service.store.db import Database, downgrade, upgrade
-from service.store.models import Base, MetricLatest
+from service.store.models import Base, MetricLatest, RunLog
 from tests.factories import add_run
 
 
@@ -75,3 +75,23 @@ def test_the_metric_tiers_migration_fills_latest_values_and_buckets_from_stored_
     downgrade(db_url, "0003")
     assert {"metric_latest", "metric_buckets"}.isdisjoint(_tables(db_url))
     upgrade(db_url)
+
+
+def test_the_metric_counts_migration_counts_what_each_run_holds(db_url: str) -> None:
+    upgrade(db_url)
+    downgrade(db_url, "0007")
+    db = Database(db_url)
+    held, empty = add_run(db, "r1"), add_run(db, "r2")
+    lines = [(0, MetricLine(step, {"a": 1.0})) for step in range(0, 10_000, 3)]  # 3 top buckets
+    with db.transaction() as s:
+        store.add_lines(s, held, [*lines, (0, MetricLine(7, {"b": math.nan}))])
+        s.execute(
+            text("INSERT INTO run_logs (run_id, log_offset) VALUES (:r, 0)"),
+            [{"r": held}, {"r": empty}],
+        )
+    db.dispose()
+    upgrade(db_url)
+    with db.transaction() as s:
+        counts = {r.run_id: (r.metric_keys, r.metric_points) for r in s.scalars(select(RunLog))}
+    db.dispose()
+    assert counts == {held: (2, len(lines) + 1), empty: (0, 0)}

@@ -36,6 +36,8 @@ def test_the_store_prefers_the_teams_own_secret_then_the_shared_one(tmp_path: Pa
     assert store.get("speech", "hf-token") == "speech-hf"
     assert store.get("vision", "hf.token") == "shared-hf"
     assert store.get("vision", "../vision/wandb-key") is None
+    refs = {"A": "wandb-key", "B": "hf-token", "C": "nope", "D": "../vision/wandb-key"}
+    assert store.unknown("speech", refs) == ["C", "D"]
     with pytest.raises(SecretMissing, match="'nope'") as info:
         store.resolve("vision", {"WANDB_API_KEY": "wandb-key", "X": "nope"})
     assert "team-value" not in str(info.value)
@@ -50,7 +52,10 @@ def test_env_values_that_look_like_keys_are_masked() -> None:
     assert not looks_secret("NAME", "a-long-but-plain-setting-value-here")
 
 
-def test_secret_values_appear_in_no_answer_and_no_script(api: TestClient, db_url: str) -> None:
+def test_secret_values_appear_in_no_answer_and_no_script(
+    api: TestClient, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RLRUN_SECRET_WANDB_TEAM_KEY", WANDB)
     body = {
         "recipe": "verl-fully-async",
         "preset": "geo3k-qwen3vl-8b-npu",
@@ -70,7 +75,7 @@ def test_secret_values_appear_in_no_answer_and_no_script(api: TestClient, db_url
         api.get(f"/runs/{run_id}/script").text,
     ]
     for answer in answers:
-        assert HF not in answer
+        assert HF not in answer and WANDB not in answer
     got = api.get(f"/runs/{run_id}").json()
     assert got["runtime_env"]["env_vars"]["HF_TOKEN"] == MASK
     assert got["spec"]["runtime_env"]["env_vars"]["HF_TOKEN"] == MASK
@@ -99,6 +104,36 @@ def test_secret_refs_follow_the_env_name_rules(api: TestClient) -> None:
         resp = api.post("/runs", json=base | {"secrets": secrets})
         assert resp.status_code == 422, secrets
         assert resp.json()["errors"][0]["field"] == field
+
+
+def test_a_secret_the_service_does_not_hold_is_refused_at_accept(
+    api: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RLRUN_SECRET_WANDB_KEY", WANDB)
+    unknown = {"recipe": "test-script", "secrets": {"WANDB_API_KEY": "wandb-key", "HF": "nope"}}
+    answers = []
+    for params in [{}, {"dry_run": True}]:
+        resp = api.post("/runs", params=params, json=unknown)
+        assert resp.status_code == 422, resp.text
+        assert resp.headers["content-type"] == "application/problem+json"
+        assert resp.json()["errors"] == [
+            {
+                "loc": ["secrets", "HF"],
+                "field": "secrets.HF",
+                "msg": "secret 'nope' is not in the service's store",
+                "type": "unknown_secret",
+            }
+        ]
+        answers.append(resp.text)
+    assert api.get("/runs").json()["items"] == []
+    known = {"recipe": "test-script", "secrets": {"WANDB_API_KEY": "wandb-key"}}
+    dry = api.post("/runs", params={"dry_run": True}, json=known)
+    run = api.post("/runs", json=known)
+    assert (dry.status_code, run.status_code) == (200, 201), run.text
+    run_id = run.json()["id"]
+    answers += [dry.text, run.text, api.get(f"/runs/{run_id}").text, api.get("/runs").text]
+    answers.append(api.get(f"/runs/{run_id}/script").text)
+    assert all(WANDB not in answer for answer in answers)
 
 
 class FakeRay:

@@ -24,6 +24,7 @@ from service.loops.follower import Follower
 from service.metrics.broker import Broker
 from service.recipes.registry import RecipeRegistry
 from service.scheduling.inventory import Inventory, InventoryCache
+from service.secrets import SecretStore
 from service.settings import Settings
 from service.store.db import Database
 
@@ -47,6 +48,8 @@ class Services:
     loops: Mapping[str, Loop]
     follower: Follower | None
     reads: ReadCache
+    # The secrets specs name: checked when a run is accepted, read when it is submitted.
+    secrets: SecretStore
     streams: StreamSlots = field(default_factory=StreamSlots)
 
     def wake(self, name: str) -> None:

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from service.api.auth import Member, Principal, Viewer, audited, ensure_sees, visible_run
 from service.api.deps import ServicesDep
 from service.api.read_cache import Answer
-from service.errors import Conflict, Forbidden, TooManyRequests
+from service.errors import Conflict, Forbidden, InvalidSpec, TooManyRequests, field_error
 from service.ids import new_run_id
 from service.metrics import store
 from service.recipes.base import PRIORITIES, LaunchContext
@@ -31,7 +31,7 @@ from service.scheduling import backlog
 from service.scheduling.admission import QueuedRun
 from service.scheduling.fit import never_fits
 from service.schemas import SUMMARY_KEYS, json_response, run_doc, summary_doc
-from service.secrets import masked_runtime_env, masked_spec
+from service.secrets import SecretStore, masked_runtime_env, masked_spec
 from service.settings import Settings
 from service.store.lifecycle import accept, request_stop, transition
 from service.store.models import Run, utcnow
@@ -83,6 +83,7 @@ def create_run(
     run_id = new_run_id()
     ctx = LaunchContext(run_id=run_id, stop_grace_s=services.settings.stop_grace_s)
     spec, launch = services.registry.build(_with_team(body, principal), ctx)
+    _check_secrets(services.secrets, spec.team, spec.secrets)
     _check_priority(services.settings, principal, spec.team, spec.priority)
     quotas = backlog.quotas(services.settings)
     inventory = services.cluster()
@@ -160,6 +161,20 @@ def _with_team(body: Any, principal: Principal) -> Any:
     if asked != principal.team and principal.role != "admin":
         raise Forbidden(f"this token submits for team {principal.team!r} only")
     return body
+
+
+def _check_secrets(secrets: SecretStore, team: str, refs: dict[str, str]) -> None:
+    """Every secret named is in the service's store now (it is read again at submit time)."""
+    errors = [
+        field_error(
+            ["secrets", var],
+            f"secret {refs[var]!r} is not in the service's store",
+            "unknown_secret",
+        )
+        for var in secrets.unknown(team, refs)
+    ]
+    if errors:
+        raise InvalidSpec(errors[0]["msg"], errors)
 
 
 def _check_priority(settings: Settings, principal: Principal, team: str, priority: str) -> None:

@@ -69,6 +69,8 @@ class Follower:
     notify: Callable[[str], None] = lambda _run_id: None
     # How the job log is read: by default Ray's tail stream, kept open per run.
     reader: LogReader | None = None
+    # What one run may store (keys and points); the rest is dropped with a note.
+    limits: store.Limits = field(default_factory=store.Limits)
     # For /metrics: points this replica stored, and when each run it holds was last read.
     points_ingested: int = field(default=0, init=False)
     last_read: dict[str, float] = field(default_factory=dict, init=False)
@@ -185,12 +187,16 @@ class Follower:
             runlog.log_offset += len(new)
             run.last_output_at = now
         parsed, dropped = store.storable(parsed)
+        if parsed:
+            stored, over = store.ingest(session, runlog, parsed, self.limits)
+            self.points_ingested += stored
+            dropped |= over
         for prefix, text in dropped.items():
             noted = exists().where(RunEvent.run_id == run.id, RunEvent.reason.startswith(prefix))
             if not session.scalar(select(noted)):
                 note(session, run, text)  # once per run and kind: the log keeps the rest
         if parsed:
-            self.points_ingested += store.add_lines(session, run.id, parsed)
+            # A step printed is progress (and a NaN loss printed is news) even past the limits.
             top = max(m.step for _, m in parsed)
             if runlog.last_step is None or top > runlog.last_step:
                 runlog.last_step = top

@@ -16,7 +16,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from service.metrics.parse import MetricLine
-from service.store.models import MetricBucket, MetricLatest, MetricPoint
+from service.store.models import MetricBucket, MetricLatest, MetricPoint, RunLog
 
 # Keys shown as ``metrics.latest`` on a run: reward, validation, async health, staleness.
 LATEST_KEYS = (
@@ -37,6 +37,11 @@ KEY_MAX = 200
 STEP_MAX = 2**63 - 1
 LONG_KEY = "metric points dropped: a key is longer than"
 BIG_STEP = "metric line dropped: its step is above"
+# What one run may hold (``Limits``): past them, new keys or any points are dropped.
+KEYS_FULL = "metric keys dropped: the run holds its limit of"
+POINTS_FULL = "metric points dropped: the run holds its limit of"
+# Keys per lookup of those a run holds: a statement binds at most 65,535 values (psycopg).
+_KEYS_PER_QUERY = 500
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,84 @@ def storable(
         if values:
             kept.append((offset, MetricLine(line.step, values)))
     return kept, notes
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one run may store at most: distinct keys and points (see ``Settings``)."""
+
+    keys: int = 2_000
+    points: int = 20_000_000
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A run's limits, what it holds (``RunLog.metric_keys``, ``.metric_points``) and which of
+    the keys offered it holds already."""
+
+    limits: Limits
+    keys: int
+    points: int
+    known: frozenset[str]
+
+
+def within(
+    lines: Iterable[tuple[int, MetricLine]], budget: Budget
+) -> tuple[list[tuple[int, MetricLine]], dict[str, str]]:
+    """The lines (and values) the run's budget allows, in order, and a note per kind of what was
+    dropped, keyed by its fixed prefix (``KEYS_FULL``, ``POINTS_FULL``). A key the run holds
+    is never refused for the key limit; points are counted as offered (a duplicate included)."""
+    keys_left = budget.limits.keys - budget.keys
+    points_left = budget.limits.points - budget.points
+    admitted: set[str] = set()
+    kept: list[tuple[int, MetricLine]] = []
+    notes: dict[str, str] = {}
+    for offset, line in lines:
+        values: dict[str, float] = {}
+        for key, value in line.values.items():
+            if points_left <= 0:
+                text = f"{POINTS_FULL} {budget.limits.points} points (from step {line.step})"
+                notes.setdefault(POINTS_FULL, text)
+                break
+            if key not in budget.known and key not in admitted:
+                if keys_left <= 0:
+                    text = f"{KEYS_FULL} {budget.limits.keys} keys (e.g. {key[:40]!r})"
+                    notes.setdefault(KEYS_FULL, text + "; the keys it holds are still stored")
+                    continue
+                admitted.add(key)
+                keys_left -= 1
+            values[key] = value
+            points_left -= 1
+        if values:
+            kept.append((offset, MetricLine(line.step, values)))
+    return kept, notes
+
+
+def ingest(
+    session: Session, runlog: RunLog, lines: Sequence[tuple[int, MetricLine]], limits: Limits
+) -> tuple[int, dict[str, str]]:
+    """Store the storable ``lines`` (see ``storable``) that the run's limits allow, counted on
+    ``runlog`` (held locked by the caller); the number of new points and a note per kind of
+    what the limits dropped."""
+    known: set[str] = set()
+    # A run at its point limit stores nothing: which keys it holds does not matter.
+    full = runlog.metric_points >= limits.points
+    names = [] if full else sorted({key for _, line in lines for key in line.values})
+    for n in range(0, len(names), _KEYS_PER_QUERY):
+        known.update(
+            session.scalars(
+                select(MetricLatest.key).where(
+                    MetricLatest.run_id == runlog.run_id,
+                    MetricLatest.key.in_(names[n : n + _KEYS_PER_QUERY]),
+                )
+            )
+        )
+    budget = Budget(limits, runlog.metric_keys, runlog.metric_points, frozenset(known))
+    kept, notes = within(lines, budget)
+    new = _add(session, runlog.run_id, kept)
+    runlog.metric_points += len(new)
+    runlog.metric_keys += len({key for key, _, _ in new} - known)
+    return len(new), notes
 
 
 # History tiers: bucket widths 2**level steps, 4x apart, so a downsampled read merges at most
@@ -145,7 +228,15 @@ def _bulk_insert(
 def add_lines(session: Session, run_id: str, lines: Iterable[tuple[int, MetricLine]]) -> int:
     """Store each ``(end offset, line)``'s values; a (run, key, step) already stored is kept.
     The latest values and history tiers take in exactly the points that were new, in the same
-    transaction, so storing the same lines again changes nothing."""
+    transaction, so storing the same lines again changes nothing. Returns the points offered.
+    Unbounded and uncounted: a followed run's lines go through ``ingest``."""
+    lines = list(lines)
+    _add(session, run_id, lines)
+    return sum(len(line.values) for _, line in lines)
+
+
+def _add(session: Session, run_id: str, lines: Iterable[tuple[int, MetricLine]]) -> Sequence[Any]:
+    """``add_lines``; the (key, step, value) of the points that were new."""
     rows = [
         {
             "run_id": run_id,
@@ -158,7 +249,7 @@ def add_lines(session: Session, run_id: str, lines: Iterable[tuple[int, MetricLi
         for key, value in line.values.items()
     ]
     if not rows:
-        return 0
+        return []
     stmt, params = _bulk_insert(session, MetricPoint.__table__, rows)
     new = session.execute(
         stmt.on_conflict_do_nothing(index_elements=["run_id", "key", "step"]).returning(
@@ -169,7 +260,7 @@ def add_lines(session: Session, run_id: str, lines: Iterable[tuple[int, MetricLi
     if new:
         _keep_latest(session, run_id, new)
         _keep_buckets(session, run_id, new)
-    return len(rows)
+    return new
 
 
 def _keep_latest(session: Session, run_id: str, new: Sequence[Any]) -> None:

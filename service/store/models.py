@@ -194,6 +194,10 @@ class RunLog(Base):
     last_step_at: Mapped[datetime | None]
     # Set after the final read of a terminal run: nothing more will come.
     finished_at: Mapped[datetime | None]
+    # What ingest stored for the run: distinct metric keys and points (checked against the
+    # per-run limits without counting the points).
+    metric_keys: Mapped[int] = mapped_column(default=0, server_default="0")
+    metric_points: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
 
 class LogChunk(Base):
