@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from contextlib import nullcontext
 from datetime import timedelta
 from typing import Annotated, Any
 
@@ -124,19 +125,15 @@ def create_run(
     )
     with db.transaction() as session:
         _check_rate(services.settings, session, spec.team)
-        if key:
-            try:
-                with session.begin_nested():
-                    session.add(run)
-                    session.flush()
-            except IntegrityError:
-                # A concurrent request with the same Idempotency-Key won the race.
-                replayed = _replay(session, key, digest)
-                if replayed is None:
-                    raise
-                return replayed
-        session.add(run)  # flushed with its first event
-        accepted = accept(session, run)
+        try:
+            with session.begin_nested() if key else nullcontext():
+                accepted = accept(session, run)
+        except IntegrityError:
+            # A concurrent request with the same Idempotency-Key won the race.
+            replayed = _replay(session, key, digest) if key else None
+            if replayed is None:
+                raise
+            return replayed
         audited(session, request, principal, "run.create", run_id=run_id, target=run.team)
         doc = run_doc(run, [accepted])
     # Committed: the submitter sees the row.

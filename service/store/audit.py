@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
-from service.store.models import AuditEntry
+from service.store.models import AuditEntry, utcnow
+
+_INSERT = insert(AuditEntry)
 
 
 def record(
@@ -20,18 +22,21 @@ def record(
     run_id: str | None = None,
     target: str | None = None,
 ) -> None:
-    session.add(
-        AuditEntry(
-            user=user,
-            team=team,
-            role=role,
-            token_id=token_id,
-            action=action,
-            run_id=run_id,
-            target=target[:200] if target else None,
-            client=client[:100] if client else None,
-        )
-    )  # flushed with the change it records, at its commit
+    # One Core insert: nothing reads the row back in the transaction that writes it.
+    session.connection().execute(
+        _INSERT,
+        {
+            "at": utcnow(),
+            "user": user,
+            "team": team,
+            "role": role,
+            "token_id": token_id,
+            "action": action,
+            "run_id": run_id,
+            "target": target[:200] if target else None,
+            "client": client[:100] if client else None,
+        },
+    )
 
 
 def page(
