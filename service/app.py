@@ -33,6 +33,7 @@ from service.api import (
 from service.api import cluster as cluster_api
 from service.api.body_limit import BodyLimit
 from service.api.deps import Services
+from service.api.oidc import OidcVerifier
 from service.api.overload import ShedLoad
 from service.api.read_cache import ReadCache
 from service.cluster.local_ray import LocalRayCluster, PortInUse
@@ -202,7 +203,10 @@ def build_services(settings: Settings, registry: RecipeRegistry, ray_address: st
             "follower": Loop("follower", follower.tick, settings.follow_interval_s, backoff),
         }
     reads = ReadCache(db, settings.read_cache_s)
-    return Services(settings, db, registry, broker, ray, inventory, loops, follower, reads, secrets)
+    oidc = OidcVerifier(settings) if settings.oidc_enabled else None
+    return Services(
+        settings, db, registry, broker, ray, inventory, loops, follower, reads, secrets, oidc=oidc
+    )
 
 
 @contextmanager

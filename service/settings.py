@@ -7,8 +7,9 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -153,6 +154,20 @@ class Settings(BaseSettings):
     # Hosts the service answers for (Host header); "*" answers any.
     allowed_hosts: list[str] = Field(default_factory=lambda: ["*"])
 
+    # OpenID Connect: bearer JWTs of an identity provider, beside API tokens. On when issuer and
+    # audience are both set. Keys come from the JWKS URL, or else from the provider's discovery
+    # document (<issuer>/.well-known/openid-configuration). Only public-key algorithms. The user
+    # is "sub" by default: the one claim OIDC makes stable and unique per issuer (an email may
+    # change hands or be absent from access tokens).
+    oidc_issuer: str | None = None
+    oidc_audience: str | None = None
+    oidc_jwks_url: str | None = None
+    oidc_algorithms: str = "RS256,ES256"
+    oidc_user_claim: str = Field(default="sub", min_length=1)
+    oidc_team_claim: str = Field(default="team", min_length=1)
+    oidc_role_claim: str = Field(default="role", min_length=1)
+    oidc_leeway_s: float = Field(default=30.0, ge=0, le=300)
+
     # Secrets a spec names by reference: files <dir>/<team>/<name> or <dir>/<name>, or env vars
     # RLRUN_SECRET_<TEAM>__<NAME> / RLRUN_SECRET_<NAME> (upper case, "-" and "." as "_").
     secrets_dir: str | None = None
@@ -174,11 +189,81 @@ class Settings(BaseSettings):
     metric_keys_per_run: int = Field(default=2_000, ge=1)
     metric_points_per_run: int = Field(default=20_000_000, ge=1)
 
+    @field_validator("oidc_issuer", "oidc_audience", "oidc_jwks_url")
+    @classmethod
+    def _oidc_names(cls, value: str | None, info: ValidationInfo) -> str | None:
+        value = (value or "").strip() or None
+        if value and info.field_name != "oidc_audience" and not is_secure_url(value):
+            raise ValueError("expected an https:// URL (http:// only on loopback)")
+        return value
+
+    @field_validator("oidc_algorithms")
+    @classmethod
+    def _public_key_algorithms(cls, value: str) -> str:
+        names = [p.strip() for p in value.split(",") if p.strip()]
+        if not names:
+            raise ValueError("expected at least one algorithm, e.g. 'RS256,ES256'")
+        for name in names:
+            if name not in PUBLIC_KEY_ALGORITHMS:
+                raise ValueError(
+                    f"{name!r} is not accepted: only public-key algorithms verify a provider's "
+                    f"tokens ({', '.join(PUBLIC_KEY_ALGORITHMS)})"
+                )
+        return ",".join(names)
+
+    @model_validator(mode="after")
+    def _oidc_complete(self) -> Settings:
+        if (self.oidc_issuer is None) != (self.oidc_audience is None):
+            raise ValueError(
+                "RLRUN_OIDC_ISSUER and RLRUN_OIDC_AUDIENCE go together: both turn OIDC on, "
+                "neither leaves it off"
+            )
+        if self.oidc_jwks_url and not self.oidc_enabled:
+            raise ValueError("RLRUN_OIDC_JWKS_URL needs RLRUN_OIDC_ISSUER and RLRUN_OIDC_AUDIENCE")
+        if self.oidc_enabled and self.auth == "off":
+            raise ValueError("OIDC is configured but RLRUN_AUTH=off would let every caller in")
+        return self
+
+    @property
+    def oidc_enabled(self) -> bool:
+        return self.oidc_issuer is not None and self.oidc_audience is not None
+
+    @property
+    def oidc_algorithm_list(self) -> list[str]:
+        return self.oidc_algorithms.split(",")
+
     @property
     def auth_enabled(self) -> bool:
         if self.auth != "auto":
             return self.auth == "on"
         return not is_loopback(self.listen_host)
+
+
+# What a provider's JWKS may sign with: asymmetric only, so a public key can never verify a MAC.
+PUBLIC_KEY_ALGORITHMS = (
+    "RS256",
+    "RS384",
+    "RS512",
+    "PS256",
+    "PS384",
+    "PS512",
+    "ES256",
+    "ES384",
+    "ES512",
+    "EdDSA",
+)
+
+
+def is_secure_url(url: str) -> bool:
+    """https, or http to this machine only: keys fetched in clear text could be swapped."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError:
+        return False
+    if not host:
+        return False
+    return parts.scheme == "https" or (parts.scheme == "http" and is_loopback(host))
 
 
 def is_loopback(host: str) -> bool:

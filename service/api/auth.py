@@ -1,5 +1,7 @@
 """Who is calling: a bearer token resolved to a ``Principal`` on every request, and what its role
-allows. Tokens travel only in the ``Authorization`` header (no cookies, so no CSRF surface).
+allows. Tokens travel only in the ``Authorization`` header (no cookies, so no CSRF surface): an
+API token (looked up by its hash), or with OIDC configured an identity provider's JWT (verified
+against the provider's keys; its claims name user, team and role).
 
 Roles: ``viewer`` reads its team's runs; ``member`` also submits for its team and cancels its
 team's runs; ``admin`` reads and cancels any run, submits for any team, and manages tokens and
@@ -18,15 +20,18 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from service.api.deps import ServicesDep
+from service.api.deps import Services, ServicesDep
+from service.api.oidc import Identity, is_jwt
 from service.errors import Forbidden, NotFound, Unauthorized
-from service.settings import Settings
 from service.store import audit, tokens
 from service.store.models import Run
 from service.store.runs import load_run, team_of
 from service.store.tokens import ROLES, Role
 
-bearer = HTTPBearer(auto_error=False, description="an API token from `rlrun token create`")
+bearer = HTTPBearer(
+    auto_error=False,
+    description="an API token from `rlrun token create`, or the identity provider's JWT (OIDC)",
+)
 CredentialsDep = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 
 
@@ -53,27 +58,41 @@ ANONYMOUS = Principal(user="anonymous", team=None, role="admin")
 
 
 def principal_from(
-    settings: Settings, credentials: HTTPAuthorizationCredentials | None, session: Session
+    services: Services, credentials: HTTPAuthorizationCredentials | None, session: Session
 ) -> Principal:
-    if not settings.auth_enabled:
+    """The caller (blocking: a JWT may need the provider's keys fetched)."""
+    if not services.settings.auth_enabled:
         return ANONYMOUS
     if credentials is None:
         raise Unauthorized()
+    if services.oidc is not None and is_jwt(credentials.credentials):
+        return from_identity(services.oidc.verify(credentials.credentials))
     row = tokens.find_active(session, credentials.credentials)
     if row is None:
         raise Unauthorized("the API token is unknown or revoked")
     return Principal(user=row.user, team=row.team, role=row.role, token_id=row.id)  # type: ignore[arg-type]
 
 
+def from_identity(identity: Identity) -> Principal:
+    # Keyed (limits, idempotency, audit) by issuer and subject, as an API token by its id.
+    return Principal(
+        user=identity.user, team=identity.team, role=identity.role, token_id=identity.id
+    )
+
+
 async def current_principal(services: ServicesDep, credentials: CredentialsDep) -> Principal:
-    """The caller, read in a short transaction of its own on a worker thread (open mode reads
-    nothing, and so costs no thread hand-over)."""
+    """The caller, read in a short transaction of its own on a worker thread, or a JWT verified
+    on one (its keys may need fetching); open mode reads nothing, and so costs no thread
+    hand-over."""
     if not services.settings.auth_enabled:
         return ANONYMOUS
+    oidc = services.oidc
+    if oidc is not None and credentials is not None and is_jwt(credentials.credentials):
+        return from_identity(await run_in_threadpool(oidc.verify, credentials.credentials))
 
     def read() -> Principal:
         with services.db.read() as session:
-            return principal_from(services.settings, credentials, session)
+            return principal_from(services, credentials, session)
 
     return await run_in_threadpool(read)
 

@@ -17,6 +17,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from service.api.limits import StreamSlots
+from service.api.oidc import OidcVerifier
 from service.api.read_cache import ReadCache
 from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable
 from service.loops.base import Loop
@@ -51,6 +52,8 @@ class Services:
     # The secrets specs name: checked when a run is accepted, read when it is submitted.
     secrets: SecretStore
     streams: StreamSlots = field(default_factory=StreamSlots)
+    # Bearer JWTs of the identity provider, when one is configured.
+    oidc: OidcVerifier | None = None
 
     def wake(self, name: str) -> None:
         """Run a loop's next tick now; safe from any thread, cheap (no thread of its own)."""

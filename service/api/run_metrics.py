@@ -114,7 +114,7 @@ def _stream_caller(
     """The caller, holding one of its stream slots until the stream ends (auth on)."""
     # Checked in its own short read: the stream must not hold a transaction open.
     with services.db.read() as session:
-        principal = principal_from(services.settings, credentials, session)
+        principal = principal_from(services, credentials, session)
         require_visible(session, principal, run_id)
     if not services.settings.auth_enabled:
         yield principal
