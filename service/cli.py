@@ -20,7 +20,7 @@ from typing import Annotated, Any
 
 import typer
 import yaml
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
 from rich.table import Table
@@ -121,7 +121,14 @@ def serve(
     from service.app import create_app
     from service.settings import Settings
 
-    settings = Settings(listen_host=host)
+    try:
+        settings = Settings(listen_host=host)
+    except ValidationError as exc:
+        # One line per error naming the variable, not a traceback.
+        for error in exc.errors():
+            where = "".join(f"RLRUN_{str(part).upper()}: " for part in error["loc"][:1])
+            say(f"{where}{error['msg'].removeprefix('Value error, ')}", style="red", to=errors)
+        raise typer.Exit(2) from None
     # Hand the interpreter lock over every millisecond (default 5): the event loop, which
     # answers /healthz and feeds live streams, waits less behind busy worker threads.
     sys.setswitchinterval(0.001)

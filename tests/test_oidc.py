@@ -21,8 +21,10 @@ from fastapi import FastAPI, Response
 from fastapi.testclient import TestClient
 from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 from pydantic import ValidationError
+from typer.testing import CliRunner
 
 from service.app import create_app
+from service.cli import app as cli
 from service.settings import Settings
 from service.store.db import Database, upgrade
 from service.store.tokens import create as create_token
@@ -388,3 +390,11 @@ def test_invalid_oidc_settings_fail_at_start(given: dict[str, Any], says: str) -
             mp.setenv(name, value)
         with pytest.raises(ValidationError, match=says):
             Settings()
+
+
+def test_rlrun_serve_names_the_setting_and_does_not_start() -> None:
+    env = {"RLRUN_OIDC_ISSUER": "https://idp.example.org", "RLRUN_OIDC_AUDIENCE": ""}
+    refused = CliRunner().invoke(cli, ["serve", "--port", "0"], env=env)
+    assert refused.exit_code == 2
+    assert "RLRUN_OIDC_AUDIENCE go together" in refused.output
+    assert "Traceback" not in refused.output
