@@ -354,6 +354,14 @@ def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
+def test_the_openapi_document_lists_what_a_token_call_may_answer(oidc: dict[str, Any]) -> None:
+    doc = oidc["client"].get("/openapi.json").json()
+    answers = doc["paths"]["/runs"]["get"]["responses"]
+    assert {"401", "403", "503"} <= set(answers)
+    assert "identity provider" in answers["401"]["description"]
+    assert "503" not in doc["paths"]["/healthz"]["get"]["responses"]
+
+
 def test_oidc_is_off_by_default() -> None:
     settings = Settings()
     assert not settings.oidc_enabled

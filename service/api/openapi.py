@@ -1,6 +1,7 @@
 """The OpenAPI document as the API answers: every error is a problem+json ``Problem``, and each
-operation lists the errors it can give (401/403 behind a token, 404 on a named resource, 422
-when it takes input, 429 where a limit applies)."""
+operation lists the errors it can give (401/403 behind a token, and 503 when the identity
+provider's keys cannot be fetched; 404 on a named resource, 422 when it takes input, 429 where a
+limit applies)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ class Problem(BaseModel):
 
 REASONS = {
     400: "Bad request",
-    401: "No valid API token",
+    401: "No valid bearer token (an API token or the identity provider's JWT)",
     403: "The token's role or team does not allow this",
     404: "Not found (or another team's)",
     409: "Conflict",
@@ -74,7 +75,7 @@ def _with_problems(doc: dict[str, Any]) -> dict[str, Any]:
         for op in operations.values():
             statuses = {400}  # the Host allow-list, for every call
             if op.get("security"):
-                statuses |= {401, 403}
+                statuses |= {401, 403, 503}
             if "{" in path:
                 statuses.add(404)
             if op.get("parameters") or op.get("requestBody"):
