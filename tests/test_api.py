@@ -82,6 +82,13 @@ def test_same_idempotency_key_with_another_body_is_a_409(api: TestClient) -> Non
     assert other.json()["run_id"] == first.json()["id"]
 
 
+def test_an_empty_idempotency_key_is_no_key(api: TestClient) -> None:
+    runs = [post(api, {"recipe": "test-script"}, **{"Idempotency-Key": ""}) for _ in range(2)]
+    assert [r.status_code for r in runs] == [201, 201]
+    assert runs[0].json()["id"] != runs[1].json()["id"]
+    assert "idempotent-replayed" not in runs[1].headers
+
+
 def test_list_is_newest_first_filtered_and_paginated_by_cursor(api: TestClient) -> None:
     ids = [
         post(api, {"recipe": "test-script", "team": t}).json()["id"]

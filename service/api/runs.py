@@ -202,8 +202,11 @@ def _check_rate(settings: Settings, session: Session, team: str) -> None:
 
 
 def _scoped_key(principal: Principal, key: str | None) -> str | None:
-    """Idempotency keys are the caller's own: another user's equal key is another key."""
-    if not key or principal.token_id is None:
+    """Idempotency keys are the caller's own: another user's equal key is another key. An
+    empty key is no key."""
+    if not key:
+        return None
+    if principal.token_id is None:
         return key
     return hashlib.sha256(f"{principal.team}\0{principal.user}\0{key}".encode()).hexdigest()
 
