@@ -139,17 +139,23 @@ def test_a_failed_read_fails_its_waiters_and_is_not_kept(database: Database) -> 
     assert calls == 2
 
 
-def test_the_cache_keeps_at_most_its_size(database: Database) -> None:
-    cache, read = ReadCache(database, ttl_s=60, size=3), Reads()
+def test_the_cache_keeps_at_most_its_bytes_letting_the_oldest_go(database: Database) -> None:
+    cache, read = ReadCache(database, ttl_s=60, max_bytes=30), Reads(b"x" * 10)
 
     async def main() -> None:
         for key in ("a", "b", "c", "d"):
             await cache.answer(key, read)
         assert read.calls == 4
-        for key in ("b", "c", "d"):  # kept
+        for key in ("b", "c", "d"):  # kept: 30 bytes
             await cache.answer(key, read)
         assert read.calls == 4
         await cache.answer("a", read)  # the oldest was let go
+        assert read.calls == 5
+        huge = Reads(b"x" * 31)  # more than the whole budget: never kept
+        await cache.answer("huge", huge)
+        await cache.answer("huge", huge)
+        assert huge.calls == 2
+        await cache.answer("a", read)  # and it pushed nothing out
         assert read.calls == 5
 
     asyncio.run(main())

@@ -29,10 +29,13 @@ class Answer:
 
 
 class ReadCache:
-    def __init__(self, db: Database, ttl_s: float, size: int = 1024) -> None:
+    """At most ``max_bytes`` of answers; past it the oldest kept go first."""
+
+    def __init__(self, db: Database, ttl_s: float, max_bytes: int = 32 << 20) -> None:
         self._db = db
         self._ttl_s = ttl_s
-        self._size = size
+        self._max_bytes = max_bytes
+        self._bytes = 0
         self._entries: dict[str, tuple[int, float, Answer]] = {}
         self._lock = threading.Lock()  # held for dict updates only, never across a hand-over
         # Reads under way, by key: touched on the event loop's thread only.
@@ -57,14 +60,18 @@ class ReadCache:
         # runs leaves the answer already out of date, never kept as current.
         generation, at = self._db.generation, time.monotonic()
         answer = read()
-        if self._ttl_s > 0:
+        if self._ttl_s > 0 and len(answer.body) <= self._max_bytes:
             with self._lock:
                 kept = self._entries.pop(key, None)
+                if kept:
+                    self._bytes -= len(kept[2].body)
                 # A read that began after this one and landed first stays.
                 entry = kept if kept and kept[0] > generation else (generation, at, answer)
-                if len(self._entries) >= self._size:
-                    del self._entries[next(iter(self._entries))]  # the oldest kept
+                while self._entries and self._bytes + len(entry[2].body) > self._max_bytes:
+                    oldest = self._entries.pop(next(iter(self._entries)))
+                    self._bytes -= len(oldest[2].body)
                 self._entries[key] = entry
+                self._bytes += len(entry[2].body)
         return answer
 
     def _landed(self, key: str, done: asyncio.Future[Answer]) -> None:
