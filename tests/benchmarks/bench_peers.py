@@ -1,6 +1,7 @@
 """rlrun's API side by side with a peer's own API (Ray's job REST API), in one run.
 
     python -m tests.benchmarks.bench_peers [--seconds 3] [--clients 1,16,64] [--db sqlite,postgres]
+        [--read-cache-s 1]
 
 The service runs as deployed (uvicorn child process, one worker, background loops off) with Ray
 unreachable, so only its own path counts; the peer is the dashboard of a local Ray head started
@@ -12,7 +13,8 @@ server's HTTP stack costs alone), accept a run (``POST /runs`` / ``POST /api/job
 wait for a resource no node has, so no process is started), read one run (``GET /runs/{id}``,
 also for a run with 1,000,000 stored metric points, / ``GET /api/jobs/{id}``), list 100
 (``GET /runs?limit=100`` / ``GET /api/jobs/`` holding 100 jobs). Accepting runs last keeps the
-peer's listing at 100 jobs.
+peer's listing at 100 jobs. Repeated reads of one run or page are answered from the service's
+read cache; ``--read-cache-s 0`` measures every read reading the database.
 
 Another peer adds a section: a function ``(ExitStack, args) -> Section`` (set-up registered
 on the stack) passed to ``run`` with the others.
@@ -187,10 +189,13 @@ def ray_head(stack: ExitStack, args: argparse.Namespace) -> tuple[str, str]:
     return address_and_id
 
 
-def service_on(stack: ExitStack, db_url: str, workdir: Path) -> tuple[str, str, str]:
+def service_on(
+    stack: ExitStack, db_url: str, workdir: Path, read_cache_s: float = 1.0
+) -> tuple[str, str, str]:
     """The service on ``db_url`` with 100 runs, one of them holding 1,000,000 metric points."""
     service = ServiceProcess(db_url, "http://127.0.0.1:9", workdir / f"{uuid.uuid4().hex}.log")
     service.env["RLRUN_RUN_LOOPS"] = "false"
+    service.env["RLRUN_READ_CACHE_S"] = str(read_cache_s)
     service.start()
     stack.callback(service.stop)
     with httpx.Client(base_url=service.url, timeout=30) as http:
@@ -212,7 +217,9 @@ def service_on(stack: ExitStack, db_url: str, workdir: Path) -> tuple[str, str, 
 def ray_section(db: str) -> Callable[[ExitStack, argparse.Namespace], Section]:
     def make(stack: ExitStack, args: argparse.Namespace) -> Section:
         ray_url, job_id = ray_head(stack, args)
-        url, run_id, big_id = service_on(stack, dict(args.db_urls)[db], args.workdir)
+        url, run_id, big_id = service_on(
+            stack, dict(args.db_urls)[db], args.workdir, args.read_cache_s
+        )
         return Section(
             f"rlrun on {db} vs Ray's job API",
             "Ray",
@@ -253,6 +260,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--clients", default="1,16,64")
     parser.add_argument("--db", default="sqlite,postgres")
+    parser.add_argument("--read-cache-s", type=float, default=1.0)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, databases(Path(tmp)) as db_urls:
         args.workdir, args.db_urls = Path(tmp), db_urls
