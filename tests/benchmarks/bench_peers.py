@@ -14,7 +14,8 @@ wait for a resource no node has, so no process is started), read one run (``GET 
 also for a run with 1,000,000 stored metric points, / ``GET /api/jobs/{id}``), list 100
 (``GET /runs?limit=100`` / ``GET /api/jobs/`` holding 100 jobs). Accepting runs last keeps the
 peer's listing at 100 jobs. Repeated reads of one run or page are answered from the service's
-read cache; ``--read-cache-s 0`` measures every read reading the database.
+read cache; with ``--read-cache-s 0`` nothing is kept (requests that arrive while a read is
+under way still share it).
 
 Another peer adds a section: a function ``(ExitStack, args) -> Section`` (set-up registered
 on the stack) passed to ``run`` with the others.
