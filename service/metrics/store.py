@@ -427,7 +427,8 @@ def series(
     w = width(lo, hi, max_points)
     if w == 1:
         for key, step, value in _points(session, run_id, names, [(lo, hi)]):
-            out[key].append(Point(step, _read(value), _read(value), _read(value)))
+            point = _read(value)
+            out[key].append(Point(step, point, point, point))
         return out
     summaries: dict[str, dict[int, Summary]] = {k: {} for k in names}
     level = max((lv for lv in LEVELS if 1 << lv <= w), default=None)
