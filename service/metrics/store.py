@@ -44,7 +44,7 @@ POINTS_FULL = "metric points dropped: the run holds its limit of"
 _KEYS_PER_QUERY = 500
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a read makes one per answered point, and frozen doubles that
 class Point:
     step: int
     value: float
@@ -460,29 +460,26 @@ def series(
 
 def _tier(
     session: Session, run_id: str, keys: Sequence[str], level: int, lo: int, hi: int
-) -> Sequence[Any]:
-    """(key, bucket, *summary) of ``keys`` in one tier's buckets ``[lo, hi]``, by key and bucket."""
-    return (
-        session.connection()  # Core rows: no ORM cost per row
-        .execute(
-            select(
-                MetricBucket.key,
-                MetricBucket.bucket,
-                MetricBucket.count,
-                MetricBucket.min,
-                MetricBucket.max,
-                MetricBucket.last_step,
-                MetricBucket.last_value,
-            )
-            .where(
-                MetricBucket.run_id == run_id,
-                MetricBucket.key.in_(keys),
-                MetricBucket.level == level,
-                MetricBucket.bucket.between(lo, hi),
-            )
-            .order_by(MetricBucket.key, MetricBucket.bucket)
+) -> Iterable[Any]:
+    """(key, bucket, *summary) of ``keys`` in one tier's buckets ``[lo, hi]``, by key and bucket
+    (rows streamed from the cursor: a third of the cost of a list of them, read once anyway)."""
+    return session.connection().execute(  # Core rows: no ORM cost per row
+        select(
+            MetricBucket.key,
+            MetricBucket.bucket,
+            MetricBucket.count,
+            MetricBucket.min,
+            MetricBucket.max,
+            MetricBucket.last_step,
+            MetricBucket.last_value,
         )
-        .all()
+        .where(
+            MetricBucket.run_id == run_id,
+            MetricBucket.key.in_(keys),
+            MetricBucket.level == level,
+            MetricBucket.bucket.between(lo, hi),
+        )
+        .order_by(MetricBucket.key, MetricBucket.bucket)
     )
 
 
@@ -496,20 +493,16 @@ def _merge(buckets: dict[int, Summary], bucket: int, summary: Summary) -> None:
 
 def _points(
     session: Session, run_id: str, keys: Sequence[str], ranges: Sequence[tuple[int, int]]
-) -> Sequence[Any]:
-    """(key, step, value) of ``keys`` in the step ranges, by key and step."""
-    return (
-        session.connection()
-        .execute(
-            select(MetricPoint.key, MetricPoint.step, MetricPoint.value)
-            .where(
-                MetricPoint.run_id == run_id,
-                MetricPoint.key.in_(keys),
-                or_(*(MetricPoint.step.between(a, b) for a, b in ranges)),
-            )
-            .order_by(MetricPoint.key, MetricPoint.step)
+) -> Iterable[Any]:
+    """(key, step, value) of ``keys`` in the step ranges, by key and step (streamed, as above)."""
+    return session.connection().execute(
+        select(MetricPoint.key, MetricPoint.step, MetricPoint.value)
+        .where(
+            MetricPoint.run_id == run_id,
+            MetricPoint.key.in_(keys),
+            or_(*(MetricPoint.step.between(a, b) for a, b in ranges)),
         )
-        .all()
+        .order_by(MetricPoint.key, MetricPoint.step)
     )
 
 

@@ -318,6 +318,7 @@ from service.app import create_app
 from service.settings import Settings
 from service.loops.follower import Follower
 from service.metrics.health import HealthRules
+from service.metrics.log_readers import WholeLogReader
 
 url, port, t0, every = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 ids = sys.argv[5].split(",")
@@ -343,12 +344,16 @@ class SyntheticRay:
             )
 
 app = create_app(Settings(database_url=url, ray_address="http://127.0.0.1:9", run_loops=False))
-services = app.state.services
-follower = Follower(
-    services.db, SyntheticRay(), "bench", 15, 8_000_000, HealthRules(), services.broker.notify
-)
-interval = services.settings.follow_interval_s
 def loop():
+    while not hasattr(app.state, "services"):  # built when the server starts
+        time.sleep(0.05)
+    services = app.state.services
+    ray = SyntheticRay()
+    follower = Follower(
+        services.db, ray, "bench", 15, 8_000_000, HealthRules(), services.broker.notify,
+        reader=WholeLogReader(ray),  # the log read whole every tick: no tail stream to hold
+    )
+    interval = services.settings.follow_interval_s
     while True:
         started = time.monotonic()
         follower.tick()
