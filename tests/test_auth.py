@@ -303,7 +303,11 @@ def test_an_answer_kept_for_one_caller_is_refused_to_another_team(
     # The admin's read is kept (GET /runs/{id} answers repeat reads from memory) ...
     assert c["admin"].get(f"/runs/{other}").status_code == 200
     assert c["other"].get(f"/runs/{other}").status_code == 200
-    # ... and is still another team's run to everyone else.
+    # ... and is still another team's run to everyone else, its ETag included.
+    etag = c["admin"].get(f"/runs/{other}").headers["etag"]
+    held = {"If-None-Match": etag}
+    assert c["member"].get(f"/runs/{other}", headers=held).status_code == 404
+    assert c["other"].get(f"/runs/{other}", headers=held).status_code == 304
     assert c["member"].get(f"/runs/{other}").status_code == 404
     assert c["viewer"].get(f"/runs/{other}").status_code == 404
     assert c["anonymous"].get(f"/runs/{other}").status_code == 401

@@ -58,6 +58,30 @@ def test_another_replicas_write_is_seen_within_the_bound(db_url: str, ttl: float
         other.dispose()
 
 
+def test_a_poller_that_sends_back_the_etag_gets_304_until_the_run_changes(db_url: str) -> None:
+    settings = make_settings(db_url, "http://127.0.0.1:9", run_loops=False)
+    with TestClient(create_app(settings)) as client:
+        run_id = submit(client)
+        first = client.get(f"/runs/{run_id}")
+        etag = first.headers["etag"]
+        assert first.headers["cache-control"] == "no-cache"
+        same = client.get(f"/runs/{run_id}", headers={"If-None-Match": etag})
+        assert same.status_code == 304 and same.content == b"" and same.headers["etag"] == etag
+        # A weak form of the tag, in a list, matches; another tag does not.
+        listed = client.get(f"/runs/{run_id}", headers={"If-None-Match": f'"x", W/{etag}'})
+        assert listed.status_code == 304
+        assert client.get(f"/runs/{run_id}", headers={"If-None-Match": '"x"'}).status_code == 200
+        client.post(f"/runs/{run_id}/cancel")
+        changed = client.get(f"/runs/{run_id}", headers={"If-None-Match": etag})
+        assert changed.status_code == 200 and changed.json()["status"] == "CANCELLED"
+        assert changed.headers["etag"] != etag
+        # A page of runs the same way.
+        held = {"If-None-Match": client.get("/runs").headers["etag"]}
+        assert client.get("/runs", headers=held).status_code == 304
+        submit(client)
+        assert client.get("/runs", headers=held).status_code == 200
+
+
 class Reads:
     """A read that counts its calls and waits for ``gate`` (set: no wait)."""
 

@@ -10,11 +10,14 @@ one read, and a request never joins a read that began before the last write it c
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
+from fastapi import Response
 from fastapi.concurrency import run_in_threadpool
 
 from service.store.db import Database
@@ -26,6 +29,21 @@ class Answer:
 
     body: bytes
     team: str = ""
+
+    @cached_property
+    def etag(self) -> str:
+        return f'"{hashlib.blake2b(self.body, digest_size=12).hexdigest()}"'
+
+
+def respond(answer: Answer, if_none_match: str | None) -> Response:
+    """The answer (200), or 304 and no body when the caller holds it already: a poller that
+    sends back the ``ETag`` (``curl --etag-save/--etag-compare``) downloads a run once per change.
+    Check access before: a 304 says the resource exists."""
+    headers = {"ETag": answer.etag, "Cache-Control": "no-cache"}
+    held = {tag.strip().removeprefix("W/") for tag in (if_none_match or "").split(",")}
+    if answer.etag in held or "*" in held:
+        return Response(status_code=304, headers=headers)
+    return Response(answer.body, media_type="application/json", headers=headers)
 
 
 class ReadCache:

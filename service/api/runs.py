@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from service.api.auth import Member, Principal, Viewer, audited, ensure_sees, visible_run
 from service.api.deps import ServicesDep
-from service.api.read_cache import Answer
+from service.api.read_cache import Answer, respond
 from service.errors import Conflict, Forbidden, InvalidSpec, TooManyRequests, field_error
 from service.ids import new_run_id
 from service.metrics import store
@@ -227,7 +227,12 @@ def _replay(session: Session, key: str, digest: str) -> Response | None:
     return json_response(run_doc(run, events_of(session, run.id)), 201, headers)
 
 
-@router.get("", response_model=RunPage)
+NOT_MODIFIED: dict[int | str, dict[str, Any]] = {
+    304: {"description": "the answer the caller holds (`If-None-Match`) is current"}
+}
+
+
+@router.get("", response_model=RunPage, responses=NOT_MODIFIED)
 async def list_runs(
     services: ServicesDep,
     principal: Viewer,
@@ -235,6 +240,7 @@ async def list_runs(
     team: str | None = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: str | None = None,
+    if_none_match: Annotated[str | None, Header(max_length=1000)] = None,
 ) -> Response:
     """A page of runs, newest first; pass ``next_cursor`` back as ``cursor`` for the next.
     A non-admin sees its own team's runs only."""
@@ -254,11 +260,16 @@ async def list_runs(
 
     # The key is everything the page depends on, the team it is limited to included.
     answer = await services.reads.answer(f"runs:{to_json(params).decode()}", read)
-    return Response(answer.body, media_type="application/json")
+    return respond(answer, if_none_match)
 
 
-@router.get("/{run_id}", response_model=RunOut)
-async def get_run(services: ServicesDep, principal: Viewer, run_id: str) -> Response:
+@router.get("/{run_id}", response_model=RunOut, responses=NOT_MODIFIED)
+async def get_run(
+    services: ServicesDep,
+    principal: Viewer,
+    run_id: str,
+    if_none_match: Annotated[str | None, Header(max_length=1000)] = None,
+) -> Response:
     """The run with its progress and latest metrics (three queries, whatever the run holds;
     none while the run has not changed since the last caller read it)."""
 
@@ -270,7 +281,7 @@ async def get_run(services: ServicesDep, principal: Viewer, run_id: str) -> Resp
 
     answer = await services.reads.answer(f"run:{run_id}", read)
     ensure_sees(principal, answer.team, run_id)
-    return Response(answer.body, media_type="application/json")
+    return respond(answer, if_none_match)
 
 
 @router.post(
