@@ -2,7 +2,7 @@
 
 Revision ID: 0008
 Revises: 0007
-Create Date: 2026-12-01
+Create Date: 2026-11-30
 """
 
 from collections.abc import Sequence
