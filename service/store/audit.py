@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
-from service.store.models import AuditEntry, utcnow
+from service.store.models import AuditEntry
 
 _INSERT = insert(AuditEntry)
 
@@ -22,11 +22,11 @@ def record(
     run_id: str | None = None,
     target: str | None = None,
 ) -> None:
-    # One Core insert: nothing reads the row back in the transaction that writes it.
+    # One Core insert (``at`` is the column's default): nothing reads the row back in the
+    # transaction that writes it.
     session.connection().execute(
         _INSERT,
         {
-            "at": utcnow(),
             "user": user,
             "team": team,
             "role": role,
