@@ -81,14 +81,11 @@ def from_identity(identity: Identity) -> Principal:
 
 
 async def current_principal(services: ServicesDep, credentials: CredentialsDep) -> Principal:
-    """The caller, read in a short transaction of its own on a worker thread, or a JWT verified
-    on one (its keys may need fetching); open mode reads nothing, and so costs no thread
-    hand-over."""
+    """The caller, resolved on a worker thread (a token read in a short transaction of its own,
+    or a JWT verified, which takes no connection); open mode reads nothing, and so costs no
+    thread hand-over."""
     if not services.settings.auth_enabled:
         return ANONYMOUS
-    oidc = services.oidc
-    if oidc is not None and credentials is not None and is_jwt(credentials.credentials):
-        return from_identity(await run_in_threadpool(oidc.verify, credentials.credentials))
 
     def read() -> Principal:
         with services.db.read() as session:
