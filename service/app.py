@@ -35,6 +35,7 @@ from service.api.body_limit import BodyLimit
 from service.api.deps import Services
 from service.api.oidc import OidcVerifier
 from service.api.overload import ShedLoad
+from service.api.probe_process import ProbeProcess
 from service.api.read_cache import ReadCache
 from service.cluster.local_ray import LocalRayCluster, PortInUse
 from service.cluster.ray_jobs import RayJobs
@@ -94,12 +95,18 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
         services = app.state.services = build_services(settings, registry, address)
         stop = asyncio.Event()
         tasks = [asyncio.create_task(loop.run(stop)) for loop in services.loops.values()]
+        probe: ProbeProcess | None = None
         try:
+            probe = _probe_process(settings, address)
+            if probe is not None:
+                tasks.append(asyncio.create_task(probe.heartbeat(stop)))
             with on_shutdown_signal(services.broker.close_streams):
                 yield
         finally:
             stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if probe is not None:
+                await asyncio.to_thread(probe.close)
             await services.broker.close()
             if services.follower is not None:
                 # Hand this replica's followers over at once rather than when the lease lapses.
@@ -207,6 +214,19 @@ def build_services(settings: Settings, registry: RecipeRegistry, ray_address: st
     return Services(
         settings, db, registry, broker, ray, inventory, loops, follower, reads, secrets, oidc=oidc
     )
+
+
+def _probe_process(settings: Settings, ray_address: str) -> ProbeProcess | None:
+    """The probe listener on ``RLRUN_PROBE_PORT``, if one is set."""
+    if settings.probe_port is None:
+        return None
+    config = {
+        "database_url": settings.database_url,
+        "ray_address": ray_address,
+        "ray_token": settings.ray_token,
+        "stall_s": settings.probe_stall_s,
+    }
+    return ProbeProcess(settings.probe_host or settings.listen_host, settings.probe_port, config)
 
 
 @contextmanager

@@ -110,6 +110,10 @@ def connect(server: str | None, token: str | None) -> Iterator[Client]:
 def serve(
     host: Annotated[str, typer.Option(help="Address to bind")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to bind")] = 8000,
+    probe_port: Annotated[
+        int | None,
+        typer.Option(help="Also answer /healthz and /readyz on this port, from their own thread"),
+    ] = None,
 ) -> None:
     """Run the service (with RLRUN_RAY_ADDRESS=local, it starts and stops a local Ray head).
 
@@ -122,7 +126,10 @@ def serve(
     from service.settings import Settings
 
     try:
-        settings = Settings(listen_host=host)
+        given: dict[str, Any] = {"listen_host": host}
+        if probe_port is not None:  # else RLRUN_PROBE_PORT, if set
+            given["probe_port"] = probe_port
+        settings = Settings(**given)
     except ValidationError as exc:
         # One line per error naming the variable, not a traceback.
         for error in exc.errors():

@@ -36,6 +36,13 @@ class Settings(BaseSettings):
     # Requests waiting for their answer (for a thread included) past which new ones get a 503
     # with Retry-After at once, so that the admitted ones never wait long (/healthz: never).
     max_requests_in_progress: int = 128
+    # Liveness and readiness on a listener of their own (a thread and port apart from the
+    # API's), which a flood of API calls cannot delay; unset: only on the API's port. Host:
+    # ``listen_host`` unless set. Liveness fails when the API's event loop has been silent
+    # this long (blocked, not merely busy).
+    probe_port: int | None = Field(default=None, ge=0, le=65535)
+    probe_host: str | None = None
+    probe_stall_s: float = Field(default=30.0, gt=0)
     # SIGTERM: live event streams end at once; other requests get this long to finish.
     shutdown_grace_s: float = 10.0
     # "local": start an embedded Ray head; otherwise the dashboard address of a cluster.

@@ -23,6 +23,8 @@ class ServiceProcess:
     def __init__(self, db_url: str, ray_address: str, log_path: Path) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        # Liveness and readiness on their own listener (service/api/probe_server.py).
+        self.probe_url = f"http://127.0.0.1:{free_port()}"
         self.env = os.environ | {
             "PYTHONPATH": str(ROOT),
             "RLRUN_DATABASE_URL": db_url,
@@ -32,6 +34,7 @@ class ServiceProcess:
             "RLRUN_RECONCILE_INTERVAL_S": "1",
             "RLRUN_CLAIM_TTL_S": "3",
             "RLRUN_SUBMIT_BATCH": "4",
+            "RLRUN_PROBE_PORT": self.probe_url.rsplit(":", 1)[1],
         }
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None

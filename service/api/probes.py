@@ -1,15 +1,17 @@
-"""Liveness and readiness (the database and Ray reported apart)."""
+"""Liveness and readiness (the database and Ray reported apart) on the API's own port.
+
+The same checks are answered on the probe listener (``probe_process``, ``RLRUN_PROBE_PORT``),
+which a flood of API calls cannot delay: point an orchestrator's probes there.
+"""
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
-from sqlalchemy import text
 
-from service.api.deps import ServicesDep
-from service.cluster.ray_jobs import RayRejected, RayUnavailable
+from service.api.auth import CredentialsDep, principal_from
+from service.api.deps import Services, ServicesDep
+from service.api.probe_process import readiness
 
 router = APIRouter(tags=["health"])
 
@@ -21,18 +23,19 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz", responses={503: {"description": "the database does not answer"}})
-def readyz(services: ServicesDep) -> JSONResponse:
-    """Ready when the database answers: runs can be accepted (and queue) while Ray is away."""
-    checks: dict[str, Any] = {}
+def readyz(services: ServicesDep, credentials: CredentialsDep) -> JSONResponse:
+    """Ready when the database answers. Errors and versions are shown to admins only; any
+    caller, with a token or without, gets ``ok`` per check."""
+    ready, checks = readiness(services.db, services.ray, _is_admin(services, credentials))
+    return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
+
+
+def _is_admin(services: Services, credentials: CredentialsDep) -> bool:
+    if services.settings.auth_enabled and credentials is None:
+        return False
     try:
         with services.db.read() as session:
-            session.execute(text("SELECT 1"))
-        checks["database"] = {"ok": True}
-    except Exception as exc:
-        checks["database"] = {"ok": False, "error": repr(exc)[:500]}
-    try:
-        checks["ray"] = {"ok": True, "version": services.ray.version().get("ray_version")}
-    except (RayUnavailable, RayRejected) as exc:
-        checks["ray"] = {"ok": False, "error": str(exc)[:500]}
-    ready = checks["database"]["ok"]
-    return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
+            return principal_from(services, credentials, session).at_least("admin")
+    except Exception:
+        # An unknown token, or the very database being checked: no details, and no failure.
+        return False
