@@ -1,0 +1,1 @@
+"""Runs that fail: why (the failure classes), and what the service does about it."""
