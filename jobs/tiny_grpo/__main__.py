@@ -11,10 +11,12 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 import ray
 
+from jobs.tiny_grpo import checkpoint
 from jobs.tiny_grpo.actors import TinyGrpoRollouter, TinyGrpoTrainer
 from jobs.tiny_grpo.options import parser
 from jobs.tiny_grpo.policy import Correction
@@ -44,9 +46,12 @@ def main(argv: list[str] | None = None) -> None:
     trigger = args.trigger_parameter_sync_step
     depth = 1 + math.ceil(args.staleness_threshold * trigger)
     print(f"[TinyGrpo] {steps} trainer steps, sync every {trigger}, {depth} batches in flight")
-    inflight = deque(rollouter.generate.remote() for _ in range(depth))
-    version = 0
-    for step in range(1, steps + 1):
+    checkpoints = Path(args.checkpoint_dir) if args.checkpoint_dir else None
+    version, first = _resume(checkpoints, args.resume, rollouter, trainer)
+    inflight = deque(
+        rollouter.generate.remote() for _ in range(min(depth, max(0, steps - first + 1)))
+    )
+    for step in range(first, steps + 1):
         waited = time.monotonic()
         ray.wait([inflight[0]])
         batch = inflight.popleft()
@@ -62,9 +67,29 @@ def main(argv: list[str] | None = None) -> None:
                 ray.get(trainer.validate.remote(version))
             epoch = ray.get(rollouter.epoch.remote())
             ray.get(trainer.log_sync.remote(version, epoch, sync_s))
+            if checkpoints is not None and args.save_every and version % args.save_every == 0:
+                weights, global_step = ray.get(trainer.checkpoint_state.remote())
+                cursor = step * args.batch_prompts  # the prompts trained on so far
+                saved = checkpoint.save(checkpoints, version, weights, global_step, cursor)
+                print(f"[TinyGrpo] saved checkpoint {saved.name}", flush=True)
     # Let Ray forward the actors' last lines to this driver's log before it exits.
     time.sleep(1.5)
     print("[TinyGrpo] training finished", flush=True)
+
+
+def _resume(root: Path | None, mode: str, rollouter: Any, trainer: Any) -> tuple[int, int]:
+    """(parameter version, first trainer step) to start from: the newest complete checkpoint
+    under ``root`` unless resuming is disabled, else the start."""
+    found = checkpoint.newest(root) if root is not None and mode == "auto" else None
+    if found is None:
+        if root is not None and mode == "auto":
+            print("[TinyGrpo] no checkpoint to resume from: starting from scratch", flush=True)
+        return 0, 1
+    weights, version, global_step, cursor = checkpoint.load(found)
+    ray.get(rollouter.restore.remote(weights, version, cursor))
+    ray.get(trainer.restore.remote(weights, version, global_step))
+    print(f"[TinyGrpo] resumed from {found.name} (trainer step {global_step})", flush=True)
+    return version, global_step + 1
 
 
 if __name__ == "__main__":

@@ -59,6 +59,11 @@ class TinyGrpoRollouter:
     def epoch(self) -> int:
         return self.cursor // len(self.prompts)
 
+    def restore(self, weights: Weights, version: int, cursor: int) -> None:
+        """Continue from a checkpoint: its weights, version and place in the dataset."""
+        # Ray hands numpy arrays over read-only (zero copy): keep a copy of our own.
+        self.weights, self.version, self.cursor = weights.copy(), version, cursor
+
     def set_weights(self, weights: Weights, version: int) -> None:
         now = time.monotonic()
         span = max(now - self.since, 1e-9)
@@ -109,6 +114,13 @@ class TinyGrpoTrainer:
 
     def weights_for_sync(self) -> Weights:
         return self.weights.copy()
+
+    def checkpoint_state(self) -> tuple[Weights, int]:
+        """What a checkpoint keeps of the trainer: its weights and global step."""
+        return self.weights.copy(), self.global_step
+
+    def restore(self, weights: Weights, version: int, global_step: int) -> None:
+        self.weights, self.version, self.global_step = weights.copy(), version, global_step
 
     def validate(self, step: int) -> float:
         acc = greedy_accuracy(self.weights, self.expected)

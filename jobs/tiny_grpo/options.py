@@ -28,6 +28,11 @@ def parser(description: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--rollout-npus", type=int, default=1)
     p.add_argument("--trainer-npus", type=int, default=1)
     p.add_argument("--seed", type=int, default=0, help="seeds the task and the policy")
+    p.add_argument("--checkpoint-dir", default="", help="where checkpoints go (none if empty)")
+    p.add_argument("--save-every", type=int, default=0, help="save every N versions (0: never)")
+    p.add_argument(
+        "--resume", choices=["auto", "disable"], default="auto", help="from the newest checkpoint"
+    )
     return p
 
 
