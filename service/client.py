@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from service.wire import RecipeOut, RunOut, RunPage, RunSummary, SeriesOut
+from service.wire import LatestOut, RecipeOut, RunOut, RunPage, RunSummary, SeriesOut
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED", "CANCELLED", "LOST"})
@@ -199,6 +199,11 @@ class Client:
             params["to_step"] = to_step
         resp = self._request("GET", f"/runs/{run_id}/metrics", params=params)
         return SeriesOut.model_validate(resp.json())
+
+    def latest_metrics(self, run_id: str) -> LatestOut:
+        """Every key the run logged, with its value at the newest step it was logged."""
+        resp = self._request("GET", f"/runs/{run_id}/metrics/latest")
+        return LatestOut.model_validate(resp.json())
 
     def metric_keys(self, run_id: str) -> list[str]:
         keys: list[str] = self._request("GET", f"/runs/{run_id}/metrics/keys").json()

@@ -19,7 +19,7 @@ from service.api.deps import INT64_MAX, ServicesDep
 from service.errors import InvalidSpec, field_error
 from service.metrics import logcopy, store
 from service.metrics.broker import Cursor
-from service.wire import SeriesOut
+from service.wire import LatestOut, SeriesOut
 
 router = APIRouter(prefix="/runs", tags=["metrics"])
 
@@ -61,6 +61,19 @@ def metric_keys(services: ServicesDep, principal: Viewer, run_id: str) -> list[s
     with services.db.read() as session:
         require_visible(session, principal, run_id)
         return list(store.keys_of(session, run_id))
+
+
+@router.get("/{run_id}/metrics/latest", response_model=LatestOut)
+def metric_latest(services: ServicesDep, principal: Viewer, run_id: str) -> Response:
+    """Every key the run has logged with its value at the newest step it was logged (NaN and
+    infinities as strings); ``step`` is the newest of those steps."""
+    with services.db.read() as session:
+        require_visible(session, principal, run_id)
+        found = store.latest_every(session, run_id)
+    latest = {k: {"step": s, "value": v} for k, (s, v) in found.items()}
+    step = max((s for s, _ in found.values()), default=None)
+    body = to_json({"run_id": run_id, "step": step, "latest": latest}, inf_nan_mode="strings")
+    return Response(body, media_type="application/json")
 
 
 @router.get(

@@ -351,6 +351,16 @@ def latest(session: Session, run_id: str) -> dict[str, tuple[int, float]]:
     return {key: (step, _read(value)) for key, step, value in rows}
 
 
+def latest_every(session: Session, run_id: str) -> dict[str, tuple[int, float]]:
+    """Key -> (step, value) at the newest step that key was logged, for every key, sorted."""
+    rows = session.execute(
+        select(MetricLatest.key, MetricLatest.step, MetricLatest.value)
+        .where(MetricLatest.run_id == run_id)
+        .order_by(MetricLatest.key)
+    )
+    return {key: (step, _read(value)) for key, step, value in rows}
+
+
 def latest_of_runs(
     session: Session, run_ids: Sequence[str], keys: Sequence[str]
 ) -> dict[str, dict[str, tuple[int, float]]]:
