@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import Response
 from pydantic_core import to_json
 
-from service.recipes.base import PRIORITY_NAMES
+from service.scheduling.priority import PRIORITY_NAMES
 from service.secrets import masked_runtime_env, masked_spec
 
 STEP_KEY = "fully_async/count/current_param_version"

@@ -27,10 +27,11 @@ from service.api.read_cache import Answer, respond
 from service.errors import Conflict, Forbidden, InvalidSpec, TooManyRequests, field_error
 from service.ids import new_run_id
 from service.metrics import store
-from service.recipes.base import PRIORITIES, LaunchContext
+from service.recipes.base import LaunchContext
 from service.scheduling import backlog
 from service.scheduling.admission import QueuedRun
 from service.scheduling.fit import never_fits
+from service.scheduling.priority import PRIORITIES
 from service.schemas import SUMMARY_KEYS, json_response, run_doc, summary_doc
 from service.secrets import SecretStore, masked_runtime_env, masked_spec
 from service.settings import Settings
