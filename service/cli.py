@@ -15,7 +15,7 @@ import sys
 import unicodedata
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import StrEnum
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -30,7 +30,19 @@ from rich.table import Table
 from rich.text import Text
 
 from service.cli_tables import Column, print_table
-from service.client import ApiError, Client, Event, Unreachable
+from service.client import (
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    DEFAULT_URL,
+    TOKEN_ENV,
+    URL_ENV,
+    ApiError,
+    Client,
+    Event,
+    Unreachable,
+)
+from service.clock import utcnow
+from service.metrics.keys import REWARD_KEY, STEP_KEY
 from service.wire import RunOut
 
 app = typer.Typer(
@@ -42,8 +54,6 @@ verl_app = typer.Typer(help="verl versions specs may name (verl_version).", no_a
 app.add_typer(verl_app, name="verl")
 
 EXIT_RUN_FAILED, EXIT_USAGE, EXIT_REFUSED, EXIT_UNREACHABLE = 1, 2, 3, 4
-STEP_KEY = "fully_async/count/current_param_version"
-REWARD_KEY = "critic/score/mean"
 STATUS_STYLE = {
     "QUEUED": "yellow",
     "SUBMITTED": "cyan",
@@ -63,11 +73,11 @@ class Output(StrEnum):
 
 ServerOpt = Annotated[
     str | None,
-    typer.Option("--server", envvar="RLRUN_URL", help="Service URL [default: 127.0.0.1:8000]"),
+    typer.Option("--server", envvar=URL_ENV, help=f"Service URL [default: {DEFAULT_URL}]"),
 ]
 TokenOpt = Annotated[
     str | None,
-    typer.Option("--token", envvar="RLRUN_TOKEN", help="Bearer token", show_default=False),
+    typer.Option("--token", envvar=TOKEN_ENV, help="Bearer token", show_default=False),
 ]
 OutputOpt = Annotated[Output, typer.Option("--output", "-o", help="table or json")]
 FollowOpt = Annotated[bool, typer.Option("--follow", "-f", help="Follow until the run ends")]
@@ -112,10 +122,10 @@ def connect(server: str | None, token: str | None) -> Iterator[Client]:
 
 @app.command()
 def serve(
-    host: Annotated[str, typer.Option(help="Address to bind")] = "127.0.0.1",
+    host: Annotated[str, typer.Option(help="Address to bind")] = DEFAULT_HOST,
     port: Annotated[
-        int, typer.Option(help="Port to bind (another if 8000 is taken)", min=0, max=65535)
-    ] = 8000,
+        int, typer.Option(help="Port to bind (pick another if it is taken)", min=0, max=65535)
+    ] = DEFAULT_PORT,
 ) -> None:
     """Run the service on HOST:PORT (with RLRUN_RAY_ADDRESS=local, it starts and stops a
     local Ray head); a port already in use is refused before anything starts.
@@ -330,7 +340,7 @@ def list_runs(
     if output == Output.json:
         emit_json(page)
         return
-    now = datetime.now(UTC)
+    now = utcnow()
     rows = [
         [
             Text(r.id),

@@ -16,10 +16,13 @@ from typing import Any
 
 import httpx
 
+from service.store.status import TERMINAL as TERMINAL
 from service.wire import LatestOut, RecipeOut, RunOut, RunPage, RunSummary, SeriesOut
 
-DEFAULT_URL = "http://127.0.0.1:8000"
-TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED", "CANCELLED", "LOST"})
+# Where the client looks for the service, and where ``rlrun serve`` listens by default.
+URL_ENV, TOKEN_ENV = "RLRUN_URL", "RLRUN_TOKEN"
+DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8000
+DEFAULT_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
 
 
 class ClientError(Exception):
@@ -107,8 +110,8 @@ class Client:
     _http: httpx.Client = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.url = (self.url or os.environ.get("RLRUN_URL") or DEFAULT_URL).rstrip("/")
-        self.token = self.token or os.environ.get("RLRUN_TOKEN") or None
+        self.url = (self.url or os.environ.get(URL_ENV) or DEFAULT_URL).rstrip("/")
+        self.token = self.token or os.environ.get(TOKEN_ENV) or None
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         self._http = httpx.Client(
             base_url=self.url, headers=headers, timeout=self.timeout, transport=self.transport

@@ -157,6 +157,15 @@ def test_the_event_stream_of_an_ended_run_replays_and_resumes_after_last_event_i
     assert api.get("/runs/nope/events").status_code == 404
 
 
+def test_a_status_event_is_the_same_json_in_the_run_and_on_its_stream(api: TestClient) -> None:
+    run_id = queued_run(api)
+    api.post(f"/runs/{run_id}/cancel")
+    streamed = [e["data"] for e in sse(api.get(f"/runs/{run_id}/events").text)]
+    stored = api.get(f"/runs/{run_id}").json()["events"]
+    assert streamed[: len(stored)] == stored and len(stored) == 2
+    assert all(e["at"].endswith("Z") for e in stored)
+
+
 def test_prometheus_text_counts_runs_by_status(api: TestClient) -> None:
     queued_run(api)
     text = api.get("/metrics").text

@@ -15,21 +15,29 @@ from sqlalchemy import ARRAY, FromClause, bindparam, case, cast, func, or_, sele
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from service.metrics.keys import (
+    REWARD_KEY,
+    REWARD_MAX_KEY,
+    REWARD_MIN_KEY,
+    STALE_KEY,
+    STEP_KEY,
+    TRAINER_STEP_KEY,
+)
 from service.metrics.parse import MetricLine
 from service.store.models import MetricBucket, MetricLatest, MetricPoint, RunLog
 
 # Keys shown as ``metrics.latest`` on a run: reward, validation, async health, staleness.
 LATEST_KEYS = (
-    "critic/score/mean",
-    "critic/score/max",
-    "critic/score/min",
+    REWARD_KEY,
+    REWARD_MAX_KEY,
+    REWARD_MIN_KEY,
     "critic/rewards/mean",
     "fully_async/trainer/idle_ratio",
     "fully_async/rollouter/idle_ratio",
     "fully_async/partial/partial_ratio",
-    "fully_async/count/stale_trajectory_processed",
-    "fully_async/count/current_param_version",
-    "training/global_step",
+    STALE_KEY,
+    STEP_KEY,
+    TRAINER_STEP_KEY,
 )
 LATEST_PATTERNS = ("val-core/%/acc/mean@%",)
 # What the columns hold (``metric_points.key``, ``.step``): anything past them is dropped.
