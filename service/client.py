@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from service.backoff import Backoff
 from service.store.status import TERMINAL as TERMINAL
 from service.wire import LatestOut, RecipeOut, RunOut, RunPage, RunSummary, SeriesOut
 
@@ -250,11 +251,15 @@ class Client:
         last_event_id: str | None = None,
         retry_s: float = 1.0,
         give_up_s: float = 300.0,
+        max_retry_s: float = 10.0,
     ) -> Iterator[Event]:
         """The run's events until ``end`` (which is yielded last). A dropped connection, or the
         service's ``reconnect`` event, is resumed with ``Last-Event-ID``, so no event is lost or
-        repeated; after ``give_up_s`` without a connection, ``Unreachable``."""
+        repeated: after ``retry_s``, doubling while connecting fails (at most ``max_retry_s``);
+        after ``give_up_s`` without a connection, ``Unreachable``."""
+        backoff = Backoff(retry_s, max(retry_s, max_retry_s))
         failing_since: float | None = None
+        failures = 0
         while True:
             headers = {"Accept": "text/event-stream"}
             if last_event_id:
@@ -269,7 +274,7 @@ class Client:
                     if resp.status_code >= 400:
                         resp.read()
                         raise ApiError.from_response(resp)
-                    failing_since = None
+                    failing_since, failures = None, 0
                     for event in parse_sse(resp.iter_lines()):
                         last_event_id = event.id or last_event_id
                         if event.kind == "reconnect":  # the service asks for a fresh stream
@@ -279,9 +284,10 @@ class Client:
                             return
             except httpx.TransportError as exc:
                 failing_since = failing_since or time.monotonic()
+                failures += 1
                 if time.monotonic() - failing_since > give_up_s:
                     raise Unreachable(f"lost {self.url}: {exc}") from exc
-            time.sleep(retry_s)
+            time.sleep(backoff.delay(failures))
 
     # Cluster and service
 
