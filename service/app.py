@@ -54,6 +54,7 @@ from service.scheduling.inventory import InventoryCache
 from service.secrets import SecretStore
 from service.settings import Settings
 from service.store import db as dbmod
+from service.telemetry import Telemetry, TimeRequests
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,7 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
                 raise
             address = cluster.address
         services = app.state.services = build_services(settings, registry, address)
+        app.state.telemetry.watch(services)
         stop = asyncio.Event()
         tasks = [asyncio.create_task(loop.run(stop)) for loop in services.loops.values()]
         probe: ProbeProcess | None = None
@@ -124,11 +126,13 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
         docs_url=None,
         redoc_url=None,
     )
+    app.state.telemetry = Telemetry()
     app.add_middleware(ShedLoad, limit=settings.max_requests_in_progress)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     install_handlers(app)
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.allowed_hosts)
     app.add_middleware(browser.SecurityHeaders)
+    app.add_middleware(TimeRequests, telemetry=app.state.telemetry)
     browser.install(app)
     app.include_router(probes.router)
     app.include_router(runs.router)

@@ -8,15 +8,18 @@ service refused the request (its problem is printed), 4 the service cannot be re
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import socket
 import sys
 import unicodedata
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import StrEnum
+from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 import yaml
@@ -26,7 +29,20 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn
 from rich.table import Table
 from rich.text import Text
 
-from service.client import ApiError, Client, Event, Unreachable
+from service.cli_tables import Column, print_table
+from service.client import (
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    DEFAULT_URL,
+    TOKEN_ENV,
+    URL_ENV,
+    ApiError,
+    Client,
+    Event,
+    Unreachable,
+)
+from service.clock import utcnow
+from service.metrics.keys import REWARD_KEY, STEP_KEY
 from service.wire import RunOut
 
 app = typer.Typer(
@@ -37,9 +53,7 @@ errors = Console(stderr=True, highlight=False)
 verl_app = typer.Typer(help="verl versions specs may name (verl_version).", no_args_is_help=True)
 app.add_typer(verl_app, name="verl")
 
-EXIT_RUN_FAILED, EXIT_REFUSED, EXIT_UNREACHABLE = 1, 3, 4
-STEP_KEY = "fully_async/count/current_param_version"
-REWARD_KEY = "critic/score/mean"
+EXIT_RUN_FAILED, EXIT_USAGE, EXIT_REFUSED, EXIT_UNREACHABLE = 1, 2, 3, 4
 STATUS_STYLE = {
     "QUEUED": "yellow",
     "SUBMITTED": "cyan",
@@ -59,11 +73,11 @@ class Output(StrEnum):
 
 ServerOpt = Annotated[
     str | None,
-    typer.Option("--server", envvar="RLRUN_URL", help="Service URL [default: 127.0.0.1:8000]"),
+    typer.Option("--server", envvar=URL_ENV, help=f"Service URL [default: {DEFAULT_URL}]"),
 ]
 TokenOpt = Annotated[
     str | None,
-    typer.Option("--token", envvar="RLRUN_TOKEN", help="Bearer token", show_default=False),
+    typer.Option("--token", envvar=TOKEN_ENV, help="Bearer token", show_default=False),
 ]
 OutputOpt = Annotated[Output, typer.Option("--output", "-o", help="table or json")]
 FollowOpt = Annotated[bool, typer.Option("--follow", "-f", help="Follow until the run ends")]
@@ -108,14 +122,19 @@ def connect(server: str | None, token: str | None) -> Iterator[Client]:
 
 @app.command()
 def serve(
-    host: Annotated[str, typer.Option(help="Address to bind")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to bind")] = 8000,
+    host: Annotated[str, typer.Option(help="Address to bind")] = DEFAULT_HOST,
+    port: Annotated[
+        int, typer.Option(help="Port to bind (pick another if it is taken)", min=0, max=65535)
+    ] = DEFAULT_PORT,
     probe_port: Annotated[
         int | None,
-        typer.Option(help="Also answer /healthz and /readyz on this port, from their own thread"),
+        typer.Option(
+            help="Also answer /healthz and /readyz on this port, from a process of their own"
+        ),
     ] = None,
 ) -> None:
-    """Run the service (with RLRUN_RAY_ADDRESS=local, it starts and stops a local Ray head).
+    """Run the service on HOST:PORT (with RLRUN_RAY_ADDRESS=local, it starts and stops a
+    local Ray head); a port already in use is refused before anything starts.
 
     Authentication is on whenever HOST is not a loopback address (RLRUN_AUTH=auto). On
     SIGTERM, live event streams end at once and other open requests get RLRUN_SHUTDOWN_GRACE_S
@@ -136,6 +155,8 @@ def serve(
             where = "".join(f"RLRUN_{str(part).upper()}: " for part in error["loc"][:1])
             say(f"{where}{error['msg'].removeprefix('Value error, ')}", style="red", to=errors)
         raise typer.Exit(2) from None
+    if problem := port_problem(host, port):
+        usage_error(problem)
     # Hand the interpreter lock over every millisecond (default 5): the event loop, which
     # answers /healthz and feeds live streams, waits less behind busy worker threads.
     sys.setswitchinterval(0.001)
@@ -146,6 +167,25 @@ def serve(
         log_level="info",
         timeout_graceful_shutdown=max(1, round(settings.shutdown_grace_s)),
     )
+
+
+def port_problem(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be served, found by binding it as uvicorn will (address reuse
+    on), before the service starts a Ray head only to fail at the end of its start-up."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        return f"--host {host}: {exc.strerror}"
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return f"port {port} on {host} is in use: pick another with --port"
+            return f"cannot bind {host}:{port}: {exc.strerror or exc}"
+    return None
 
 
 @app.command()
@@ -159,8 +199,12 @@ def migrate() -> None:
 
 
 @verl_app.command("add")
-def verl_add(version: Annotated[str, typer.Argument(help="a verl release, e.g. 0.9.0")]) -> None:
-    """Download verl VERSION's wheel (no dependencies) into RLRUN_VERL_CACHE_DIR."""
+def verl_add(
+    version: Annotated[str, typer.Argument(help="a verl release, e.g. 0.9.0")],
+    output: OutputOpt = Output.table,
+) -> None:
+    """Download verl VERSION's wheel (no dependencies) into RLRUN_VERL_CACHE_DIR
+    (--output json: {"version", "path"})."""
     from service.recipes.verl import versions
     from service.settings import Settings
 
@@ -169,31 +213,64 @@ def verl_add(version: Annotated[str, typer.Argument(help="a verl release, e.g. 0
     except (ValueError, OSError) as exc:
         say(str(exc), style="red", to=errors)
         raise typer.Exit(1) from exc
-    say(f"verl {version} is available at {root}")
+    if output == Output.json:
+        emit_json({"version": version, "path": str(root)})
+    else:
+        say(f"verl {version} is available at {root}")
 
 
 def load_spec(path: str, preset: str | None, sets: list[str]) -> dict[str, Any]:
     """A spec file (JSON or YAML; ``-`` for standard input) with ``--preset`` and each
     ``--set dotted.key=value`` applied (values read as YAML: numbers, booleans, lists)."""
-    text = sys.stdin.read() if path == "-" else Path(path).read_text()
-    spec = yaml.safe_load(text) if text.strip() else {}
+    where = "standard input" if path == "-" else path
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+        spec = yaml.safe_load(text) if text.strip() else {}
+    except FileNotFoundError:
+        usage_error(f"{where}: no such file")
+    except IsADirectoryError:
+        usage_error(f"{where}: a directory, not a spec file")
+    except UnicodeDecodeError:
+        usage_error(f"{where}: not UTF-8 text")
+    except OSError as exc:
+        usage_error(f"{where}: {exc.strerror or exc}")
+    except yaml.YAMLError as exc:
+        usage_error(f"{where}: not valid JSON or YAML: {yaml_problem(exc)}")
     if not isinstance(spec, dict):
-        raise typer.BadParameter("the spec must be a mapping", param_hint="SPEC")
+        usage_error(f"{where}: the spec must be a mapping of fields, not {type(spec).__name__}")
     if preset:
         spec["preset"] = preset
     for item in sets:
         key, sep, raw = item.partition("=")
         if not sep or not key:
-            raise typer.BadParameter(f"{item!r} is not key=value", param_hint="--set")
+            usage_error(f"--set {item!r}: not key=value")
         *parents, leaf = key.split(".")
         node = spec
         for part in parents:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                raise typer.BadParameter(f"{key}: {part} is not a mapping", param_hint="--set")
+                usage_error(f"--set {key}: {part} is not a mapping")
             node = child
-        node[leaf] = yaml.safe_load(raw) if raw else ""
+        try:
+            node[leaf] = yaml.safe_load(raw) if raw else ""
+        except yaml.YAMLError as exc:
+            usage_error(f"--set {key}: not a YAML value: {yaml_problem(exc)}")
     return spec
+
+
+def usage_error(message: str) -> NoReturn:
+    """Bad usage: one line on standard error, exit 2."""
+    say(message, style="red", to=errors)
+    raise typer.Exit(EXIT_USAGE)
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """A parser error in one line: what is wrong and where (1-based line and column)."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        return f"{exc.problem or exc.context or 'cannot parse'}{where}"
+    return " ".join(str(exc).split())
 
 
 @app.command()
@@ -272,14 +349,9 @@ def list_runs(
     if output == Output.json:
         emit_json(page)
         return
-    width = max((len(r.id) for r in page.items), default=2)
-    table = Table(box=None, pad_edge=False)
-    table.add_column("id", no_wrap=True, min_width=width)
-    for name in ("name", "team", "recipe", "status", "health", "step", "reward", "age"):
-        table.add_column(name, overflow="fold")
-    now = datetime.now(UTC)
-    for r in page.items:
-        table.add_row(
+    now = utcnow()
+    rows = [
+        [
             Text(r.id),
             Text(clean(r.name)),
             Text(clean(r.team)),
@@ -289,10 +361,26 @@ def list_runs(
             Text(step_of(r.progress.step, r.progress.total_steps)),
             Text(number(r.reward)),
             Text(ago(now, r.created_at)),
-        )
-    console.print(table)
+        ]
+        for r in page.items
+    ]
+    print_table(console, LIST_COLUMNS, rows)
     if page.next_cursor:
         say(f"more: --cursor {page.next_cursor}", style="dim")
+
+
+# Short of width, the least telling columns go first; the id and the status stay.
+LIST_COLUMNS = (
+    Column("id"),
+    Column("name", drop=2),
+    Column("team", drop=5),
+    Column("recipe", drop=7),
+    Column("status"),
+    Column("health", drop=6),
+    Column("step", drop=3),
+    Column("reward", drop=1),
+    Column("age", drop=4),
+)
 
 
 def step_of(step: int | None, total: int | None) -> str:
@@ -427,21 +515,36 @@ def logs(
     tail: Annotated[int | None, typer.Option(help="Only the last N lines")] = None,
     server: ServerOpt = None,
     token: TokenOpt = None,
+    output: OutputOpt = Output.table,
 ) -> None:
-    """Print the run's job log (the service's copy); with --follow, until the run ends."""
+    """Print the run's job log (the service's copy); with --follow, until the run ends.
+    With --output json: {"run_id", "text"} (--follow: one such line per new part)."""
     with connect(server, token) as client:
         if follow:
             for text in client.follow_logs(run_id, tail=tail):
-                sys.stdout.write(clean(text, keep="\n\t"))
+                if output == Output.json:
+                    sys.stdout.write(json.dumps({"run_id": run_id, "text": text}) + "\n")
+                else:
+                    sys.stdout.write(clean(text, keep="\n\t"))
                 sys.stdout.flush()
         else:
-            sys.stdout.write(clean(client.logs(run_id, tail=tail).text, keep="\n\t"))
+            chunk = client.logs(run_id, tail=tail)
+            if output == Output.json:
+                emit_json({"run_id": run_id, "text": chunk.text, "complete": chunk.complete})
+            else:
+                sys.stdout.write(clean(chunk.text, keep="\n\t"))
 
 
 @app.command()
 def metrics(
     run_id: str,
-    keys: Annotated[bool, typer.Option("--keys", help="List every key the run logs")] = False,
+    keys: Annotated[
+        str | None,
+        typer.Option(
+            "--keys",
+            help="Only these keys: comma-separated names or patterns, e.g. 'critic/*,val-core/*'",
+        ),
+    ] = None,
     key: Annotated[
         list[str] | None, typer.Option("--key", "-k", help="History of this key (repeatable)")
     ] = None,
@@ -450,21 +553,17 @@ def metrics(
     token: TokenOpt = None,
     output: OutputOpt = Output.table,
 ) -> None:
-    """A run's latest metrics; --keys lists every key it logs, --key K its history
-    (step, value and the min and max of each downsampled bucket)."""
+    """Every key the run logs with its latest value and step (--keys filters them); --key K
+    its history (step, value and the min and max of each downsampled bucket)."""
     with connect(server, token) as client:
-        if keys:
-            names: Any = client.metric_keys(run_id)
-        elif key:
+        if key:
             series = client.metrics(run_id, key, max_points)
         else:
-            latest = client.get_run(run_id).metrics
-    if output == Output.json:
-        emit_json(names if keys else series if key else latest)
-    elif keys:
-        for name in names:
-            say(name)
-    elif key:
+            latest = client.latest_metrics(run_id)
+    if key:
+        if output == Output.json:
+            emit_json(series)
+            return
         table = Table("key", "step", "value", "min", "max", box=None, pad_edge=False)
         for name, points in series.series.items():
             for p in points:
@@ -472,17 +571,39 @@ def metrics(
                     Text(clean(name)), str(p.step), number(p.value), number(p.min), number(p.max)
                 )
         console.print(table)
-    else:
-        say(f"step {latest.step}")
-        for name, value in latest.latest.items():
-            say(f"  {name} = {number(value)}")
+        return
+    if keys is not None:
+        patterns = [p.strip() for p in keys.split(",") if p.strip()]
+        latest.latest = {
+            k: v for k, v in latest.latest.items() if any(fnmatchcase(k, p) for p in patterns)
+        }
+    if output == Output.json:
+        emit_json(latest)
+        return
+    rows = [
+        [Text(clean(k)), Text(str(v.step)), Text(number(v.value))] for k, v in latest.latest.items()
+    ]
+    if not rows:
+        say("no metrics yet" if keys is None else "no key matches --keys", style="dim")
+        return
+    print_table(console, METRIC_COLUMNS, rows)
+
+
+METRIC_COLUMNS = (Column("key"), Column("step", drop=1), Column("value"))
 
 
 @app.command()
-def script(run_id: str, server: ServerOpt = None, token: TokenOpt = None) -> None:
-    """The bash script that submits the run's job by hand with `ray job submit`."""
+def script(
+    run_id: str, server: ServerOpt = None, token: TokenOpt = None, output: OutputOpt = Output.table
+) -> None:
+    """The bash script that submits the run's job by hand with `ray job submit`
+    (--output json: {"run_id", "script"})."""
     with connect(server, token) as client:
-        sys.stdout.write(clean(client.script(run_id), keep="\n\t"))
+        text = client.script(run_id)
+    if output == Output.json:
+        emit_json({"run_id": run_id, "script": text})
+    else:
+        sys.stdout.write(clean(text, keep="\n\t"))
 
 
 @app.command()
@@ -495,27 +616,41 @@ def cluster(
     if output == Output.json:
         emit_json(view)
         return
-    nodes = Table("node", "accelerators free/total", "CPUs free/total", box=None, pad_edge=False)
-    for node in view["nodes"]:
-        nodes.add_row(*(Text(clean(c)) for c in node_cells(node)))
-    console.print(nodes)
-    active = Table("running", "name", "team", "status", "accelerators", box=None, pad_edge=False)
-    for r in view["active"]:
-        active.add_row(
-            *(Text(clean(r[k])) for k in ("id", "name", "team", "status", "accelerators"))
-        )
-    console.print(active)
+    nodes = [[Text(clean(c)) for c in node_cells(n)] for n in view["nodes"]]
+    unreachable = "" if view.get("ray", {}).get("ok") else ": Ray is not reachable"
+    print_table(console, NODE_COLUMNS, nodes, f"no nodes{unreachable}")
+    print_table(console, ACTIVE_COLUMNS, cells(view["active"], ACTIVE_KEYS), "nothing running")
     for team, use in view["teams"].items():
         say(f"team {team}: {use['accelerators']} held, quota {use['quota'] or 'none'}")
-    queue = Table("#", "queued", "name", "team", "accelerators", "reason", box=None, pad_edge=False)
-    for q in view["queue"]:
-        queue.add_row(
-            *(
-                Text(clean(q[k]))
-                for k in ("position", "id", "name", "team", "accelerators", "reason")
-            )
-        )
-    console.print(queue)
+    print_table(console, QUEUE_COLUMNS, cells(view["queue"], QUEUE_KEYS), "nothing queued")
+
+
+NODE_COLUMNS = (
+    Column("node"),
+    Column("accelerators free/total"),
+    Column("CPUs free/total", drop=1),
+)
+ACTIVE_KEYS = ("id", "name", "team", "status", "accelerators")
+ACTIVE_COLUMNS = (
+    Column("running"),
+    Column("name", drop=1),
+    Column("team", drop=2),
+    Column("status"),
+    Column("accelerators"),
+)
+QUEUE_KEYS = ("position", "id", "name", "team", "accelerators", "reason")
+QUEUE_COLUMNS = (
+    Column("#"),
+    Column("queued"),
+    Column("name", drop=1),
+    Column("team", drop=2),
+    Column("accelerators", drop=3),
+    Column("reason", sentence=True),
+)
+
+
+def cells(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> list[list[Text]]:
+    return [[Text(clean("" if r.get(k) is None else r[k])) for k in keys] for r in rows]
 
 
 def node_cells(node: dict[str, Any]) -> tuple[str, str, str]:
@@ -551,8 +686,10 @@ def token_create(
     user: Annotated[str, typer.Option(help="Who the token is for")],
     team: Annotated[str, typer.Option(help="The team it acts for")],
     role: Annotated[str, typer.Option(help="viewer, member or admin")] = "member",
+    output: OutputOpt = Output.table,
 ) -> None:
-    """Make a token and print its secret (shown this once; only its hash is stored)."""
+    """Make a token and print its secret (shown this once; only its hash is stored);
+    --output json: {"id", "user", "team", "role", "secret"}."""
     from service.api.admin import TokenIn
     from service.store import tokens
 
@@ -563,6 +700,11 @@ def token_create(
         raise typer.Exit(2) from exc
     with _database() as db, db.transaction() as session:
         row, secret = tokens.create(session, spec.user, spec.team, spec.role, "rlrun token create")
+    if output == Output.json:
+        emit_json(
+            {"id": row.id, "user": row.user, "team": row.team, "role": row.role, "secret": secret}
+        )
+        return
     say(f"{row.id}  {row.role}@{row.team}  {row.user}", to=errors)
     print(secret)
 

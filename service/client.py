@@ -16,10 +16,14 @@ from typing import Any
 
 import httpx
 
-from service.wire import RecipeOut, RunOut, RunPage, RunSummary, SeriesOut
+from service.backoff import Backoff
+from service.store.status import TERMINAL as TERMINAL
+from service.wire import LatestOut, RecipeOut, RunOut, RunPage, RunSummary, SeriesOut
 
-DEFAULT_URL = "http://127.0.0.1:8000"
-TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED", "CANCELLED", "LOST"})
+# Where the client looks for the service, and where ``rlrun serve`` listens by default.
+URL_ENV, TOKEN_ENV = "RLRUN_URL", "RLRUN_TOKEN"
+DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8000
+DEFAULT_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
 
 
 class ClientError(Exception):
@@ -107,8 +111,8 @@ class Client:
     _http: httpx.Client = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.url = (self.url or os.environ.get("RLRUN_URL") or DEFAULT_URL).rstrip("/")
-        self.token = self.token or os.environ.get("RLRUN_TOKEN") or None
+        self.url = (self.url or os.environ.get(URL_ENV) or DEFAULT_URL).rstrip("/")
+        self.token = self.token or os.environ.get(TOKEN_ENV) or None
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         self._http = httpx.Client(
             base_url=self.url, headers=headers, timeout=self.timeout, transport=self.transport
@@ -200,6 +204,11 @@ class Client:
         resp = self._request("GET", f"/runs/{run_id}/metrics", params=params)
         return SeriesOut.model_validate(resp.json())
 
+    def latest_metrics(self, run_id: str) -> LatestOut:
+        """Every key the run logged, with its value at the newest step it was logged."""
+        resp = self._request("GET", f"/runs/{run_id}/metrics/latest")
+        return LatestOut.model_validate(resp.json())
+
     def metric_keys(self, run_id: str) -> list[str]:
         keys: list[str] = self._request("GET", f"/runs/{run_id}/metrics/keys").json()
         return keys
@@ -242,11 +251,15 @@ class Client:
         last_event_id: str | None = None,
         retry_s: float = 1.0,
         give_up_s: float = 300.0,
+        max_retry_s: float = 10.0,
     ) -> Iterator[Event]:
         """The run's events until ``end`` (which is yielded last). A dropped connection, or the
         service's ``reconnect`` event, is resumed with ``Last-Event-ID``, so no event is lost or
-        repeated; after ``give_up_s`` without a connection, ``Unreachable``."""
+        repeated: after ``retry_s``, doubling while connecting fails (at most ``max_retry_s``);
+        after ``give_up_s`` without a connection, ``Unreachable``."""
+        backoff = Backoff(retry_s, max(retry_s, max_retry_s))
         failing_since: float | None = None
+        failures = 0
         while True:
             headers = {"Accept": "text/event-stream"}
             if last_event_id:
@@ -261,7 +274,7 @@ class Client:
                     if resp.status_code >= 400:
                         resp.read()
                         raise ApiError.from_response(resp)
-                    failing_since = None
+                    failing_since, failures = None, 0
                     for event in parse_sse(resp.iter_lines()):
                         last_event_id = event.id or last_event_id
                         if event.kind == "reconnect":  # the service asks for a fresh stream
@@ -271,9 +284,10 @@ class Client:
                             return
             except httpx.TransportError as exc:
                 failing_since = failing_since or time.monotonic()
+                failures += 1
                 if time.monotonic() - failing_since > give_up_s:
                     raise Unreachable(f"lost {self.url}: {exc}") from exc
-            time.sleep(retry_s)
+            time.sleep(backoff.delay(failures))
 
     # Cluster and service
 

@@ -14,12 +14,10 @@ from typing import Any
 from fastapi import Response
 from pydantic_core import to_json
 
-from service.recipes.base import PRIORITY_NAMES
+from service.metrics.keys import REWARD_KEY, STEP_KEY, TRAINER_STEP_KEY
+from service.scheduling.priority import PRIORITY_NAMES
 from service.secrets import masked_runtime_env, masked_spec
 
-STEP_KEY = "fully_async/count/current_param_version"
-TRAINER_STEP_KEY = "training/global_step"
-REWARD_KEY = "critic/score/mean"
 # What a run's summary shows of its metrics: progress and the latest mean reward.
 SUMMARY_KEYS = (STEP_KEY, TRAINER_STEP_KEY, REWARD_KEY)
 
@@ -41,7 +39,7 @@ def summary_doc(run: Any, latest: Latest | None = None) -> dict[str, Any]:
         "health": {"status": run.health, "reason": run.health_reason},
         "queue_reason": run.queue_reason if run.status == "QUEUED" else None,
         "progress": progress_doc(total, latest),
-        "reward": json_value(reward[1]) if reward else None,
+        "reward": reward[1] if reward else None,
         "created_at": run.created_at,
         "submitted_at": run.submitted_at,
         "started_at": run.started_at,
@@ -75,24 +73,21 @@ def run_doc(run: Any, events: Sequence[Any], latest: Latest | None = None) -> di
         "preflight": run.preflight,
         "metrics": {
             "step": max((s for s, _ in latest.values()), default=None),
-            "latest": {k: json_value(v) for k, (_, v) in sorted(latest.items())},
+            "latest": {k: v for k, (_, v) in sorted(latest.items())},
         },
         "events": [event_doc(e) for e in events],
     }
 
 
-def json_value(value: float) -> float | str:
-    """JSON has no NaN/inf: they travel as the strings "NaN", "Infinity", "-Infinity"."""
-    if -math.inf < value < math.inf:  # the common case, in one comparison (false for NaN)
-        return value
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "Infinity" if value > 0 else "-Infinity"
-    return value
+def encode(doc: Any) -> bytes:
+    """The one JSON encoding of every answer and streamed event (pydantic-core's serializer):
+    datetimes in ISO 8601 with ``Z``; JSON has no NaN/inf, so they travel as the strings
+    "NaN", "Infinity", "-Infinity"."""
+    return to_json(doc, inf_nan_mode="strings")
 
 
 def event_doc(event: Any) -> dict[str, Any]:
+    """A status event (a ``RunEvent`` or a row with its columns), in a run and on its stream."""
     return {
         "id": event.id,
         "at": event.at,
@@ -119,5 +114,5 @@ def progress_doc(total_steps: int | None, latest: Latest) -> dict[str, int | Non
 def json_response(
     doc: Any, status_code: int = 200, headers: dict[str, str] | None = None
 ) -> Response:
-    """``doc`` serialised once by pydantic's serializer (datetimes as the models write them)."""
-    return Response(to_json(doc), status_code, headers, media_type="application/json")
+    """``doc`` serialised once, by ``encode``."""
+    return Response(encode(doc), status_code, headers, media_type="application/json")

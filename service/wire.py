@@ -97,6 +97,19 @@ class SeriesOut(BaseModel):
     series: dict[str, list[PointOut]]
 
 
+class LatestPointOut(BaseModel):
+    step: int
+    value: float | str
+
+
+class LatestOut(BaseModel):
+    """Every key a run has logged -> its value at the newest step it was logged."""
+
+    run_id: str
+    step: int | None
+    latest: dict[str, LatestPointOut]
+
+
 class RecipeOut(BaseModel):
     name: str
     presets: list[str]

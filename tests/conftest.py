@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 import httpx
@@ -18,11 +18,11 @@ from service.cluster.ray_jobs import RayJobs
 from service.settings import Settings
 from service.store.db import Database, upgrade
 from service.store.models import Base
+from service.store.status import TERMINAL as TERMINAL
 from tests import postgres
 
 # Ports for the session's Ray cluster; outside 10002-19999, which Ray keeps for its workers.
 RAY_PORT = int(os.environ.get("RLRUN_TEST_RAY_PORT", "46379"))
-TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED", "CANCELLED", "LOST"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -165,7 +165,7 @@ def wait_for(
 
 
 def wait_status(
-    client: TestClient | httpx.Client, run_id: str, statuses: set[str], timeout: float = 60.0
+    client: TestClient | httpx.Client, run_id: str, statuses: Collection[str], timeout: float = 60.0
 ) -> dict[str, Any]:
     run: dict[str, Any] = wait_for(
         lambda: client.get(f"/runs/{run_id}").json(),

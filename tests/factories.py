@@ -6,7 +6,8 @@ from typing import Any
 
 from sqlalchemy import select
 
-from service.recipes.base import Group, Launch, ResourceShape
+from service.recipes.base import Launch
+from service.scheduling.shape import Group, ResourceShape
 from service.store.db import Database
 from service.store.models import Run, RunEvent, utcnow
 from service.store.status import RunStatus

@@ -8,9 +8,10 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.recipes.base import Group, Launch, LaunchContext, ResourceShape, RunSpec
+from service.recipes.base import Launch, LaunchContext, RunSpec
 from service.recipes.registry import RecipeRegistry
-from service.recipes.verl import VerlFullyAsyncRecipe
+from service.recipes.verl.recipe import VerlFullyAsyncRecipe
+from service.scheduling.shape import Group, ResourceShape
 
 # Runs on the cluster as `python3 -c SCRIPT name seconds exit_code message`.
 _ARGS = """

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from service.recipes.base import PRIORITIES, Group, ResourceShape
 from service.scheduling.admission import HeldRun, QueuedRun, Quotas, decide
 from service.scheduling.inventory import Inventory, Node
+from service.scheduling.priority import PRIORITIES
+from service.scheduling.shape import Group, ResourceShape
 
 NORMAL, HIGH, LOW = PRIORITIES["normal"], PRIORITIES["high"], PRIORITIES["low"]
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +18,10 @@ from service.cli import clean
 from service.client import ApiError, Client
 from service.cluster.local_ray import LocalRayCluster
 from service.cluster.ray_jobs import RayJobs
+from service.metrics import store
+from service.metrics.parse import MetricLine
+from service.recipes.verl.hydra_check import FULLY_ASYNC_CONFIG
+from service.store.db import Database
 from tests.conftest import make_settings
 from tests.live import ServerThread
 
@@ -31,12 +37,17 @@ def rlrun(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The API on SQLite with no Ray behind it: runs stay QUEUED."""
-    db = tmp_path_factory.mktemp("cli") / "cli.db"
-    settings = make_settings(f"sqlite:///{db}", "http://127.0.0.1:9", run_loops=False)
+def server_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """The API on SQLite with no Ray behind it (runs stay QUEUED), and its database URL."""
+    db_url = f"sqlite:///{tmp_path_factory.mktemp('cli') / 'cli.db'}"
+    settings = make_settings(db_url, "http://127.0.0.1:9", run_loops=False)
     with ServerThread(create_app(settings)) as url:
-        yield url
+        yield url, db_url
+
+
+@pytest.fixture(scope="module")
+def server(server_db: tuple[str, str]) -> str:
+    return server_db[0]
 
 
 def test_list_shows_full_ids_and_hostile_names_harmlessly(server: str) -> None:
@@ -116,8 +127,8 @@ def test_read_commands_answer_json_and_the_token_travels(server: str) -> None:
     assert code == 0 and json.loads(out)["id"] == run_id
     code, out, _ = rlrun("cluster", "-o", "json", env=env)
     assert code == 0 and run_id in [q["id"] for q in json.loads(out)["queue"]]
-    code, out, _ = rlrun("metrics", run_id, "--keys", "-o", "json", env=env)
-    assert code == 0 and json.loads(out) == []
+    code, out, _ = rlrun("metrics", run_id, "-o", "json", env=env)
+    assert code == 0 and json.loads(out) == {"run_id": run_id, "step": None, "latest": {}}
     code, out, _ = rlrun("metrics", run_id, "-k", "critic/score/mean", "-o", "json", env=env)
     assert code == 0 and json.loads(out) == {"run_id": run_id, "series": {"critic/score/mean": []}}
     code, out, _ = rlrun("script", run_id, env=env)
@@ -156,3 +167,133 @@ def test_follow_exits_0_on_success_and_1_on_failure_and_logs_follow_to_the_end(
         lines = [json.loads(line) for line in out.splitlines()]
         assert code == 1 and lines[-1]["event"] == "end"
         assert "FAILED" in [e["data"]["to_status"] for e in lines if e["event"] == "status"]
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (None, "no such file"),
+        ("recipe: [unclosed\n", "not valid JSON or YAML"),
+        ("- a list\n- of items\n", "must be a mapping"),
+        (b"\xff\xfe bytes", "not UTF-8"),
+        ("dir", "a directory"),
+    ],
+)
+def test_a_bad_or_missing_spec_file_is_one_line_naming_it_and_exit_2(
+    tmp_path: Path, content: str | bytes | None, problem: str
+) -> None:
+    spec = tmp_path / "spec.yaml"
+    if content == "dir":
+        spec.mkdir()
+    elif isinstance(content, bytes):
+        spec.write_bytes(content)
+    elif content is not None:
+        spec.write_text(content)
+    code, out, err = rlrun("submit", str(spec), "--server", "http://127.0.0.1:9")
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and str(spec) in err and problem in err
+    assert out == ""
+
+
+def test_yaml_errors_say_where(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("recipe: tiny-grpo\nname: [unclosed\n")
+    code, _, err = rlrun("submit", str(spec))
+    assert code == 2 and "line 3" in err and "Traceback" not in err
+    code, _, err = rlrun("submit", "-", "--set", "a=[x", "--server", "http://127.0.0.1:9")
+    assert code == 2 and err.strip().startswith("--set a: not a YAML value")
+    code, _, err = rlrun("submit", "-", "--set", "novalue")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "not key=value" in err
+
+
+def test_logs_script_and_verl_answer_json(server: str, tmp_path: Path) -> None:
+    run_id = httpx.post(f"{server}/runs", json={"recipe": "test-script"}).json()["id"]
+    code, out, _ = rlrun("logs", run_id, "-o", "json", "--server", server)
+    assert code == 0 and json.loads(out) == {"run_id": run_id, "text": "", "complete": False}
+    code, out, _ = rlrun("script", run_id, "-o", "json", "--server", server)
+    body = json.loads(out)
+    assert code == 0 and body["run_id"] == run_id
+    assert body["script"].startswith("#!/usr/bin/env bash")
+    # A release already in the cache answers without downloading it.
+    config = tmp_path / "0.0.1" / "verl" / FULLY_ASYNC_CONFIG
+    config.mkdir(parents=True)
+    (config / "fully_async_ppo_trainer.yaml").write_text("{}\n")
+    code, out, _ = rlrun(
+        "verl", "add", "0.0.1", "-o", "json", env={"RLRUN_VERL_CACHE_DIR": str(tmp_path)}
+    )
+    assert code == 0 and json.loads(out) == {
+        "version": "0.0.1",
+        "path": str(tmp_path / "0.0.1" / "verl"),
+    }
+
+
+def test_list_and_cluster_never_cut_an_id_or_split_a_word_when_narrow(server: str) -> None:
+    name = "a rather long descriptive run name"
+    ids = [
+        httpx.post(
+            f"{server}/runs", json={"recipe": "test-script", "name": name, "team": "default"}
+        ).json()["id"]
+        for _ in range(2)
+    ]
+    for columns in ("40", "60", "80", "200"):
+        env = {"COLUMNS": columns}
+        code, out, _ = rlrun("list", "--server", server, env=env)
+        assert code == 0
+        lines = out.splitlines()
+        assert lines[0].split()[0] == "id" and "status" in lines[0].split()
+        for run_id in ids:
+            assert any(line.startswith(run_id + " ") for line in lines), (columns, out)
+            assert any(run_id in line and "QUEUED" in line for line in lines)
+        for word in ("default", "QUEUED", "test-script", "descriptive"):
+            assert all(word in line or word[:4] not in line for line in lines), (columns, out)
+        if int(columns) <= 60:
+            assert "recipe" not in lines[0]  # a narrow column dropped, not wrapped
+        if columns == "200":
+            assert name in out and "recipe" in lines[0]
+        code, out, _ = rlrun("cluster", "--server", server, env=env)
+        assert code == 0
+        for run_id in ids:
+            assert any(run_id in line.split() for line in out.splitlines()), (columns, out)
+
+
+def test_metrics_shows_every_key_latest_value_and_keys_filters(
+    server_db: tuple[str, str],
+) -> None:
+    server, db_url = server_db
+    run_id = httpx.post(f"{server}/runs", json={"recipe": "test-script"}).json()["id"]
+    db = Database(db_url)
+    values = {f"custom/k{i}": float(i) for i in range(15)} | {"actor/grad_norm": math.nan}
+    with db.transaction() as session:
+        store.add_lines(session, run_id, [(10, MetricLine(1, {"critic/score/mean": 0.1}))])
+        store.add_lines(session, run_id, [(20, MetricLine(2, values))])
+    db.dispose()
+    code, out, _ = rlrun("metrics", run_id, "--server", server, "-o", "json")
+    body = json.loads(out)
+    assert code == 0 and body["run_id"] == run_id and body["step"] == 2
+    assert len(body["latest"]) == 17
+    assert body["latest"]["critic/score/mean"] == {"step": 1, "value": 0.1}
+    assert body["latest"]["actor/grad_norm"] == {"step": 2, "value": "NaN"}
+    code, out, _ = rlrun("metrics", run_id, "--server", server)
+    assert code == 0 and "custom/k14" in out and "actor/grad_norm" in out and "NaN" in out
+    code, out, _ = rlrun(
+        "metrics", run_id, "--keys", "critic/*,custom/k1", "--server", server, "-o", "json"
+    )
+    assert sorted(json.loads(out)["latest"]) == ["critic/score/mean", "custom/k1"]
+    code, out, _ = rlrun("metrics", run_id, "--keys", "none/*", "--server", server)
+    assert code == 0 and "no key matches" in out
+
+
+def test_serve_refuses_a_busy_port_in_one_line_before_start_up(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        env = {
+            "RLRUN_DATABASE_URL": f"sqlite:///{tmp_path}/s.db",
+            "RLRUN_RAY_ADDRESS": "http://127.0.0.1:9",
+        }
+        code, _, err = rlrun("serve", "--port", str(port), env=env)
+    assert code == 2
+    assert err.strip() == f"port {port} on 127.0.0.1 is in use: pick another with --port"
+    code, out, _ = rlrun("serve", "--help", env={"COLUMNS": "200"})
+    assert "--port" in out and "8000" in out

@@ -125,3 +125,9 @@ def test_the_launchers_preflight_line_is_read_and_nothing_else_is() -> None:
     assert parse_preflight("(raylet) rlrun-preflight: {not json") is None
     assert parse_preflight('rlrun-preflight: {"ok": true}') is None  # no nodes: not a report
     assert parse_preflight("step:1 - a:1") is None
+
+
+def test_any_terminal_escape_is_stripped_before_a_line_is_read() -> None:
+    line = "\x1b]0;title\x07\x1b[36m(TinyGrpoTrainer pid=1)\x1b[0m\x1b[2K step:4 - a/b:1.5"
+    parsed = parse_line(line)
+    assert parsed is not None and parsed.step == 4 and parsed.values == {"a/b": 1.5}

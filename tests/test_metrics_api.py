@@ -6,12 +6,15 @@ import math
 from typing import Any
 
 from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
+from service.app import create_app
 from service.client import parse_sse
 from service.metrics import logcopy, store
 from service.metrics.parse import MetricLine
 from service.store.db import Database
 from service.store.models import RunLog, utcnow
+from tests.conftest import make_settings, wait_for
 
 
 def queued_run(api: TestClient) -> str:
@@ -157,11 +160,62 @@ def test_the_event_stream_of_an_ended_run_replays_and_resumes_after_last_event_i
     assert api.get("/runs/nope/events").status_code == 404
 
 
+def test_a_status_event_is_the_same_json_in_the_run_and_on_its_stream(api: TestClient) -> None:
+    run_id = queued_run(api)
+    api.post(f"/runs/{run_id}/cancel")
+    streamed = [e["data"] for e in sse(api.get(f"/runs/{run_id}/events").text)]
+    stored = api.get(f"/runs/{run_id}").json()["events"]
+    assert streamed[: len(stored)] == stored and len(stored) == 2
+    assert all(e["at"].endswith("Z") for e in stored)
+
+
+def scrape(api: TestClient) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """``/metrics`` read by Prometheus' own parser: sample name -> labels -> value."""
+    resp = api.get("/metrics")
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/plain")
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(resp.text):
+        for sample in family.samples:
+            out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
 def test_prometheus_text_counts_runs_by_status(api: TestClient) -> None:
-    queued_run(api)
-    text = api.get("/metrics").text
-    assert 'rlrun_runs{status="QUEUED"} 1' in text
-    assert "rlrun_event_streams 0" in text
+    run_id = queued_run(api)
+    api.get(f"/runs/{run_id}")
+    api.get("/runs/nope")
+    found = scrape(api)
+    assert found["rlrun_runs"][(("status", "QUEUED"),)] == 1
+    assert found["rlrun_runs"][(("status", "LOST"),)] == 0
+    assert found["rlrun_event_streams"] == {(): 0}
+    # Request latency by route template (an id makes no series of its own), method and status.
+    counts = found["rlrun_http_request_duration_seconds_count"]
+    assert counts[(("method", "GET"), ("route", "/runs/{run_id}"), ("status", "200"))] == 1
+    assert counts[(("method", "GET"), ("route", "/runs/{run_id}"), ("status", "404"))] == 1
+    assert counts[(("method", "POST"), ("route", "/runs"), ("status", "201"))] == 1
+    assert not [labels for labels in counts if run_id in str(labels)]
+
+
+def test_prometheus_names_of_the_loops_and_follower_with_tick_durations(db_url: str) -> None:
+    settings = make_settings(db_url, "http://127.0.0.1:9", follow_interval_s=0.2)
+    with TestClient(create_app(settings)) as api:
+        found = wait_for(
+            lambda: scrape(api),
+            lambda f: (
+                all(v > 0 for v in f["rlrun_loop_tick_duration_seconds_count"].values())
+                and len(f["rlrun_loop_tick_duration_seconds_count"]) == 4
+            ),
+            timeout=60,
+        )
+    loops = {"submitter", "reconciler", "watchdog", "follower"}
+    assert {dict(k)["loop"] for k in found["rlrun_loop_ticks_total"]} == loops
+    assert {dict(k)["loop"] for k in found["rlrun_loop_tick_duration_seconds_bucket"]} == loops
+    for name in (
+        "rlrun_metric_points_ingested_total",
+        "rlrun_followed_runs",
+        "rlrun_follower_lag_seconds",
+    ):
+        assert found[name] == {(): 0}, name
 
 
 def test_a_replay_longer_than_one_bounded_read_misses_no_line(api: TestClient, db_url: str) -> None:

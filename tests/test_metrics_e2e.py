@@ -3,6 +3,7 @@ and /runs/{id}, across a service restart, for two SSE clients that resume with L
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from service.cli import app as cli
 from service.cluster.local_ray import LocalRayCluster
 from service.cluster.ray_jobs import RayJobs
 from service.metrics.parse import parse_line
-from service.schemas import json_value
+from service.schemas import encode
 from tests.conftest import TERMINAL, make_settings, wait_status
 from tests.live import ServerThread, SseClient
 
@@ -32,7 +33,7 @@ def printed(log: str) -> list[tuple[int, dict[str, Any]]]:
     for line in log.splitlines():
         parsed = parse_line(line)
         if parsed is not None:
-            out.append((parsed.step, {k: json_value(v) for k, v in parsed.values.items()}))
+            out.append((parsed.step, json.loads(encode(parsed.values))))
     return out
 
 

@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.errors import InvalidSpec
-from service.recipes.base import Group, ResourceShape
 from service.scheduling.fit import never_fits, suggest
 from service.scheduling.inventory import Inventory, Node
 from service.scheduling.placement import Placement, Pool, pack
+from service.scheduling.shape import Group, ResourceShape
 
 
 def pool(*nodes: tuple[float, float]) -> Pool:

@@ -10,7 +10,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.recipes.base import Launch, LaunchContext, ResourceShape
+from service.recipes.base import Launch, LaunchContext
+from service.scheduling.shape import ResourceShape
 from tests.recipes import ScriptRecipe, ScriptSpec
 
 

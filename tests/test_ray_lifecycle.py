@@ -13,11 +13,9 @@ from fastapi.testclient import TestClient
 
 from service.cluster.local_ray import LocalRayCluster
 from service.cluster.ray_jobs import RayJobs
-from tests.conftest import RAY_PORT, make_settings, submit, wait_for, wait_status
+from tests.conftest import RAY_PORT, TERMINAL, make_settings, submit, wait_for, wait_status
 
 pytestmark = pytest.mark.ray
-
-TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED", "CANCELLED", "LOST"}
 
 
 def statuses(run: dict[str, Any]) -> list[str]:

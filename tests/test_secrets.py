@@ -12,9 +12,9 @@ from sqlalchemy import create_engine, text
 
 from service.cluster.ray_jobs import RayRejected
 from service.loops.submitter import Submitter
-from service.recipes.base import ResourceShape
 from service.scheduling.admission import QueuedRun
 from service.scheduling.backlog import QueuedRow
+from service.scheduling.shape import ResourceShape
 from service.secrets import MASK, SecretMissing, SecretStore, looks_secret
 from service.store.db import Database
 from service.store.models import Run

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from fastapi.testclient import TestClient
 
-from jobs.tiny_grpo.actors import console_line
+from jobs.tiny_grpo.actors import TinyGrpoRollouter, TinyGrpoTrainer, console_line
 from jobs.tiny_grpo.policy import Batch, Correction, Weights, group_advantages, update
 from jobs.tiny_grpo.task import score
 from service.metrics.parse import parse_line
@@ -58,3 +59,13 @@ def test_its_console_lines_are_verl_lines_the_parser_reads() -> None:
     assert line == "step:3 - critic/score/mean:0.5 - val-core/x/acc/mean@1:np.float64(1.0)"
     parsed = parse_line(f"(TinyGrpoTrainer pid=1) {line}")
     assert parsed is not None and parsed.values["val-core/x/acc/mean@1"] == 1.0
+
+
+def test_its_training_line_names_each_timing_once(capsys: pytest.CaptureFixture[str]) -> None:
+    trainer = TinyGrpoTrainer(4, 0, 1.0, Correction(2.0, 0.5, 2.0), train_s=0.0)
+    rollouter = TinyGrpoRollouter(4, 2, 4, 0, gen_s=0.0)
+    trainer.train(rollouter.generate(), waited_s=0.0)
+    trainer.log_sync(1, 0, 0.25)
+    parsed = parse_line(capsys.readouterr().out.strip())
+    assert parsed is not None and parsed.values["timing_s/param_sync"] == 0.25
+    assert not [k for k in parsed.values if k.startswith("timing_s/timing_s")]

@@ -150,7 +150,7 @@ class TinyGrpoTrainer:
             **{k: v for k, v in mean.items() if not k.startswith("critic/score")},
             "response_length/mean": 2.0,
             "actor/lr": self.lr,
-            "timing_s/timing_s/param_sync": sync_s,
+            "timing_s/param_sync": sync_s,
             "fully_async/count/stale_trajectory_processed": self.stale,
             "fully_async/count/current_param_version": version,
             "fully_async/count/mean_staleness": staleness,

@@ -9,10 +9,10 @@ from sqlalchemy import select
 
 from service.api.auth import Viewer
 from service.api.deps import ServicesDep
-from service.recipes.base import PRIORITY_NAMES
 from service.scheduling import backlog
 from service.scheduling.admission import held_by_team, queue_order
 from service.scheduling.inventory import Inventory
+from service.scheduling.priority import PRIORITY_NAMES
 from service.store.models import Run, utcnow
 
 router = APIRouter(tags=["cluster"])

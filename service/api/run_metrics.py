@@ -12,14 +12,15 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Header, Query
 from fastapi.responses import PlainTextResponse, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
-from pydantic_core import to_json
 
 from service.api.auth import CredentialsDep, Principal, Viewer, principal_from, require_visible
 from service.api.deps import INT64_MAX, ServicesDep
 from service.errors import InvalidSpec, field_error
 from service.metrics import logcopy, store
+from service.metrics.ansi import strip_ansi
 from service.metrics.broker import Cursor
-from service.wire import SeriesOut
+from service.schemas import encode
+from service.wire import LatestOut, SeriesOut
 
 router = APIRouter(prefix="/runs", tags=["metrics"])
 
@@ -50,8 +51,8 @@ def metric_series(
         chosen = names or list(store.keys_of(session, run_id))[:limit]
         found = store.series(session, run_id, chosen, max_points, from_step, to_step)
     # Serialised in one call (pydantic-core, no dict per point): a dashboard page of keys is
-    # tens of thousands of points. NaN and infinities as strings, as ``json_value`` writes them.
-    body = to_json({"run_id": run_id, "series": found}, inf_nan_mode="strings")
+    # tens of thousands of points.
+    body = encode({"run_id": run_id, "series": found})
     return Response(body, media_type="application/json")
 
 
@@ -61,6 +62,19 @@ def metric_keys(services: ServicesDep, principal: Viewer, run_id: str) -> list[s
     with services.db.read() as session:
         require_visible(session, principal, run_id)
         return list(store.keys_of(session, run_id))
+
+
+@router.get("/{run_id}/metrics/latest", response_model=LatestOut)
+def metric_latest(services: ServicesDep, principal: Viewer, run_id: str) -> Response:
+    """Every key the run has logged with its value at the newest step it was logged (NaN and
+    infinities as strings); ``step`` is the newest of those steps."""
+    with services.db.read() as session:
+        require_visible(session, principal, run_id)
+        found = store.latest_every(session, run_id)
+    latest = {k: {"step": s, "value": v} for k, (s, v) in found.items()}
+    step = max((s for s, _ in found.values()), default=None)
+    body = encode({"run_id": run_id, "step": step, "latest": latest})
+    return Response(body, media_type="application/json")
 
 
 @router.get(
@@ -91,7 +105,7 @@ def run_logs(
             text, end = logcopy.tail(session, run_id, tail), logcopy.end(session, run_id)
         finished = logcopy.finished(session, run_id)
     headers = {"Log-Offset": str(end), "Log-Complete": str(finished).lower()}
-    return PlainTextResponse(text if ansi else logcopy.strip_ansi(text), headers=headers)
+    return PlainTextResponse(text if ansi else strip_ansi(text), headers=headers)
 
 
 def _stream_caller(
@@ -143,4 +157,6 @@ async def run_events(
     ``end`` event once the run has ended and its log is read to the end. Event ids are
     ``<status event id>-<log offset>`` (resume is exact for both)."""
     async for item, cursor in services.broker.subscribe(run_id, start):
-        yield ServerSentEvent(event=item.kind, data=item.data, id=cursor.encode())
+        # Encoded as the run's own answer encodes it (times, NaN): one serialiser.
+        data = encode(item.data).decode()
+        yield ServerSentEvent(event=item.kind, raw_data=data, id=cursor.encode())

@@ -27,11 +27,12 @@ from service.api.read_cache import Answer, respond
 from service.errors import Conflict, Forbidden, InvalidSpec, TooManyRequests, field_error
 from service.ids import new_run_id
 from service.metrics import store
-from service.recipes.base import PRIORITIES, LaunchContext
+from service.recipes.base import LaunchContext
 from service.scheduling import backlog
 from service.scheduling.admission import QueuedRun
 from service.scheduling.fit import never_fits
-from service.schemas import SUMMARY_KEYS, json_response, run_doc, summary_doc
+from service.scheduling.priority import PRIORITIES
+from service.schemas import SUMMARY_KEYS, encode, json_response, run_doc, summary_doc
 from service.secrets import SecretStore, masked_runtime_env, masked_spec
 from service.settings import Settings
 from service.store.lifecycle import accept, request_stop, transition
@@ -256,7 +257,7 @@ async def list_runs(
             latest = store.latest_of_runs(session, [r.id for r in page], SUMMARY_KEYS)
         items = [summary_doc(r, latest.get(r.id)) for r in page]
         next_cursor = page[-1].id if len(rows) > limit else None
-        return Answer(to_json({"items": items, "next_cursor": next_cursor}))
+        return Answer(encode({"items": items, "next_cursor": next_cursor}))
 
     # The key is everything the page depends on, the team it is limited to included.
     answer = await services.reads.answer(f"runs:{to_json(params).decode()}", read)
@@ -277,7 +278,7 @@ async def get_run(
         with services.db.read() as session:
             run = run_row(session, run_id)
             doc = run_doc(run, events_of(session, run_id), store.latest(session, run_id))
-        return Answer(to_json(doc), run.team)
+        return Answer(encode(doc), run.team)
 
     answer = await services.reads.answer(f"run:{run_id}", read)
     ensure_sees(principal, answer.team, run_id)

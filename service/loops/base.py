@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from service.backoff import Backoff
 from service.cluster.ray_jobs import RayUnavailable
 from service.errors import DatabaseBusy
 
@@ -26,6 +28,7 @@ class Loop:
     max_backoff_s: float
     failures: int = field(default=0, init=False)  # in a row; the backoff grows with them
     ticks: int = field(default=0, init=False)  # ticks run to the end, failed or not
+    on_tick: Callable[[float], None] | None = field(default=None, init=False)  # its seconds
     _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False)
 
@@ -46,6 +49,7 @@ class Loop:
         assert self._loop is not None
         while not stop.is_set():
             self._wake.clear()
+            started = time.perf_counter()
             try:
                 await self._loop.run_in_executor(thread, self.tick)
                 self.failures = 0
@@ -59,9 +63,9 @@ class Loop:
                 self.failures += 1
                 log.exception("%s: tick failed", self.name)
             self.ticks += 1
-            delay = min(self.interval_s * 2 ** min(self.failures, 10), self.max_backoff_s)
-            if not self.failures:
-                delay = self.interval_s
+            if self.on_tick is not None:
+                self.on_tick(time.perf_counter() - started)
+            delay = Backoff(self.interval_s, self.max_backoff_s).delay(self.failures)
             waiters = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())}
             _, pending = await asyncio.wait(waiters, timeout=delay, return_when="FIRST_COMPLETED")
             for fut in pending:

@@ -21,6 +21,7 @@ from typing import ClassVar
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from service.backoff import Backoff
 from service.cluster.ray_jobs import JobInfo, RayJobs, RayRejected, RayUnavailable, stop_job
 from service.store.db import Database
 from service.store.lifecycle import set_health, transition
@@ -74,7 +75,7 @@ class Reconciler:
         for run_id in failed:
             retry = self._retry.setdefault(run_id, _Retry(0, now))
             retry.failures += 1
-            retry.next_at = now + min(self.interval_s * 2**retry.failures, self.max_backoff_s)
+            retry.next_at = now + Backoff(self.interval_s, self.max_backoff_s).delay(retry.failures)
         ended = False
         if observed or failed:
             with self.db.transaction() as session:

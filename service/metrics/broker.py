@@ -23,7 +23,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.metrics import logcopy, store
-from service.schemas import json_value
+from service.schemas import event_doc
 from service.store.db import Database
 from service.store.models import MetricPoint, RunEvent
 
@@ -85,17 +85,7 @@ def read_after(session: Session, run_id: str, cursor: Cursor) -> Read:
     """Items past ``cursor``, in commit order per kind."""
     ended = logcopy.finished(session, run_id)
     items = [
-        Item(
-            "status",
-            e.id,
-            {
-                "id": e.id,
-                "at": e.at.isoformat(),
-                "from_status": e.from_status,
-                "to_status": e.to_status,
-                "reason": e.reason,
-            },
-        )
+        Item("status", e.id, event_doc(e))
         for e in session.scalars(
             select(RunEvent)
             .where(RunEvent.run_id == run_id, RunEvent.id > cursor.event_id)
@@ -107,7 +97,7 @@ def read_after(session: Session, run_id: str, cursor: Cursor) -> Read:
         Item(
             "metrics",
             off,
-            {"step": step, "values": {k: json_value(v) for k, v in vals.items()}},
+            {"step": step, "values": vals},
         )
         for off, step, vals in lines
     ]

@@ -14,12 +14,11 @@ from datetime import datetime
 from sqlalchemy.orm import Session
 
 from service.metrics import store
+from service.metrics.keys import REWARD_KEY
 from service.metrics.parse import MetricLine
 from service.store.lifecycle import set_health
 from service.store.models import Run, RunLog
 from service.store.status import METRIC_HEALTH, Health, RunStatus
-
-REWARD_KEY = "critic/score/mean"
 
 
 @dataclass(frozen=True)

@@ -2,20 +2,11 @@
 
 from __future__ import annotations
 
-import re
-
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from service.store.models import LogChunk, Run, RunLog
 from service.store.status import TERMINAL
-
-# Terminal escape sequences: CSI (colours, cursor moves), OSC (titles, links), and 2-byte ones.
-ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
-
-
-def strip_ansi(text: str) -> str:
-    return ANSI.sub("", text)
 
 
 def append(session: Session, run_id: str, start: int, text: str, keep_chars: int) -> None:

@@ -15,8 +15,8 @@ import re
 from typing import Any, NamedTuple
 
 from jobs.verl_launch import PREFIX as PREFLIGHT_PREFIX
+from service.metrics.ansi import strip_ansi
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _RAY_PREFIX = re.compile(r"^\((?:[^()\s]+ )?pid=\d+(?:, ip=[^)]*)?\)\s*")
 _RAY_REPEAT = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
 _STEP = re.compile(r"^step:(\d{1,30})(?: - |$)")  # bounded: int() of any digit run is cheap
@@ -44,7 +44,7 @@ def parse_value(text: str) -> float | None:
 
 
 def strip_ray_prefix(line: str) -> str:
-    line = _ANSI.sub("", line).rstrip("\r\n")
+    line = strip_ansi(line).rstrip("\r\n")
     return _RAY_REPEAT.sub("", _RAY_PREFIX.sub("", line, count=1))
 
 

@@ -15,21 +15,29 @@ from sqlalchemy import ARRAY, FromClause, bindparam, case, cast, func, or_, sele
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from service.metrics.keys import (
+    REWARD_KEY,
+    REWARD_MAX_KEY,
+    REWARD_MIN_KEY,
+    STALE_KEY,
+    STEP_KEY,
+    TRAINER_STEP_KEY,
+)
 from service.metrics.parse import MetricLine
 from service.store.models import MetricBucket, MetricLatest, MetricPoint, RunLog
 
 # Keys shown as ``metrics.latest`` on a run: reward, validation, async health, staleness.
 LATEST_KEYS = (
-    "critic/score/mean",
-    "critic/score/max",
-    "critic/score/min",
+    REWARD_KEY,
+    REWARD_MAX_KEY,
+    REWARD_MIN_KEY,
     "critic/rewards/mean",
     "fully_async/trainer/idle_ratio",
     "fully_async/rollouter/idle_ratio",
     "fully_async/partial/partial_ratio",
-    "fully_async/count/stale_trajectory_processed",
-    "fully_async/count/current_param_version",
-    "training/global_step",
+    STALE_KEY,
+    STEP_KEY,
+    TRAINER_STEP_KEY,
 )
 LATEST_PATTERNS = ("val-core/%/acc/mean@%",)
 # What the columns hold (``metric_points.key``, ``.step``): anything past them is dropped.
@@ -347,6 +355,16 @@ def latest(session: Session, run_id: str) -> dict[str, tuple[int, float]]:
                 *(MetricLatest.key.like(p) for p in LATEST_PATTERNS),
             ),
         )
+    )
+    return {key: (step, _read(value)) for key, step, value in rows}
+
+
+def latest_every(session: Session, run_id: str) -> dict[str, tuple[int, float]]:
+    """Key -> (step, value) at the newest step that key was logged, for every key, sorted."""
+    rows = session.execute(
+        select(MetricLatest.key, MetricLatest.step, MetricLatest.value)
+        .where(MetricLatest.run_id == run_id)
+        .order_by(MetricLatest.key)
     )
     return {key: (step, _read(value)) for key, step, value in rows}
 

@@ -9,10 +9,8 @@ from typing import Any, ClassVar, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from service.recipes import env_names
+from service.scheduling.shape import ResourceShape
 from service.secrets import SECRET_NAME
-
-PRIORITIES: dict[str, int] = {"low": 0, "normal": 1, "high": 2}
-PRIORITY_NAMES = {v: k for k, v in PRIORITIES.items()}
 
 
 class RunSpec(BaseModel):
@@ -40,51 +38,6 @@ class RunSpec(BaseModel):
             if not SECRET_NAME.fullmatch(name):
                 raise ValueError(f"{name!r} is not a secret name ([A-Za-z0-9_.-], up to 64)")
         return value
-
-
-@dataclass(frozen=True)
-class Group:
-    """Accelerators and CPUs that must sit together on one node (one placement group).
-
-    ``size_field`` and ``count_field`` name the spec fields (dotted paths) that set this group's
-    accelerators and how many groups of its role there are, so a shape that can never fit is
-    refused naming them, with a suggestion of values that fit the cluster.
-    """
-
-    role: str
-    accelerators: int
-    cpus: float
-    size_field: str | None = None
-    count_field: str | None = None
-
-
-@dataclass(frozen=True)
-class ResourceShape:
-    """Everything a run holds on the cluster while it is active."""
-
-    accelerator: Literal["NPU", "GPU"] = "NPU"
-    groups: tuple[Group, ...] = ()
-    driver_cpus: float = 1.0
-
-    @property
-    def accelerators(self) -> int:
-        return sum(g.accelerators for g in self.groups)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "accelerator": self.accelerator,
-            "accelerators": self.accelerators,
-            "driver_cpus": self.driver_cpus,
-            "groups": [g.__dict__ for g in self.groups],
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ResourceShape:
-        return cls(
-            accelerator=data["accelerator"],
-            groups=tuple(Group(**g) for g in data["groups"]),
-            driver_cpus=data["driver_cpus"],
-        )
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from service.errors import InvalidSpec, field_error, invalid_from_pydantic
 from service.recipes import env_names, storable
 from service.recipes.base import Launch, LaunchContext, Recipe, RunSpec
 from service.recipes.tiny_grpo import TinyGrpoRecipe
-from service.recipes.verl import VerlFullyAsyncRecipe
+from service.recipes.verl.recipe import VerlFullyAsyncRecipe
 from service.settings import Settings
 
 

@@ -14,7 +14,8 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from jobs.tiny_grpo.options import DEFAULTS, to_argv
-from service.recipes.base import Group, Launch, LaunchContext, ResourceShape, RunSpec
+from service.recipes.base import Launch, LaunchContext, RunSpec
+from service.scheduling.shape import Group, ResourceShape
 
 ACTOR_CPUS: float = DEFAULTS["actor_cpus"]
 DRIVER_CPUS = 0.25

@@ -24,10 +24,10 @@ from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from service.recipes.base import ResourceShape
 from service.scheduling.fit import on_empty_cluster
 from service.scheduling.inventory import Inventory
 from service.scheduling.placement import EPS, Fitter, Placement, Pool, pack
+from service.scheduling.shape import ResourceShape
 
 # Resources the service's own account keeps cluster-wide.
 ACCOUNTED = ("NPU", "GPU", "CPU")

@@ -9,10 +9,10 @@ from typing import Any
 from sqlalchemy import ColumnElement, or_, select, text
 from sqlalchemy.orm import Session
 
-from service.recipes.base import ResourceShape
 from service.scheduling.admission import HeldRun, QueuedRun, Quotas, decide
 from service.scheduling.fit import on_empty_cluster
 from service.scheduling.inventory import Inventory
+from service.scheduling.shape import ResourceShape
 from service.settings import Settings
 from service.store.models import Run
 from service.store.status import ACTIVE, RunStatus

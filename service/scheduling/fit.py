@@ -12,9 +12,9 @@ from collections import defaultdict
 from dataclasses import replace
 
 from service.errors import InvalidSpec, field_error
-from service.recipes.base import Group, ResourceShape
 from service.scheduling.inventory import Inventory
 from service.scheduling.placement import Fitter, Pool, pack
+from service.scheduling.shape import Group, ResourceShape
 
 
 def on_empty_cluster(inventory: Inventory) -> Fitter:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.recipes.base import ResourceShape
+from service.scheduling.shape import ResourceShape
 
 EPS = 1e-9
 # Search steps before giving up on a shape (counted as "does not fit"; greedy is tried first).

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 
 from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
+from service.clock import utcnow
 from service.errors import Conflict
 from service.store.models import Run, RunEvent
 from service.store.status import ACTIVE, TERMINAL, Health, RunStatus, is_allowed
@@ -43,7 +44,7 @@ def transition(session: Session, run: Run, dst: RunStatus, reason: str) -> RunEv
     src = RunStatus(run.status)
     if not is_allowed(src, dst):
         raise IllegalTransition(f"run {run.id} cannot go from {src} to {dst}")
-    now = datetime.now(UTC)
+    now = utcnow()
     run.status = dst
     run.updated_at = now
     if dst is RunStatus.SUBMITTED:
@@ -59,7 +60,7 @@ def transition(session: Session, run: Run, dst: RunStatus, reason: str) -> RunEv
 
 def note(session: Session, run: Run, reason: str) -> RunEvent:
     """Append an event that leaves the status as it is (a stop request, a change of health)."""
-    run.updated_at = datetime.now(UTC)
+    run.updated_at = utcnow()
     return _event(session, run, run.status, run.status, reason, run.updated_at)
 
 
@@ -68,7 +69,7 @@ def request_stop(session: Session, run: Run, reason: str | None = None) -> bool:
     this is a new request."""
     if run.status not in ACTIVE or run.stop_requested_at is not None:
         return False
-    run.stop_requested_at = datetime.now(UTC)
+    run.stop_requested_at = utcnow()
     note(session, run, f"stop requested: {reason}" if reason else "stop requested")
     return True
 

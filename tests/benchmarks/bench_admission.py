@@ -30,9 +30,9 @@ from service.app import create_app
 from service.cluster.local_ray import LocalRayCluster
 from service.cluster.ray_jobs import RayJobs
 from service.loops.submitter import Submitter
-from service.recipes.base import Group, ResourceShape
 from service.scheduling.admission import HeldRun, QueuedRun, Quotas, decide
 from service.scheduling.inventory import Inventory, Node
+from service.scheduling.shape import Group, ResourceShape
 from service.settings import Settings
 from service.store.db import Database, upgrade
 from service.store.models import Run, utcnow

@@ -30,8 +30,9 @@ from fastapi.testclient import TestClient
 from service.app import create_app
 from service.metrics import store
 from service.metrics.parse import MetricLine
-from service.recipes.base import Launch, LaunchContext, ResourceShape, RunSpec
+from service.recipes.base import Launch, LaunchContext, RunSpec
 from service.recipes.registry import default_registry
+from service.scheduling.shape import ResourceShape
 from service.settings import Settings
 from service.store.db import Database, upgrade
 from tests import postgres

@@ -10,10 +10,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from service.recipes.base import Group, ResourceShape
 from service.recipes.verl import pools
 from service.recipes.verl.hydra_check import parse, select
 from service.recipes.verl.spec import Block, VerlFullyAsyncSpec
+from service.scheduling.shape import Group, ResourceShape
 
 MODULE = "verl.experimental.fully_async_policy.fully_async_main"
 CONFIG_NAMES = {"megatron": "fully_async_ppo_megatron_trainer"}

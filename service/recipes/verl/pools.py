@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.recipes.base import Group
 from service.recipes.verl.hydra_check import select
+from service.scheduling.shape import Group
 
 # Bundles per accelerator: trainer-like pools hold {CPU: 3}, rollout-like replicas {CPU: 2}.
 CPUS_PER_TRAINER_ACCELERATOR = 3

@@ -1,0 +1,11 @@
+"""verl's metric key names the service reads: progress, reward, and what a run shows first."""
+
+from __future__ import annotations
+
+# The parameter version: one per weight sync, the run's progress of ``total_steps``.
+STEP_KEY = "fully_async/count/current_param_version"
+TRAINER_STEP_KEY = "training/global_step"
+REWARD_KEY = "critic/score/mean"
+REWARD_MAX_KEY = "critic/score/max"
+REWARD_MIN_KEY = "critic/score/min"
+STALE_KEY = "fully_async/count/stale_trajectory_processed"
