@@ -29,6 +29,7 @@ from service.api import (
     runs,
     script,
     verl,
+    webhooks,
 )
 from service.api import cluster as cluster_api
 from service.api.body_limit import BodyLimit
@@ -37,6 +38,7 @@ from service.api.oidc import OidcVerifier
 from service.api.overload import ShedLoad
 from service.api.probe_process import ProbeProcess
 from service.api.read_cache import ReadCache
+from service.backoff import Backoff
 from service.cluster.local_ray import LocalRayCluster, PortInUse
 from service.cluster.ray_jobs import RayJobs
 from service.errors import install_handlers
@@ -48,6 +50,8 @@ from service.loops.watchdog import Watchdog
 from service.metrics import store
 from service.metrics.broker import Broker
 from service.metrics.health import HealthRules
+from service.notify.guard import AllowList
+from service.notify.sender import Notifier
 from service.recipes.registry import RecipeRegistry, default_registry
 from service.scheduling import backlog
 from service.scheduling.inventory import InventoryCache
@@ -135,6 +139,7 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
     app.add_middleware(TimeRequests, telemetry=app.state.telemetry)
     browser.install(app)
     app.include_router(probes.router)
+    app.include_router(webhooks.router)
     app.include_router(runs.router)
     app.include_router(script.router)
     app.include_router(recipes.router)
@@ -204,8 +209,18 @@ def build_services(settings: Settings, registry: RecipeRegistry, ray_address: st
             broker.notify,
             limits=store.Limits(settings.metric_keys_per_run, settings.metric_points_per_run),
         )
+        notifier = Notifier(
+            db,
+            owner,
+            AllowList.parse(settings.webhook_allow.split(",")),
+            settings.public_url,
+            timeout_s=settings.webhook_timeout_s,
+            backoff=Backoff(settings.webhook_retry_s, 3600.0),
+            max_age_s=settings.webhook_max_age_s,
+        )
         backoff = settings.max_backoff_s
         loops |= {
+            "notifier": Loop("notifier", notifier.tick, settings.webhook_interval_s, backoff),
             "submitter": Loop("submitter", submitter.tick, settings.submit_interval_s, backoff),
             "reconciler": Loop(
                 "reconciler", reconciler.tick, settings.reconcile_interval_s, backoff

@@ -756,3 +756,74 @@ def token_revoke(token_id: str) -> None:
 
 if __name__ == "__main__":
     app()
+
+
+webhook_app = typer.Typer(help="Webhooks: run events to a URL, signed.", no_args_is_help=True)
+app.add_typer(webhook_app, name="webhook")
+
+
+@webhook_app.command("add")
+def webhook_add(
+    url: Annotated[str, typer.Argument(help="Where to send (https, or an allowed address)")],
+    event: Annotated[
+        list[str] | None,
+        typer.Option("--event", help="run.status, run.health or run.failed (repeat for more)"),
+    ] = None,
+    status: Annotated[
+        list[str] | None, typer.Option("--status", help="run.status only for this status")
+    ] = None,
+    name_pattern: Annotated[str | None, typer.Option(help="Only runs named like this glob")] = None,
+    recipe: Annotated[str | None, typer.Option(help="Only runs of this recipe")] = None,
+    slack: Annotated[bool, typer.Option("--slack", help="Send Slack messages")] = False,
+    team: Annotated[str | None, typer.Option(help="An admin's: this team (default all)")] = None,
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+    output: OutputOpt = Output.table,
+) -> None:
+    """Subscribe URL to run events; prints the signing secret, which is shown only now."""
+    subscription: dict[str, Any] = {
+        "url": url,
+        "events": event or ["run.status"],
+        "statuses": status or [],
+        "format": "slack" if slack else "standard",
+    }
+    optional = {"name_pattern": name_pattern, "recipe": recipe, "team": team}
+    subscription |= {k: v for k, v in optional.items() if v is not None}
+    with connect(server, token) as client:
+        hook = client.create_webhook(subscription)
+    if output == Output.json:
+        emit_json(hook)
+        return
+    sys.stdout.write(hook["id"] + "\n")
+    say(f"secret (shown once): {hook['secret']}", to=errors)
+
+
+@webhook_app.command("list")
+def webhook_list(
+    server: ServerOpt = None, token: TokenOpt = None, output: OutputOpt = Output.table
+) -> None:
+    """Subscriptions you may see (no secrets)."""
+    with connect(server, token) as client:
+        hooks = client.webhooks()
+    if output == Output.json:
+        emit_json(hooks)
+        return
+    table = Table("id", "team", "url", "events", "format", "paused")
+    for h in hooks:
+        table.add_row(
+            Text(h["id"]),
+            Text(clean(h["team"] or "(all)")),
+            Text(clean(h["url"])),
+            Text(",".join(h["events"])),
+            Text(h["format"]),
+            Text(clean(h["paused_reason"] or "") if h["paused_at"] else ""),
+        )
+    console.print(table)
+
+
+@webhook_app.command("rm")
+def webhook_rm(hook_id: str, server: ServerOpt = None, token: TokenOpt = None) -> None:
+    """Delete a subscription (deliveries not yet sent go with it)."""
+    with connect(server, token) as client:
+        client.delete_webhook(hook_id)
+    say(f"deleted {hook_id}")

@@ -289,6 +289,25 @@ class Client:
                     raise Unreachable(f"lost {self.url}: {exc}") from exc
             time.sleep(backoff.delay(failures))
 
+    # Webhooks
+
+    def create_webhook(self, subscription: dict[str, Any]) -> dict[str, Any]:
+        """Subscribe; the answer's ``secret`` is shown this once."""
+        body: dict[str, Any] = self._request("POST", "/webhooks", json=subscription).json()
+        return body
+
+    def webhooks(self) -> list[dict[str, Any]]:
+        body: list[dict[str, Any]] = self._request("GET", "/webhooks").json()
+        return body
+
+    def delete_webhook(self, hook_id: str) -> None:
+        self._request("DELETE", f"/webhooks/{hook_id}")
+
+    def deliveries(self, hook_id: str, limit: int = 50) -> list[dict[str, Any]]:
+        resp = self._request("GET", f"/webhooks/{hook_id}/deliveries", params={"limit": limit})
+        body: list[dict[str, Any]] = resp.json()
+        return body
+
     # Cluster and service
 
     def cluster(self) -> dict[str, Any]:

@@ -152,6 +152,17 @@ class Settings(BaseSettings):
     stop_stuck: bool = False
     watchdog_interval_s: float = 10.0
 
+    # Webhooks: where they may call besides public addresses (host names or CIDRs, comma
+    # separated, e.g. "127.0.0.1/32,hooks.internal"), how often the outbox is read, how long
+    # a receiver may take, the first retry's delay and how long a delivery is retried.
+    webhook_allow: str = ""
+    webhook_interval_s: float = Field(default=0.5, gt=0)
+    webhook_timeout_s: float = Field(default=10.0, gt=0, le=60)
+    webhook_retry_s: float = Field(default=5.0, gt=0)
+    webhook_max_age_s: float = Field(default=24 * 3600.0, gt=0)
+    # The service's address as people reach it: links in webhook messages point there.
+    public_url: str = "http://127.0.0.1:8000"
+
     # Identity. "auto": on unless the service listens only on loopback (``listen_host``, set by
     # ``rlrun serve --host``); "on"; "off" (open: every caller is an anonymous admin).
     auth: Literal["auto", "on", "off"] = "auto"

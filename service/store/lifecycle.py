@@ -1,4 +1,5 @@
-"""The one writer of a run's status, health and events: every change appends a ``RunEvent``."""
+"""The one writer of a run's status, health and events: every change appends a ``RunEvent``, and
+writes the webhook deliveries it owes in the same transaction (the outbox)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from service.clock import utcnow
 from service.errors import Conflict
+from service.notify import outbox
 from service.store.models import Run, RunEvent
 from service.store.status import ACTIVE, TERMINAL, Health, RunStatus, is_allowed
 
@@ -55,7 +57,11 @@ def transition(session: Session, run: Run, dst: RunStatus, reason: str) -> RunEv
         run.ended_at = now
         run.claim_owner = None
         run.claim_expires_at = None
-    return _event(session, run, src, dst, reason, now)
+    event = _event(session, run, src, dst, reason, now)
+    outbox.enqueue(session, run, event, "run.status")
+    if dst is RunStatus.FAILED:
+        outbox.enqueue(session, run, event, "run.failed")
+    return event
 
 
 def note(session: Session, run: Run, reason: str) -> RunEvent:
@@ -80,7 +86,8 @@ def set_health(session: Session, run: Run, health: Health, reason: str | None) -
         return False
     run.health = health
     run.health_reason = reason
-    note(session, run, f"health {health}: {reason or 'recovered'}")
+    event = note(session, run, f"health {health}: {reason or 'recovered'}")
+    outbox.enqueue(session, run, event, "run.health")
     return True
 
 

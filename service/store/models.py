@@ -237,3 +237,65 @@ class AuditEntry(Base):
     run_id: Mapped[str | None] = mapped_column(String(40), index=True)
     target: Mapped[str | None] = mapped_column(String(200))
     client: Mapped[str | None] = mapped_column(String(100))
+
+
+class Webhook(Base):
+    """A subscription: which runs' events go to which URL, in which format, signed how."""
+
+    __tablename__ = "webhooks"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    # The team whose runs it hears of; None: every team's (an admin's subscription).
+    team: Mapped[str | None] = mapped_column(String(64), index=True)
+    created_by: Mapped[str] = mapped_column(String(200))
+    url: Mapped[str] = mapped_column(String(2000))
+    # {"events": [...], "statuses": [...], "recipe": ..., "name_pattern": ...}
+    rules: Mapped[dict[str, Any]]
+    format: Mapped[str] = mapped_column(String(16), default="standard")
+    # Standard Webhooks secrets (``whsec_...``); the previous one also signs until it lapses.
+    secret: Mapped[str] = mapped_column(String(100))
+    previous_secret: Mapped[str | None] = mapped_column(String(100))
+    previous_until: Mapped[datetime | None]
+    paused_at: Mapped[datetime | None]
+    paused_reason: Mapped[str | None] = mapped_column(SafeText)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class WebhookDelivery(Base):
+    """One message for one subscription (the outbox): written in the event's transaction, sent
+    by a replica's notifier, its id the stable ``webhook-id`` a receiver de-duplicates by."""
+
+    __tablename__ = "webhook_deliveries"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    webhook_id: Mapped[str] = mapped_column(
+        ForeignKey("webhooks.id", ondelete="CASCADE"), index=True
+    )
+    event_type: Mapped[str] = mapped_column(String(32))
+    run_id: Mapped[str | None] = mapped_column(String(40))
+    payload: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # pending -> delivered | failed (given up after the retry window)
+    state: Mapped[str] = mapped_column(String(16), default="pending")
+    next_attempt_at: Mapped[datetime] = mapped_column(default=utcnow)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    claim_owner: Mapped[str | None] = mapped_column(String(120))
+    claim_expires_at: Mapped[datetime | None]
+    delivered_at: Mapped[datetime | None]
+
+    __table_args__ = (Index("ix_webhook_deliveries_due", "state", "next_attempt_at"),)
+
+
+class WebhookAttempt(Base):
+    """One try at sending a delivery: the answer's status, how long it took, or the error."""
+
+    __tablename__ = "webhook_attempts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    delivery_id: Mapped[str] = mapped_column(
+        ForeignKey("webhook_deliveries.id", ondelete="CASCADE"), index=True
+    )
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    status_code: Mapped[int | None] = mapped_column(Integer)
+    latency_ms: Mapped[float | None] = mapped_column(Float)
+    error: Mapped[str | None] = mapped_column(SafeText)

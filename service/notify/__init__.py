@@ -1,0 +1,1 @@
+"""Telling people: webhook subscriptions, the outbox written with each event, signed delivery."""
