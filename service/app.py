@@ -28,6 +28,7 @@ from service.api import (
     run_metrics,
     runs,
     script,
+    usage,
     verl,
     webhooks,
 )
@@ -140,6 +141,7 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
     browser.install(app)
     app.include_router(probes.router)
     app.include_router(webhooks.router)
+    app.include_router(usage.router)
     app.include_router(runs.router)
     app.include_router(script.router)
     app.include_router(recipes.router)

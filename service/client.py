@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -306,6 +306,15 @@ class Client:
     def deliveries(self, hook_id: str, limit: int = 50) -> list[dict[str, Any]]:
         resp = self._request("GET", f"/webhooks/{hook_id}/deliveries", params={"limit": limit})
         body: list[dict[str, Any]] = resp.json()
+        return body
+
+    def usage(
+        self, start: str | None = None, end: str | None = None, group_by: Sequence[str] = ()
+    ) -> dict[str, Any]:
+        """Accelerator-hours in the UTC days [start, end), per ``group_by`` (default team)."""
+        params: dict[str, Any] = {"from": start, "to": end, "group_by": list(group_by) or None}
+        resp = self._request("GET", "/usage", params={k: v for k, v in params.items() if v})
+        body: dict[str, Any] = resp.json()
         return body
 
     # Cluster and service

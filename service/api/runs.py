@@ -121,6 +121,7 @@ def create_run(
         launch=launch.as_dict(),
         idempotency_key=key,
         request_hash=digest,
+        created_by=principal.user,
         created_at=now,
         updated_at=now,
     )

@@ -8,6 +8,7 @@ from datetime import datetime
 from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
+from service import usage
 from service.clock import utcnow
 from service.errors import Conflict
 from service.notify import outbox
@@ -57,6 +58,7 @@ def transition(session: Session, run: Run, dst: RunStatus, reason: str) -> RunEv
         run.ended_at = now
         run.claim_owner = None
         run.claim_expires_at = None
+        usage.accrue(session, run, now)
     event = _event(session, run, src, dst, reason, now)
     outbox.enqueue(session, run, event, "run.status")
     if dst is RunStatus.FAILED:

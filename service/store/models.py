@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Date,
     DateTime,
     Float,
     ForeignKey,
@@ -81,6 +82,8 @@ class Run(Base):
     launch: Mapped[dict[str, Any]]
     idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True)
     request_hash: Mapped[str | None] = mapped_column(String(64))
+    # Who submitted it (the caller's user), for usage by user.
+    created_by: Mapped[str | None] = mapped_column(String(200))
 
     ray_status: Mapped[str | None] = mapped_column(String(16))
     ray_message: Mapped[str | None] = mapped_column(SafeText)
@@ -299,3 +302,21 @@ class WebhookAttempt(Base):
     status_code: Mapped[int | None] = mapped_column(Integer)
     latency_ms: Mapped[float | None] = mapped_column(Float)
     error: Mapped[str | None] = mapped_column(SafeText)
+
+
+class UsageTotal(Base):
+    """Accelerator-seconds allocated in one UTC day (``period`` "d") or month ("m", from its
+    first day), per team, user, recipe and accelerator: added when a run ends (its allocation
+    from submission to end, split at midnights). Months let a year's report read 12 rows per
+    group instead of 365."""
+
+    __tablename__ = "usage_totals"
+
+    period: Mapped[str] = mapped_column(String(1), primary_key=True)
+    start: Mapped[date] = mapped_column(Date, primary_key=True)
+    team: Mapped[str] = mapped_column(String(64), primary_key=True)
+    user: Mapped[str] = mapped_column(String(200), primary_key=True)
+    recipe: Mapped[str] = mapped_column(String(64), primary_key=True)
+    accelerator: Mapped[str] = mapped_column(String(8), primary_key=True)
+    accelerator_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    runs: Mapped[int] = mapped_column(Integer, default=0)

@@ -1,0 +1,174 @@
+"""Accelerator usage: accelerator-seconds from a run's allocation (submitted to ended), like
+Determined's slot-hours, kept per UTC day and month, team, user, recipe and accelerator.
+
+A run adds its allocation when it ends, split at midnights (``accrue``, in the transaction of
+its last status change); runs still allocated are counted up to now when a report is read, so
+a report is exact at any moment without a periodic job. A report reads month rows for the
+whole months of its window and day rows for the rest (day rows throughout when grouped by day),
+whatever the number of runs.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Any, Literal
+
+from sqlalchemy import and_, func, or_, select
+from sqlalchemy.orm import Session
+
+from service.metrics.store import dialect_insert
+from service.store.models import Run, UsageTotal
+from service.store.status import ACTIVE
+
+GroupBy = Literal["team", "user", "recipe", "day", "accelerator"]
+GROUPS: tuple[GroupBy, ...] = ("team", "user", "recipe", "day", "accelerator")
+UNKNOWN_USER = "(unknown)"
+
+
+def _days(start: datetime, end: datetime) -> Iterator[tuple[date, float]]:
+    """Seconds of [start, end) in each UTC day it touches."""
+    at = start.astimezone(UTC)
+    end = end.astimezone(UTC)
+    while at < end:
+        midnight = datetime.combine(at.date() + timedelta(days=1), time(), UTC)
+        upto = min(midnight, end)
+        yield at.date(), (upto - at).total_seconds()
+        at = upto
+
+
+def _accelerators(run: Run) -> tuple[str, int]:
+    shape = run.launch.get("shape", {})
+    return str(shape.get("accelerator", "NPU")), int(shape.get("accelerators", 0))
+
+
+def _month(day: date) -> date:
+    return day.replace(day=1)
+
+
+def _next_month(day: date) -> date:
+    return (day.replace(day=28) + timedelta(days=4)).replace(day=1)
+
+
+_KEY = ["period", "start", "team", "user", "recipe", "accelerator"]
+
+
+def accrue(session: Session, run: Run, ended_at: datetime) -> None:
+    """Add ``run``'s allocation, from its submission to ``ended_at``, to the day and month
+    rows."""
+    kind, count = _accelerators(run)
+    if run.submitted_at is None or count == 0:
+        return
+    key = {
+        "team": run.team,
+        "user": run.created_by or UNKNOWN_USER,
+        "recipe": run.recipe,
+        "accelerator": kind,
+    }
+    cells: dict[tuple[str, date], list[float]] = defaultdict(lambda: [0.0, 0])
+    for i, (day, seconds) in enumerate(_days(run.submitted_at, ended_at)):
+        for cell in (("d", day), ("m", _month(day))):
+            cells[cell][0] += count * seconds
+            cells[cell][1] += 1 if i == 0 else 0
+    insert = dialect_insert(session)
+    for (period, start), (seconds, runs) in cells.items():
+        stmt = insert(UsageTotal).values(
+            period=period, start=start, **key, accelerator_seconds=seconds, runs=runs
+        )
+        session.execute(
+            stmt.on_conflict_do_update(
+                index_elements=_KEY,
+                set_={
+                    "accelerator_seconds": UsageTotal.accelerator_seconds
+                    + stmt.excluded.accelerator_seconds,
+                    "runs": UsageTotal.runs + stmt.excluded.runs,
+                },
+            )
+        )
+
+
+def _rows_within(start: date, end: date, by_day: bool) -> Any:
+    """Which rows make up [start, end): months wholly inside it, days for the rest."""
+    first_month = start if start.day == 1 else _next_month(start)
+    last_month = _month(end)
+    if by_day or first_month >= last_month:
+        return and_(UsageTotal.period == "d", UsageTotal.start >= start, UsageTotal.start < end)
+    return or_(
+        and_(
+            UsageTotal.period == "m", UsageTotal.start >= first_month, UsageTotal.start < last_month
+        ),
+        and_(UsageTotal.period == "d", UsageTotal.start >= start, UsageTotal.start < first_month),
+        and_(UsageTotal.period == "d", UsageTotal.start >= last_month, UsageTotal.start < end),
+    )
+
+
+def report(
+    session: Session,
+    start: date,
+    end: date,
+    group_by: Sequence[GroupBy],
+    team: str | None = None,
+    now: datetime | None = None,
+) -> list[dict[str, Any]]:
+    """Accelerator-seconds and runs (submitted in the window) in the UTC days [start, end),
+    per group (only ``team``'s when given), largest first; runs still allocated count up to
+    ``now``."""
+    columns = [UsageTotal.start if g == "day" else getattr(UsageTotal, g) for g in group_by]
+    query = (
+        select(*columns, func.sum(UsageTotal.accelerator_seconds), func.sum(UsageTotal.runs))
+        .where(_rows_within(start, end, "day" in group_by))
+        .group_by(*columns)
+    )
+    if team is not None:
+        query = query.where(UsageTotal.team == team)
+    totals: dict[tuple[Any, ...], list[float]] = defaultdict(lambda: [0.0, 0])
+    for *keys, seconds, runs in session.execute(query):
+        totals[tuple(keys)][0] += seconds or 0.0
+        totals[tuple(keys)][1] += runs or 0
+    for key, seconds, counted in _live(session, start, end, group_by, team, now):
+        totals[key][0] += seconds
+        totals[key][1] += counted
+    rows = [
+        {
+            **{
+                g: (k.isoformat() if isinstance(k, date) else k)
+                for g, k in zip(group_by, key, strict=True)
+            },
+            "accelerator_seconds": round(seconds, 3),
+            "accelerator_hours": round(seconds / 3600, 6),
+            "runs": int(runs),
+        }
+        for key, (seconds, runs) in totals.items()
+    ]
+    return sorted(rows, key=lambda r: -r["accelerator_seconds"])
+
+
+def _live(
+    session: Session,
+    start: date,
+    end: date,
+    group_by: Sequence[GroupBy],
+    team: str | None,
+    now: datetime | None,
+) -> Iterator[tuple[tuple[Any, ...], float, int]]:
+    """The allocation so far of runs that have not ended, per group and day."""
+    now = now or datetime.now(UTC)
+    query = select(Run).where(Run.status.in_(ACTIVE), Run.submitted_at.is_not(None))
+    if team is not None:
+        query = query.where(Run.team == team)
+    window_start = datetime.combine(start, time(), UTC)
+    window_end = datetime.combine(end, time(), UTC)
+    for run in session.scalars(query):
+        kind, count = _accelerators(run)
+        assert run.submitted_at is not None
+        submitted_on = run.submitted_at.astimezone(UTC).date()
+        for day, seconds in _days(max(run.submitted_at, window_start), min(now, window_end)):
+            fields = {
+                "team": run.team,
+                "user": run.created_by or UNKNOWN_USER,
+                "recipe": run.recipe,
+                "accelerator": kind,
+                "day": day,
+            }
+            yield tuple(fields[g] for g in group_by), count * seconds, int(day == submitted_on)

@@ -1,0 +1,149 @@
+"""Accelerator usage: the sum of accelerators x allocated seconds per team, user, recipe, day and
+accelerator, split at midnights, running runs counted up to now; GET /usage as JSON and CSV."""
+
+from __future__ import annotations
+
+import csv
+import io
+import random
+from datetime import UTC, date, datetime, timedelta
+
+from fastapi.testclient import TestClient
+
+from service import usage
+from service.app import create_app
+from service.store.db import Database
+from service.store.lifecycle import transition
+from service.store.status import RunStatus
+from service.store.tokens import create as create_token
+from tests.conftest import make_settings
+from tests.factories import new_run
+
+DAY = date(2026, 11, 20)
+MIDNIGHT = datetime(2026, 11, 20, tzinfo=UTC)
+
+
+def test_a_run_s_allocation_is_counted_when_it_ends_split_at_midnight(db: Database) -> None:
+    submitted = MIDNIGHT - timedelta(hours=1)
+    with db.transaction() as s:
+        run = new_run("r1", RunStatus.SUCCEEDED, team="vision", npus=8, created_by="ann")
+        run.submitted_at = submitted
+        s.add(run)
+        s.flush()
+        usage.accrue(s, run, MIDNIGHT + timedelta(hours=2))
+    with db.read() as s:
+        rows = usage.report(s, DAY - timedelta(days=1), DAY + timedelta(days=1), ["day", "user"])
+    by_day = {r["day"]: r for r in rows}
+    assert by_day["2026-11-19"]["accelerator_seconds"] == 8 * 3600
+    assert by_day["2026-11-20"]["accelerator_seconds"] == 8 * 2 * 3600
+    assert by_day["2026-11-19"]["runs"] == 1 and by_day["2026-11-20"]["runs"] == 0
+    assert {r["user"] for r in rows} == {"ann"}
+
+
+def test_the_lifecycle_counts_a_run_when_it_ends_and_a_running_one_up_to_now(db: Database) -> None:
+    now = datetime.now(UTC)
+    with db.transaction() as s:
+        ended = new_run("r1", RunStatus.RUNNING, team="vision", npus=4)
+        ended.submitted_at = now - timedelta(minutes=30)
+        running = new_run("r2", RunStatus.RUNNING, team="vision", npus=2)
+        running.submitted_at = now - timedelta(minutes=10)
+        queued = new_run("r3", RunStatus.QUEUED, team="vision", npus=16)  # holds nothing
+        s.add_all([ended, running, queued])
+        s.flush()
+        transition(s, ended, RunStatus.FAILED, "the job failed")
+    with db.read() as s:
+        (row,) = usage.report(
+            s, now.date() - timedelta(days=1), now.date() + timedelta(days=1), ["team"]
+        )
+    expected = 4 * 30 * 60 + 2 * 10 * 60
+    assert abs(row["accelerator_seconds"] - expected) / expected < 0.01
+    assert row["runs"] == 2
+
+
+def test_a_day_of_synthetic_runs_sums_to_within_one_percent(db: Database) -> None:
+    rng = random.Random(7)
+    expected: dict[tuple[str, str], float] = {}
+    window = (MIDNIGHT, MIDNIGHT + timedelta(days=1))
+    with db.transaction() as s:
+        for i in range(300):
+            team, recipe = rng.choice(["vision", "nlp", "rl"]), rng.choice(["verl", "tiny-grpo"])
+            npus = rng.choice([1, 2, 8, 16, 32])
+            start = MIDNIGHT + timedelta(seconds=rng.uniform(-6 * 3600, 23 * 3600))
+            end = start + timedelta(seconds=rng.uniform(60, 10 * 3600))
+            run = new_run(f"r{i}", RunStatus.SUCCEEDED, team=team, npus=npus, recipe=recipe)
+            run.submitted_at = start
+            s.add(run)
+            s.flush()
+            usage.accrue(s, run, end)
+            inside = (min(end, window[1]) - max(start, window[0])).total_seconds()
+            key = (team, recipe)
+            expected[key] = expected.get(key, 0.0) + npus * max(0.0, inside)
+    with db.read() as s:
+        rows = usage.report(s, DAY, DAY + timedelta(days=1), ["team", "recipe"])
+    got = {(r["team"], r["recipe"]): r["accelerator_seconds"] for r in rows}
+    assert set(got) == set(expected)
+    for key, seconds in expected.items():
+        assert abs(got[key] - seconds) <= 0.01 * seconds, key
+
+
+def test_get_usage_shows_a_team_its_own_hours_as_json_or_csv(db_url: str, db: Database) -> None:
+    with db.transaction() as s:
+        for run_id, team in (("r1", "vision"), ("r2", "speech")):
+            run = new_run(run_id, RunStatus.SUCCEEDED, team=team, npus=8)
+            run.submitted_at = MIDNIGHT
+            s.add(run)
+            s.flush()
+            usage.accrue(s, run, MIDNIGHT + timedelta(hours=1))
+        _, viewer = create_token(s, "val", "vision", "viewer")
+        _, admin = create_token(s, "root", "ops", "admin")
+    settings = make_settings(db_url, "http://127.0.0.1:9", run_loops=False, auth="on")
+    window = {"from": "2026-11-20", "to": "2026-11-21"}
+    with TestClient(create_app(settings)) as api:
+        mine = api.get("/usage", params=window, headers={"Authorization": f"Bearer {viewer}"})
+        assert [r["team"] for r in mine.json()["rows"]] == ["vision"]
+        assert mine.json()["total_accelerator_hours"] == 8.0
+        every = api.get(
+            "/usage",
+            params=window | {"group_by": ["team", "day"]},
+            headers={"Authorization": f"Bearer {admin}", "Accept": "text/csv"},
+        )
+        assert every.headers["content-type"].startswith("text/csv")
+        table = list(csv.DictReader(io.StringIO(every.text)))
+        assert {(r["team"], r["day"], r["accelerator_hours"]) for r in table} == {
+            ("vision", "2026-11-20", "8.0"),
+            ("speech", "2026-11-20", "8.0"),
+        }
+        backwards = api.get(
+            "/usage",
+            params={"from": "2026-11-21", "to": "2026-11-20"},
+            headers={"Authorization": f"Bearer {admin}"},
+        )
+        assert backwards.status_code == 422
+        assert backwards.json()["errors"][0]["field"] == "query.from"
+        assert (
+            api.get(
+                "/usage", params={"group_by": "nope"}, headers={"Authorization": f"Bearer {admin}"}
+            ).status_code
+            == 422
+        )
+
+
+def test_rlrun_usage_prints_hours_by_team(db_url: str, db: Database) -> None:
+    from typer.testing import CliRunner
+
+    from service.cli import app as cli
+    from tests.live import ServerThread
+
+    with db.transaction() as s:
+        run = new_run("r1", RunStatus.SUCCEEDED, team="vision", npus=16)
+        run.submitted_at = MIDNIGHT
+        s.add(run)
+        s.flush()
+        usage.accrue(s, run, MIDNIGHT + timedelta(minutes=90))
+    settings = make_settings(db_url, "http://127.0.0.1:9", run_loops=False)
+    with ServerThread(create_app(settings)) as url:
+        shown = CliRunner().invoke(
+            cli, ["usage", "--from", "2026-11-20", "--to", "2026-11-21", "--server", url]
+        )
+    assert shown.exit_code == 0, shown.output
+    assert "vision" in shown.stdout and "24.0" in shown.stdout
