@@ -71,6 +71,7 @@ def run_doc(run: Any, events: Sequence[Any], latest: Latest | None = None) -> di
         },
         "stop_requested": run.stop_requested_at is not None,
         "preflight": run.preflight,
+        "failure": run.failure,
         "metrics": {
             "step": max((s for s, _ in latest.values()), default=None),
             "latest": {k: v for k, (_, v) in sorted(latest.items())},

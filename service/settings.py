@@ -12,6 +12,8 @@ from urllib.parse import urlsplit
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.client import DEFAULT_URL
+
 
 class Settings(BaseSettings):
     """Everything a deployment configures by name; built once and handed to ``create_app``."""
@@ -161,7 +163,7 @@ class Settings(BaseSettings):
     webhook_retry_s: float = Field(default=5.0, gt=0)
     webhook_max_age_s: float = Field(default=24 * 3600.0, gt=0)
     # The service's address as people reach it: links in webhook messages point there.
-    public_url: str = "http://127.0.0.1:8000"
+    public_url: str = DEFAULT_URL
 
     # Identity. "auto": on unless the service listens only on loopback (``listen_host``, set by
     # ``rlrun serve --host``); "on"; "off" (open: every caller is an anonymous admin).

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
+from service.clock import utcnow
 from service.metrics.store import dialect_insert
 from service.store.models import Run, UsageTotal
 from service.store.status import ACTIVE
@@ -153,7 +154,7 @@ def _live(
     now: datetime | None,
 ) -> Iterator[tuple[tuple[Any, ...], float, int]]:
     """The allocation so far of runs that have not ended, per group and day."""
-    now = now or datetime.now(UTC)
+    now = now or utcnow()
     query = select(Run).where(Run.status.in_(ACTIVE), Run.submitted_at.is_not(None))
     if team is not None:
         query = query.where(Run.team == team)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class EventOut(BaseModel):
@@ -65,6 +65,20 @@ class RunSummary(BaseModel):
     links: dict[str, str]
 
 
+class EvidenceOut(BaseModel):
+    offset: int | None = Field(description="of the line in the kept log (null: Ray's message)")
+    line: str
+
+
+class FailureOut(BaseModel):
+    class_: str = Field(alias="class", description="npu_oom, host_oom, collective_timeout, ...")
+    summary: str
+    hint: str
+    evidence: list[EvidenceOut]
+
+    model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
+
+
 class RunOut(RunSummary):
     spec: dict[str, Any]
     command: list[str]
@@ -77,6 +91,9 @@ class RunOut(RunSummary):
     metrics: MetricsOut
     # The verl launcher's checks on every node before verl started (None until it reports).
     preflight: dict[str, Any] | None = None
+    # Why it ended other than SUCCEEDED, once its log is read: class, summary, hint, evidence
+    # (the decisive lines with their offsets in the kept log).
+    failure: FailureOut | None = None
     events: list[EventOut]
 
 

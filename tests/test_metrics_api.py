@@ -199,15 +199,16 @@ def test_prometheus_text_counts_runs_by_status(api: TestClient) -> None:
 def test_prometheus_names_of_the_loops_and_follower_with_tick_durations(db_url: str) -> None:
     settings = make_settings(db_url, "http://127.0.0.1:9", follow_interval_s=0.2)
     with TestClient(create_app(settings)) as api:
+        loops = set(api.app.state.services.loops)  # type: ignore[attr-defined]
         found = wait_for(
             lambda: scrape(api),
             lambda f: (
                 all(v > 0 for v in f["rlrun_loop_tick_duration_seconds_count"].values())
-                and len(f["rlrun_loop_tick_duration_seconds_count"]) == 4
+                and len(f["rlrun_loop_tick_duration_seconds_count"]) == len(loops)
             ),
             timeout=60,
         )
-    loops = {"submitter", "reconciler", "watchdog", "follower"}
+    assert {"submitter", "reconciler", "watchdog", "follower", "notifier"} <= loops
     assert {dict(k)["loop"] for k in found["rlrun_loop_ticks_total"]} == loops
     assert {dict(k)["loop"] for k in found["rlrun_loop_tick_duration_seconds_bucket"]} == loops
     for name in (

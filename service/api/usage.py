@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
-from datetime import UTC, date, datetime, timedelta
+from datetime import date, timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query
@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from service import usage
 from service.api.auth import Viewer
 from service.api.deps import ServicesDep
+from service.clock import utcnow
 from service.errors import InvalidSpec, field_error
 from service.schemas import json_response
 
@@ -45,7 +46,7 @@ def read_usage(
 ) -> Any:
     """Accelerator-seconds allocated (submitted to ended; running runs up to now) in the UTC
     days [from, to), default the last 30 days by team. A viewer or member sees its own team's."""
-    today = datetime.now(UTC).date()
+    today = utcnow().date()
     end = end or today + timedelta(days=1)
     start = start or end - timedelta(days=30)
     if not start < end or (end - start).days > MAX_DAYS:

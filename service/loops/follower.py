@@ -26,6 +26,7 @@ from service.metrics import logcopy, store
 from service.metrics.health import HealthRules, evaluate
 from service.metrics.log_readers import LogReader, TailReader
 from service.metrics.parse import MetricLine, parse_line, parse_preflight
+from service.recovery import explain
 from service.store.db import Database
 from service.store.lifecycle import note
 from service.store.models import Run, RunEvent, RunLog, utcnow
@@ -166,6 +167,7 @@ class Follower:
                 runlog.finished_at = now
                 runlog.lease_owner = None
                 runlog.lease_expires_at = None
+                explain.settle(session, run)  # the whole log is read: why it ended
         self._reader.consumed(held.run_id, held.offset + len(new))
         if final:
             self._reader.retain(self.last_read.keys() - {held.run_id})

@@ -12,6 +12,7 @@ from service import usage
 from service.clock import utcnow
 from service.errors import Conflict
 from service.notify import outbox
+from service.recovery import explain
 from service.store.models import Run, RunEvent
 from service.store.status import ACTIVE, TERMINAL, Health, RunStatus, is_allowed
 
@@ -60,9 +61,10 @@ def transition(session: Session, run: Run, dst: RunStatus, reason: str) -> RunEv
         run.claim_expires_at = None
         usage.accrue(session, run, now)
     event = _event(session, run, src, dst, reason, now)
+    if dst in TERMINAL and run.submitted_at is None:
+        explain.settle(session, run)  # never on Ray: no log to wait for
     outbox.enqueue(session, run, event, "run.status")
-    if dst is RunStatus.FAILED:
-        outbox.enqueue(session, run, event, "run.failed")
+    # run.failed goes out once the failure is known: when the log is read (recovery.explain).
     return event
 
 

@@ -100,6 +100,8 @@ class Run(Base):
     last_output_at: Mapped[datetime | None]
     # The launcher's preflight report (every node's checks), read from the job log.
     preflight: Mapped[dict[str, Any] | None]
+    # Why it ended other than SUCCEEDED: {class, summary, hint, evidence}, once its log is read.
+    failure: Mapped[dict[str, Any] | None]
 
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)

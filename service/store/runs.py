@@ -42,6 +42,7 @@ RUN_COLUMNS = (
     Run.ray_exit_code,
     Run.stop_requested_at,
     Run.preflight,
+    Run.failure,
 )
 EVENT_COLUMNS = (
     RunEvent.id,

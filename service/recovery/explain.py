@@ -1,0 +1,80 @@
+"""A run's failure, settled once it has ended: from its state (cancelled, stopped by the
+service or elsewhere, lost) or, for a run that failed, from its kept log and Ray's word."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.metrics import logcopy
+from service.notify import outbox
+from service.recovery.classify import Failure, classify
+from service.store.models import Run, RunEvent
+from service.store.status import RunStatus
+
+# The end of the kept log the classifier reads (the decisive lines are near the end).
+READ_CHARS = 1_000_000
+_OUTSIDE = "stopped outside rlrun"
+
+
+def failure_of(session: Session, run: Run) -> Failure | None:
+    """Why ``run`` ended as it did; None for a run that succeeded or has not ended."""
+    status = RunStatus(run.status)
+    if status is RunStatus.CANCELLED:
+        return Failure("cancelled", "cancelled before it was submitted", "")
+    if status is RunStatus.STOPPED:
+        ending = _ending_event(session, run)
+        outside = ending is not None and ending.reason.startswith(_OUTSIDE)
+        if run.stop_requested_at is None or outside:
+            return Failure(
+                "stopped_outside",
+                "stopped on the cluster, not through rlrun",
+                "see the audit trail and the cluster's unmanaged jobs for who stopped it",
+            )
+        return Failure("cancelled", "stopped at the service's request", "")
+    if status not in (RunStatus.FAILED, RunStatus.LOST):
+        return None
+    end = logcopy.end(session, run.id)
+    start = max(0, end - READ_CHARS)
+    text, _ = logcopy.since(session, run.id, start)
+    found = classify(text, start, run.ray_error_type, run.ray_message or "")
+    if status is RunStatus.LOST and found.cls == "unknown":
+        return Failure(
+            "node_lost",
+            "Ray no longer knows the job (its head restarted, or the job was removed)",
+            "retry the run; a head that restarts should keep its jobs (GCS fault tolerance)",
+        )
+    return found
+
+
+def settle(session: Session, run: Run) -> None:
+    """Record ``run``'s failure (once its log is all read) and tell ``run.failed``
+    subscribers, with the class."""
+    failure = failure_of(session, run)
+    run.failure = None if failure is None else as_doc(failure)
+    ending = _ending_event(session, run) if run.status == RunStatus.FAILED else None
+    if ending is not None:
+        outbox.enqueue(session, run, ending, "run.failed", failure=run.failure)
+
+
+def as_doc(failure: Failure) -> dict[str, Any]:
+    doc = asdict(failure)
+    doc["class"] = doc.pop("cls")
+    return doc
+
+
+def _ending_event(session: Session, run: Run) -> RunEvent | None:
+    """The event that moved ``run`` into its present status."""
+    return session.scalars(
+        select(RunEvent)
+        .where(
+            RunEvent.run_id == run.id,
+            RunEvent.to_status == run.status,
+            RunEvent.from_status != run.status,
+        )
+        .order_by(RunEvent.id.desc())
+        .limit(1)
+    ).first()
