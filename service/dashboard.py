@@ -6,10 +6,15 @@ Its content security policy (scripts only from the service) is set for every ans
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from fastapi import APIRouter, FastAPI
 from fastapi.responses import FileResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
+
+from service.api.deps import ServicesDep
+from service.metrics import keys
+from service.store.status import TERMINAL, RunStatus
 
 STATIC = Path(__file__).parent / "static"
 
@@ -24,6 +29,20 @@ def root() -> RedirectResponse:
 @router.get("/ui/")
 def index() -> FileResponse:
     return FileResponse(STATIC / "index.html")
+
+
+@router.get("/ui/config")
+def config(services: ServicesDep) -> dict[str, Any]:
+    """What the page must know before its first call (no token needed): whether to offer a
+    sign-in, and the service's words it shows (statuses, the reward and progress keys)."""
+    return {
+        "auth": services.settings.auth_enabled,
+        "statuses": [s.value for s in RunStatus],
+        "terminal": sorted(s.value for s in TERMINAL),
+        "reward_key": keys.REWARD_KEY,
+        "reward_band_keys": [keys.REWARD_MAX_KEY, keys.REWARD_MIN_KEY],
+        "step_key": keys.STEP_KEY,
+    }
 
 
 def install(app: FastAPI) -> None:

@@ -130,3 +130,5 @@ class LatestOut(BaseModel):
 class RecipeOut(BaseModel):
     name: str
     presets: list[str]
+    # The JSON Schema of the recipe's run spec: fields, types, defaults, help (a form's source).
+    spec_schema: dict[str, Any] = {}

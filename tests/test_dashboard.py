@@ -3,10 +3,12 @@ running real tiny-grpo runs. Each view's screenshot is kept in ``docs/``."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +122,14 @@ def until(page: Any, expression: str, timeout: float = 30_000) -> None:
     wait_for(probe, lambda v: bool(v) and not isinstance(v, PlaywrightError), timeout / 1000)
 
 
+def chart_eval(page: Any, chart: str, expression: str) -> Any:
+    """``expression`` of the chart titled ``chart`` (``c``: its Chart, ``c.plot`` its uPlot)."""
+    return page.evaluate(
+        f"(() => {{ const c = document.querySelector(\"[data-chart='{chart}']\").chart;"
+        f" return {expression}; }})()"
+    )
+
+
 def shot(page: Any, name: str) -> None:
     DOCS.mkdir(exist_ok=True)
     page.screenshot(path=str(DOCS / name), full_page=True)
@@ -172,6 +182,12 @@ def test_runs_view_lists_runs_and_updates_live_without_reload(live: Live, page: 
     until(page, "location.hash.includes('status=QUEUED')")
     until(page, "document.querySelectorAll('#runs tbody tr').length === 1")
     assert page.locator("#runs tbody tr").get_attribute("data-id") == live.waiting
+    # No match is said in words, not shown as an empty table.
+    page.goto(f"{live.url}/ui/#/runs?team=nobody")
+    page.locator("#no-runs").wait_for()
+    assert "No runs match" in page.locator("#no-runs").inner_text()
+    # With auth off there is nothing to sign in to.
+    assert page.locator("#sign-in").count() == 0
 
 
 def test_run_view_draws_curves_live_and_shows_everything_about_the_run(
@@ -195,8 +211,34 @@ def test_run_view_draws_curves_live_and_shows_everything_about_the_run(
         page, "document.getElementById('run-status').textContent === 'SUCCEEDED'", timeout=180_000
     )
     assert page.evaluate("window.notReloaded") is True
-    for chart in ("validation", "idle ratio", "staleness", "partial rollouts"):
+    for chart in (
+        "validation",
+        "idle ratio",
+        "staleness",
+        "stale trajectories",
+        "partial rollouts",
+    ):
         page.locator(f"[data-chart='{chart}'] canvas").wait_for()
+    # Both axes titled; steps tick only at whole numbers.
+    for chart in ("reward", "validation", "staleness"):
+        box = page.locator(f"[data-chart='{chart}']")
+        assert box.get_attribute("data-x-label") == "step" and box.get_attribute("data-y-label")
+        ticks = (box.get_attribute("data-x-ticks") or "").split(",")
+        assert ticks and all(float(t) == int(float(t)) for t in ticks), (chart, ticks)
+    # One quantity per chart: the mean staleness apart from the cumulative count.
+    assert page.locator("[data-chart='staleness']").get_attribute("data-series") == "1"
+    assert page.locator("[data-chart='stale trajectories']").get_attribute("data-series") == "1"
+    # The reward's mean is drawn bolder than its band's edges, over a faint fill.
+    widths = chart_eval(page, "reward", "c.plot.series.slice(1).map((s) => s.width)")
+    assert widths[0] > max(widths[1:])
+    fill = chart_eval(page, "reward", "c.plot.bands[0].fill")
+    assert float(fill.rsplit(",", 1)[1].rstrip(")")) <= 0.1
+    # A constant (tiny-grpo's partial ratio is 0) is drawn on 0..1, not 0..100.
+    scale = chart_eval(page, "partial rollouts", "[c.plot.scales.y.min, c.plot.scales.y.max]")
+    assert scale == [0, 1]
+    # Times carry their date.
+    first = page.locator("#events li time").first.inner_text()
+    assert str(datetime.now(UTC).year) in first
     page.select_option("#key-picker", "actor/pg_loss")
     page.locator("[data-chart='actor/pg_loss'] canvas").wait_for()
     events = page.locator("#events li").all_inner_texts()
@@ -209,24 +251,44 @@ def test_run_view_draws_curves_live_and_shows_everything_about_the_run(
     shot(page, "dashboard-run.png")
     # Clone: the submit form starts from this run's spec.
     page.click("text=clone")
-    until(page, "document.getElementById('spec-json').value.includes('\"lr\": 1')")
+    until(page, "(document.getElementById('field-lr') || {}).value === '1'")
+    assert page.locator("#field-name").input_value() == "tiny lr 1 (clone)"
 
 
-def test_submit_shows_field_errors_then_a_plan_then_submits(live: Live, page: Any) -> None:
+def test_submit_is_a_form_from_the_recipe_schema_with_errors_beside_fields_and_a_json_view(
+    live: Live, page: Any
+) -> None:
     page.goto(f"{live.url}/ui/#/submit")
-    until(page, "document.getElementById('spec-json').value.includes('recipe')")
-    page.fill("#spec-json", '{"recipe": "test-script", "team": "Bad Team", "seconds": -1}')
+    until(page, "document.getElementById('view').dataset.ready === 'true'")
+    # The form is the chosen recipe's schema: its fields, defaults and help.
+    page.select_option("#recipe", "test-script")
+    seconds = page.locator(".field[data-field='seconds']")
+    seconds.wait_for()
+    assert page.locator("#field-seconds").get_attribute("type") == "number"
+    assert "default 0" in seconds.locator(".help").inner_text()
+    assert page.locator("#field-priority option").all_inner_texts()[0] == "default (normal)"
+    page.fill("#field-team", "Bad Team")
+    page.fill("#field-seconds", "-1")
+    page.locator("#field-seconds").dispatch_event("change")
+    page.locator("#field-team").dispatch_event("change")
     page.click("#dry-run")
-    page.locator("#errors li[data-field='seconds']").wait_for()
-    assert "line 1" in page.locator("#errors li[data-field='seconds']").inner_text()
+    # Each 422 is shown beside its own field.
+    page.locator(".field.invalid[data-field='seconds']").wait_for()
+    assert seconds.locator(".field-error").inner_text() != ""
     assert page.locator(".field[data-field='team'] .field-error").inner_text() != ""
     assert page.locator("#submit").is_disabled()
+    # The JSON view is the same spec; an edit there is in the form when it comes back.
+    page.click("#json-toggle")
+    spec = json.loads(page.locator("#spec-json").input_value())
+    assert spec == {"recipe": "test-script", "team": "Bad Team", "seconds": -1}
     page.fill("#spec-json", '{"recipe": "test-script", "name": "from the form", "npus": 2}')
     page.click("#dry-run")
     page.locator("#plan #placement tbody tr").first.wait_for()
+    page.click("#json-toggle")
+    assert page.locator("#field-name").input_value() == "from the form"
+    assert page.locator("#field-npus").input_value() == "2"
     assert "queue position 0" in page.locator("#plan-verdict").inner_text()
     assert "python3 -c" in page.locator("#plan-command").inner_text()
-    assert page.locator("#name").input_value() == "from the form"
     shot(page, "dashboard-submit.png")
     page.click("#submit")
     until(page, "/^#\\/runs\\/r[0-9a-f]+$/.test(location.hash)")
@@ -251,6 +313,10 @@ def test_cluster_view_shows_nodes_holders_quotas_and_the_queue_reason(
     page.goto(f"{live.url}/ui/#/runs/{live.waiting}")
     page.locator("#run-queue:not([hidden])").wait_for()
     assert "quota" in page.locator("#run-queue").inner_text()
+    # Nothing logged yet is said in words: no empty chart strip, table or black log box.
+    assert "No metrics yet" in page.locator("#charts .empty").inner_text()
+    assert "No metrics yet" in page.locator("#latest").inner_text()
+    assert page.locator("#no-log").is_visible() and page.locator("#log").is_hidden()
     page.once("dialog", lambda d: d.accept())
     page.click("#cancel")
     until(page, "document.getElementById('run-status').textContent === 'CANCELLED'", timeout=30_000)
@@ -267,23 +333,18 @@ def test_compare_overlays_two_runs_and_lists_their_spec_differences(live: Live, 
     page.locator("#spec-diff tr[data-field='lr']").wait_for()
     assert page.locator("#spec-diff tr[data-field='lr'] td").all_inner_texts() == ["lr", "2", "1"]
     assert page.locator("#spec-diff tr[data-field='name']").count() == 1
+    # The table is headed by the names the legend shows; the charts take the page's width.
+    until(page, "document.querySelector('#spec-diff thead').textContent.includes('tiny lr 2')")
+    assert page.locator("#spec-diff thead th").all_inner_texts() == [
+        "field",
+        "tiny lr 2",
+        "tiny lr 1",
+    ]
+    assert chart.bounding_box()["width"] > 0.9 * page.viewport_size["width"] - 60
     page.select_option("#compare-key", "fully_async/trainer/idle_ratio")
     page.locator("[data-chart='fully_async/trainer/idle_ratio'] canvas").wait_for()
     assert "keys=" in page.evaluate("location.hash")
     shot(page, "dashboard-compare.png")
-
-
-def test_sign_in_keeps_the_token_and_sends_it_as_a_bearer_header(live: Live, page: Any) -> None:
-    seen: list[str | None] = []
-    page.on(
-        "request",
-        lambda r: r.url.endswith("/cluster") and seen.append(r.headers.get("authorization")),
-    )
-    page.goto(f"{live.url}/ui/#/cluster")
-    page.fill("#token", "tok-123")
-    page.click("#sign-in button[type=submit]")
-    wait_for(lambda: seen, lambda s: "Bearer tok-123" in s, timeout=15)
-    assert page.evaluate("localStorage.getItem('rlrun-token')") == "tok-123"
 
 
 def test_with_auth_on_the_dashboard_shows_the_tokens_team_only(tmp_path: Path, page: Any) -> None:
@@ -309,8 +370,23 @@ def test_with_auth_on_the_dashboard_shows_the_tokens_team_only(tmp_path: Path, p
                 ).json()["id"]
                 for team in ("vision", "audio")
             }
-        # Signed in before the first call (the form itself is tested above): no 401 is logged.
-        page.add_init_script(f"localStorage.setItem('rlrun-token', {member!r})")
+        # Signed in before the first call, so no 401 is logged.
+        page.add_init_script(
+            "localStorage.getItem('rlrun-token') ||"
+            f" localStorage.setItem('rlrun-token', {member!r})"
+        )
         page.goto(f"{server}/ui/#/runs")
         page.locator(f"#runs tr[data-id='{ids['vision']}']").wait_for()
         assert page.locator(f"#runs tr[data-id='{ids['audio']}']").count() == 0
+        # With auth on, the page offers a sign-in; a token given there is kept and sent.
+        assert page.locator("#sign-in").is_visible()
+        assert page.locator("#token-state").inner_text() == "token set"
+        seen: list[str | None] = []
+        page.on(
+            "request", lambda r: "/runs?" in r.url and seen.append(r.headers.get("authorization"))
+        )
+        page.fill("#token", admin)
+        page.click("#sign-in button[type=submit]")
+        page.locator(f"#runs tr[data-id='{ids['audio']}']").wait_for()
+        assert f"Bearer {admin}" in seen
+        assert page.evaluate("localStorage.getItem('rlrun-token')") == admin

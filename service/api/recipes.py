@@ -1,4 +1,5 @@
-"""``GET /recipes``: the recipes this service runs and their presets (what a submit form offers)."""
+"""``GET /recipes``: the recipes this service runs, their presets and the JSON Schema of each
+one's run spec (what a submit form offers and is generated from)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ router = APIRouter(tags=["runs"])
 def list_recipes(services: ServicesDep) -> list[RecipeOut]:
     registry = services.registry
     return [
-        RecipeOut(name=name, presets=list(getattr(registry.get(name), "presets", ())))
+        RecipeOut(
+            name=name,
+            presets=list(getattr(registry.get(name), "presets", ())),
+            spec_schema=registry.get(name).spec_model.model_json_schema(),
+        )
         for name in registry.names()
     ]

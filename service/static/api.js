@@ -2,7 +2,7 @@
 // problem+json errors as ApiError, and the event stream read over fetch (EventSource cannot
 // send an Authorization header), resumed with Last-Event-ID.
 
-export const TERMINAL = new Set(["SUCCEEDED", "FAILED", "STOPPED", "CANCELLED", "LOST"]);
+export { TERMINAL } from "./config.js";
 const TOKEN_KEY = "rlrun-token";
 
 export const token = () => localStorage.getItem(TOKEN_KEY) || "";

@@ -4,6 +4,7 @@
 //   #/compare?runs=A,B  metrics of runs overlaid
 import { every, getJSON, setToken, token } from "./api.js";
 import { clusterView } from "./cluster.js";
+import { config } from "./config.js";
 import { compareView } from "./compare.js";
 import { runView } from "./run.js";
 import { runsView } from "./runs.js";
@@ -35,7 +36,12 @@ function route() {
   if (again && again.tagName === "INPUT") { again.focus(); again.setSelectionRange(again.value.length, again.value.length); }
 }
 
+// A sign-in only where the service asks for tokens (with auth off, every caller is let in).
 function signIn() {
+  if (!config.auth) {
+    document.getElementById("sign-in").remove();
+    return;
+  }
   const input = document.getElementById("token");
   const state = document.getElementById("token-state");
   const show = () => {
@@ -50,6 +56,7 @@ function signIn() {
     route();
   });
   document.getElementById("sign-out").addEventListener("click", () => { setToken(""); show(); route(); });
+  document.getElementById("sign-in").hidden = false;
   show();
 }
 

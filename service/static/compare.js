@@ -1,8 +1,9 @@
 // #/compare?runs=A,B[&keys=k1,k2]: metrics of several runs overlaid by step, spec differences.
 import { every, getJSON } from "./api.js";
-import { COLORS, Chart, align, badge, flatten, h, link } from "./ui.js";
+import { config } from "./config.js";
+import { COLORS, Chart, align, badge, empty, flatten, h, link } from "./ui.js";
 
-const DEFAULT_KEYS = ["critic/score/mean"];
+const DEFAULT_KEYS = [config.reward_key];
 
 export function compareView(root, params, signal) {
   const ids = (params.get("runs") || "").split(",").filter(Boolean);
@@ -11,13 +12,15 @@ export function compareView(root, params, signal) {
   const picker = h("select", { id: "compare-key", "aria-label": "add a metric" }, h("option", { value: "" }, "add a metric…"));
   const legend = h("ul", { id: "compare-runs", class: "legend" });
   const charts = h("div", { id: "charts" });
+  const head = h("tr", {}, h("th", {}, "field"), ids.map((id, i) => h("th", { style: `color:${COLORS[i % COLORS.length]}`, title: id }, id)));
   const diff = h("tbody");
+  // Charts take the whole width, one per row; the spec differences follow, headed by run names.
   root.append(
     h("h2", {}, `Compare ${ids.length} runs`),
     legend,
     h("div", { class: "toolbar" }, picker),
-    h("div", { class: "compare-grid" }, charts,
-      h("section", {}, h("h3", {}, "Spec differences"), h("table", { id: "spec-diff" }, h("thead", {}, h("tr", {}, h("th", {}, "field"), ids.map((id, i) => h("th", { style: `color:${COLORS[i % COLORS.length]}` }, id)))), diff))),
+    charts,
+    h("section", {}, h("h3", {}, "Spec differences"), h("table", { id: "spec-diff" }, h("thead", {}, head), diff)),
   );
   picker.addEventListener("change", () => {
     if (!picker.value) return;
@@ -38,8 +41,15 @@ export function compareView(root, params, signal) {
     picker.replaceChildren(h("option", { value: "" }, "add a metric…"), ...[...allKeys].sort().filter((k) => !keys.includes(k)).map((k) => h("option", { value: k }, k)));
     const query = `keys=${encodeURIComponent(keys.join(","))}&max_points=500`;
     const series = await Promise.all(ids.map((id) => getJSON(`/runs/${encodeURIComponent(id)}/metrics?${query}`, signal)));
-    for (const key of keys) {
-      if (!plots.has(key)) plots.set(key, new Chart(charts, key));
+    head.replaceChildren(h("th", {}, "field"), ...runs.map((r, i) => h("th", { style: `color:${COLORS[i % COLORS.length]}`, title: r.id }, r.name)));
+    const drawn = keys.filter((k) => series.some((s) => (s.series[k] || []).length));
+    if (!drawn.length) {
+      plots.forEach((c) => c.destroy());
+      plots.clear();
+      charts.replaceChildren(empty("No points yet for these metrics: the charts appear with the runs' first steps."));
+    } else if (!plots.size) charts.replaceChildren();
+    for (const key of drawn) {
+      if (!plots.has(key)) plots.set(key, new Chart(charts, key, { yLabel: key.split("/").slice(-2).join("/"), perRow: 1 }));
       plots.get(key).draw(
         runs.map((r, i) => ({ label: r.name, stroke: COLORS[i % COLORS.length] })),
         align(series.map((s) => s.series[key] || [])));

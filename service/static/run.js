@@ -1,15 +1,20 @@
 // #/runs/{id}: one run — curves, status timeline, health, spec/command/env/script, live log.
 import { ApiError, TERMINAL, getJSON, getText, postJSON, showError, subscribe } from "./api.js";
-import { COLORS, Chart, align, ansiSpans, badge, h, link, num, progressCell, since } from "./ui.js";
+import { config } from "./config.js";
+import { COLORS, Chart, align, ansiSpans, badge, empty, h, link, num, progressCell, since, when } from "./ui.js";
 
-const REWARD = ["critic/score/mean", "critic/score/max", "critic/score/min"];
+const REWARD = [config.reward_key, ...config.reward_band_keys];
+// One quantity per chart (so per axis): a mean staleness of 0.5 is not drawn against a count
+// of 1,800 trajectories. verl itself logs the sync time under a doubled prefix.
 const FIXED = [
-  { title: "idle ratio", keys: ["fully_async/trainer/idle_ratio", "fully_async/rollouter/idle_ratio"] },
-  { title: "staleness", keys: ["fully_async/count/mean_staleness", "fully_async/count/stale_trajectory_processed"] },
-  { title: "partial rollouts", keys: ["fully_async/partial/partial_ratio"] },
-  { title: "sync time (s)", keys: ["timing_s/param_sync", "timing_s/timing_s/param_sync"] },
+  { title: "idle ratio", yLabel: "fraction of time idle", keys: ["fully_async/trainer/idle_ratio", "fully_async/rollouter/idle_ratio"] },
+  { title: "staleness", yLabel: "parameter versions behind", keys: ["fully_async/count/mean_staleness"] },
+  { title: "stale trajectories", yLabel: "trajectories (cumulative)", keys: ["fully_async/count/stale_trajectory_processed"] },
+  { title: "partial rollouts", yLabel: "fraction of rollouts", keys: ["fully_async/partial/partial_ratio"] },
+  { title: "sync time", yLabel: "seconds", keys: ["timing_s/param_sync", "timing_s/timing_s/param_sync"] },
 ];
 const LOG_LINES = 2000;
+const BAND_EDGE = "rgba(31,119,180,0.3)", BAND_FILL = "rgba(31,119,180,0.07)";
 
 export function runView(root, id, signal) {
   const path = `/runs/${encodeURIComponent(id)}`;
@@ -20,13 +25,15 @@ export function runView(root, id, signal) {
   const progress = h("span", { id: "run-progress" });
   const cancel = h("button", { id: "cancel", class: "danger", hidden: true }, "cancel");
   const clone = link(`#/submit?from=${encodeURIComponent(id)}`, "clone", "button");
-  const charts = h("div", { id: "charts" });
+  const charts = h("div", { id: "charts" }, empty("No metrics yet: the charts appear with the run's first step."));
   const picker = h("select", { id: "key-picker", "aria-label": "another metric" }, h("option", { value: "" }, "add a chart…"));
   const timeline = h("ol", { id: "events", class: "timeline" });
   const latest = h("tbody");
   const spec = h("pre", { id: "spec" }), command = h("pre", { id: "command" });
   const env = h("pre", { id: "runtime-env" }), script = h("pre", { id: "script" });
-  const log = h("pre", { id: "log", class: "log" });
+  const log = h("pre", { id: "log", class: "log", hidden: true });
+  const noLog = empty("No log yet: it appears once the job prints.");
+  noLog.id = "no-log";
 
   root.append(
     h("div", { class: "run-head" }, title, h("p", {}, status, " ", health, " ", progress, " ", cancel, " ", clone), queue),
@@ -35,7 +42,7 @@ export function runView(root, id, signal) {
     h("div", { class: "columns" },
       h("section", {}, h("h3", {}, "Status timeline"), timeline),
       h("section", {}, h("h3", {}, "Latest metrics"), h("table", { id: "latest" }, latest))),
-    h("h3", {}, "Log"), log,
+    h("h3", {}, "Log"), noLog, log,
     h("details", { open: true }, h("summary", {}, "Command"), command),
     h("details", {}, h("summary", {}, "Spec"), spec),
     h("details", {}, h("summary", {}, "Runtime env"), env),
@@ -67,9 +74,11 @@ export function runView(root, id, signal) {
     queue.textContent = run.queue_reason ? `waiting: ${run.queue_reason}` : "";
     progress.replaceChildren(run.progress.step === null ? "" : "step ", progressCell(run.progress));
     cancel.hidden = TERMINAL.has(run.status) || run.stop_requested;
-    latest.replaceChildren(...Object.entries(run.metrics.latest).map(([k, v]) => h("tr", {}, h("td", {}, k), h("td", {}, num(v)))));
+    const values = Object.entries(run.metrics.latest);
+    latest.replaceChildren(...(values.length ? values.map(([k, v]) => h("tr", {}, h("td", {}, k), h("td", {}, num(v))))
+      : [h("tr", { class: "empty" }, h("td", { colspan: 2 }, "No metrics yet."))]));
     timeline.replaceChildren(...run.events.map((e) => h("li", { class: e.from_status === e.to_status ? "note" : "move" },
-      h("time", { datetime: e.at, title: e.at }, new Date(e.at).toLocaleTimeString()), " ",
+      h("time", { datetime: e.at, title: e.at }, when(e.at)), " ",
       e.from_status === e.to_status ? "" : [badge(e.to_status), " "], e.reason,
       e.from_status && e.from_status !== e.to_status ? h("span", { class: "dim" }, ` (after ${since(lastAt(run.events, e), e.at)} ${e.from_status})`) : "")));
     command.textContent = run.entrypoint;
@@ -80,25 +89,27 @@ export function runView(root, id, signal) {
   async function drawCharts() {
     const validation = keys.filter((k) => k.startsWith("val-core/"));
     const groups = [
-      { title: "reward", keys: REWARD, band: true },
-      { title: "validation", keys: validation },
+      { title: "reward", yLabel: "score", keys: REWARD, band: true },
+      { title: "validation", yLabel: "accuracy", keys: validation },
       ...FIXED,
-      ...[...extra].map((k) => ({ title: k, keys: [k] })),
+      ...[...extra].map((k) => ({ title: k, yLabel: k.split("/").slice(-2).join("/"), keys: [k] })),
     ].map((g) => ({ ...g, keys: g.keys.filter((k) => keys.includes(k)) })).filter((g) => g.keys.length);
     const wanted = [...new Set(groups.flatMap((g) => g.keys))];
     if (!wanted.length) return;
     const data = await getJSON(`${path}/metrics?keys=${encodeURIComponent(wanted.join(","))}&max_points=500`, signal);
+    if (!plots.size) charts.replaceChildren();
     for (const group of groups) {
-      if (!plots.has(group.title)) plots.set(group.title, new Chart(charts, group.title));
+      if (!plots.has(group.title)) plots.set(group.title, new Chart(charts, group.title, { yLabel: group.yLabel }));
       const lists = group.keys.map((k) => data.series[k] || []);
       if (group.band && group.keys[0] === REWARD[0]) {
-        // The mean, with the band between max and min (each downsampled point keeps its bucket's extremes).
+        // The mean, bold, over a faint band between max and min (each downsampled point keeps
+        // its bucket's extremes): the band shows the spread without hiding the mean.
         const [steps, mean, max, min] = align(lists);
-        const series = [{ label: "mean", stroke: COLORS[0] }];
+        const series = [{ label: "mean", stroke: COLORS[0], width: 2.5 }];
         const columns = [steps, mean];
-        if (max) { series.push({ label: "max", stroke: "#9ec5e8" }); columns.push(max); }
-        if (min) { series.push({ label: "min", stroke: "#9ec5e8" }); columns.push(min); }
-        const bands = max && min ? [{ series: [2, 3], fill: "rgba(31,119,180,0.15)" }] : [];
+        if (max) { series.push({ label: "max", stroke: BAND_EDGE, width: 1 }); columns.push(max); }
+        if (min) { series.push({ label: "min", stroke: BAND_EDGE, width: 1 }); columns.push(min); }
+        const bands = max && min ? [{ series: [2, 3], fill: BAND_FILL }] : [];
         plots.get(group.title).draw(series, columns, bands);
       } else {
         plots.get(group.title).draw(group.keys.map((k, i) => ({ label: shortKey(k), stroke: COLORS[i % COLORS.length] })), align(lists));
@@ -113,6 +124,8 @@ export function runView(root, id, signal) {
     const { text, headers } = await getText(`${path}/logs?${query}`, signal);
     logOffset = Number(headers.get("Log-Offset") || 0);
     if (!text) return headers.get("Log-Complete") === "true";
+    log.hidden = false;
+    noLog.hidden = true;
     const stick = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
     log.append(...ansiSpans(text, ansiState));
     while (log.childNodes.length > LOG_LINES) log.firstChild.remove();
@@ -132,7 +145,7 @@ export function runView(root, id, signal) {
     if (!current) return;
     addKeys(Object.keys(values));
     for (const [k, v] of Object.entries(values)) if (k in current.metrics.latest) current.metrics.latest[k] = v;
-    const version = values["fully_async/count/current_param_version"];
+    const version = values[config.step_key];
     if (typeof version === "number") current.progress.step = version;
     render(current);
   }

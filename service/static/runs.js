@@ -1,10 +1,12 @@
 // #/runs?status=&team=&cursor=: the runs, newest first, a page at a time, refreshed live.
 import { every, getJSON } from "./api.js";
-import { badge, h, healthText, link, num, progressCell, since, sparkline } from "./ui.js";
+import { config } from "./config.js";
+import { badge, h, healthText, link, num, progressCell, since, sparkline, when } from "./ui.js";
 
-const STATUSES = ["QUEUED", "SUBMITTED", "RUNNING", "SUCCEEDED", "FAILED", "STOPPED", "CANCELLED", "LOST"];
+const STATUSES = config.statuses;
 const PAGE = 50;
-const REWARD = "critic/score/mean";
+const REWARD = config.reward_key;
+const COLUMNS = ["", "name", "id", "team", "recipe", "status", "health", "progress", "reward", "age", "duration"];
 const sparks = new Map();  // run id -> {values, step}: read again only when the run moved on
 
 export function runsView(root, params, signal) {
@@ -33,7 +35,7 @@ export function runsView(root, params, signal) {
   root.append(
     h("div", { class: "toolbar" }, status, team, compare, link("#/submit", "new run", "button")),
     h("table", { id: "runs" },
-      h("thead", {}, h("tr", {}, ["", "name", "id", "team", "recipe", "status", "health", "progress", "reward", "age", "duration"].map((t) => h("th", {}, t)))),
+      h("thead", {}, h("tr", {}, COLUMNS.map((t) => h("th", {}, t)))),
       body),
     pager,
   );
@@ -55,7 +57,7 @@ export function runsView(root, params, signal) {
       h("td", {}, healthText(run.health)),
       h("td", {}, progressCell(run.progress)),
       h("td", { class: "reward" }, num(run.reward), " ", spark ? sparkline(spark.values) : ""),
-      h("td", { title: run.created_at }, since(run.created_at)),
+      h("td", { title: `created ${when(run.created_at)}` }, since(run.created_at)),
       h("td", {}, run.started_at ? since(run.started_at, run.ended_at) : ""),
     );
   };
@@ -64,13 +66,17 @@ export function runsView(root, params, signal) {
     const query = new URLSearchParams({ limit: String(PAGE) });
     for (const key of ["status", "team", "cursor"]) if (params.get(key)) query.set(key, params.get(key));
     const page = await getJSON(`/runs?${query}`, signal);
-    body.replaceChildren(...page.items.map(row));
+    const filtered = ["status", "team", "cursor"].some((k) => params.get(k));
+    const none = h("tr", { class: "empty", id: "no-runs" }, h("td", { colspan: COLUMNS.length },
+      filtered ? "No runs match these filters." : "No runs yet: ", filtered ? "" : link("#/submit", "submit the first one")));
+    const rows = () => (page.items.length ? page.items.map(row) : [none]);
+    body.replaceChildren(...rows());
     pager.replaceChildren(
       params.get("cursor") ? link(`#/runs?${new URLSearchParams([...params].filter(([k]) => k !== "cursor"))}`, "« newest") : "",
       page.next_cursor ? h("button", { id: "next-page", onclick: () => go({ cursor: page.next_cursor }) }, "older »") : "",
     );
     await loadSparks(page.items, signal);
-    body.replaceChildren(...page.items.map(row));
+    body.replaceChildren(...rows());
   };
   every(3000, refresh, signal);
 }

@@ -83,17 +83,32 @@ export function align(lists, pick = (p) => p.value) {
   return [steps, ...columns];
 }
 
-// A chart that keeps its uPlot instance while its series stay the same (live updates).
+// Steps are whole numbers: the x axis ticks only at whole steps (1, 2, 5, 10, 20, 50, ...).
+const STEP_INCRS = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1e3, 2e3, 2.5e3, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5, 5e5, 1e6];
+
+// A constant gets a range around itself: 0 to twice it (a constant 0 is drawn on 0..1, not
+// 0..100; a constant 0.01 on 0..0.02).
+function valueRange(u, min, max) {
+  if (min === null || max === null || !isFinite(min) || !isFinite(max)) return [0, 1];
+  if (min === max) return min > 0 ? [0, 2 * min] : min < 0 ? [2 * min, 0] : [0, 1];
+  return uPlot.rangeNum(min, max, 0.1, true);
+}
+
+// A chart that keeps its uPlot instance while its series stay the same (live updates). Both
+// axes are titled: "step" and the chart's quantity (``yLabel``); ``perRow`` charts share a row.
 export class Chart {
-  constructor(holder, title) {
+  constructor(holder, title, { yLabel = "", perRow = 2 } = {}) {
     this.title = title;
-    this.box = h("div", { class: "chart", dataset: { chart: title } });
+    this.yLabel = yLabel;
+    this.perRow = perRow;
+    this.box = h("div", { class: "chart", dataset: { chart: title, xLabel: "step", yLabel } });
+    this.box.chart = this;  // for a reader of the page (and its tests)
     holder.append(this.box);
     this.plot = null;
     this.signature = "";
   }
 
-  // series: [{label, stroke, fill?, dash?}], data: [steps, ...columns], bands: uPlot bands
+  // series: [{label, stroke, fill?, dash?, width?}], data: [steps, ...columns], bands: uPlot bands
   draw(series, data, bands = []) {
     // What is drawn, for a reader of the page (and its tests): steps and series.
     this.box.dataset.points = String(data[0].length);
@@ -105,10 +120,18 @@ export class Chart {
     }
     this.destroy();
     this.signature = signature;
-    const width = Math.max(320, Math.min(620, this.box.parentElement.clientWidth / 2 - 24));
+    const room = this.box.parentElement.clientWidth;
+    const width = Math.max(320, Math.floor((room - (this.perRow - 1) * 16) / this.perRow) - 2);
     this.plot = new uPlot({
-      title: this.title, width, height: 220,
-      scales: { x: { time: false } },
+      title: this.title, width, height: 240,
+      scales: { x: { time: false }, y: { range: valueRange } },
+      axes: [
+        { label: "step", incrs: STEP_INCRS, values: (u, splits) => {
+          this.box.dataset.xTicks = splits.join(",");
+          return splits.map(String);
+        } },
+        { label: this.yLabel, size: 60 },
+      ],
       legend: { live: true },
       series: [{ label: "step" }, ...series.map((s) => ({ spanGaps: true, width: 1.5, points: { show: false }, ...s }))],
       bands,
@@ -120,6 +143,17 @@ export class Chart {
     this.plot = null;
   }
 }
+
+// A date and time (local), for any shown timestamp.
+export function when(iso) {
+  if (!iso) return "";
+  return new Date(iso).toLocaleString(undefined, {
+    year: "numeric", month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit",
+  });
+}
+
+// The "nothing yet" line shown instead of an empty table, chart area or log.
+export const empty = (text) => h("p", { class: "empty" }, text);
 
 // ANSI SGR colour codes -> spans with classes; every other escape sequence is dropped.
 const ANSI = /\x1b\[([0-9;]*)m|\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])/g;

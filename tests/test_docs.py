@@ -1,0 +1,62 @@
+"""The documentation site: generated pages are current, the site builds strictly, the README
+stays a front page (its first two commands unchanged, at most 200 lines)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import docs_reference
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+FIRST_COMMANDS = [
+    "python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/pip install --no-deps"
+    " verl==0.9.1 && .venv/bin/rlrun serve",
+    "python3 -m venv .venv && .venv/bin/pip install -e '.[dev]' && .venv/bin/pip install"
+    " --no-deps verl==0.9.1 && .venv/bin/python -m pytest",
+]
+
+
+@pytest.mark.parametrize("page", sorted(docs_reference.PAGES))
+def test_a_generated_page_is_current(page: str) -> None:
+    path = docs_reference.PAGES[page]
+    fresh = docs_reference.BUILDERS[page]()
+    assert path.read_text() == fresh, (
+        f"{path.relative_to(ROOT)} is stale: run `python -m tests.docs_reference`"
+    )
+
+
+def test_the_settings_page_lists_every_setting() -> None:
+    from service.settings import Settings
+
+    text = docs_reference.PAGES["settings"].read_text()
+    for name in Settings.model_fields:
+        assert f"`RLRUN_{name.upper()}" in text, name
+
+
+def test_the_readme_is_a_front_page_with_its_first_two_commands() -> None:
+    text = README.read_text()
+    assert len(text.splitlines()) <= 200
+    blocks = [b.split("\n", 1)[1].strip() for b in text.split("```")[1::2] if b.startswith("bash")]
+    assert blocks[:2] == FIRST_COMMANDS
+
+
+@pytest.mark.slow
+def test_the_site_builds_strictly(tmp_path: Path) -> None:
+    mkdocs = shutil.which("mkdocs", path=str(Path(sys.executable).parent)) or "mkdocs"
+    done = subprocess.run(
+        [mkdocs, "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=os.environ | {"NO_MKDOCS_2_WARNING": "1"},
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (tmp_path / "site" / "reference" / "cli" / "index.html").exists()
