@@ -56,9 +56,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id"),
     )
     op.create_index("ix_webhook_deliveries_webhook_id", "webhook_deliveries", ["webhook_id"])
-    op.create_index(
-        "ix_webhook_deliveries_due", "webhook_deliveries", ["state", "next_attempt_at"]
-    )
+    op.create_index("ix_webhook_deliveries_due", "webhook_deliveries", ["state", "next_attempt_at"])
     op.create_table(
         "webhook_attempts",
         sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
