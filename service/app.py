@@ -50,9 +50,9 @@ from service.metrics.health import HealthRules
 from service.recipes.registry import RecipeRegistry, default_registry
 from service.scheduling import backlog
 from service.scheduling.inventory import InventoryCache
-from service.secrets import SecretStore
 from service.settings import Settings
 from service.store import db as dbmod
+from service.team_secrets import SecretStore
 
 log = logging.getLogger(__name__)
 

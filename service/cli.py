@@ -122,7 +122,7 @@ def serve(
     from service.settings import Settings
 
     try:
-        settings = Settings(listen_host=host)
+        settings = Settings(listen_host=host, listen_port=port)
     except ValidationError as exc:
         # One line per error naming the variable, not a traceback.
         for error in exc.errors():

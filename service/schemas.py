@@ -15,7 +15,7 @@ from fastapi import Response
 from pydantic_core import to_json
 
 from service.recipes.base import PRIORITY_NAMES
-from service.secrets import masked_runtime_env, masked_spec
+from service.team_secrets import masked_runtime_env, masked_spec
 
 STEP_KEY = "fully_async/count/current_param_version"
 TRAINER_STEP_KEY = "training/global_step"

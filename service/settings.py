@@ -168,9 +168,15 @@ class Settings(BaseSettings):
     oidc_role_claim: str = Field(default="role", min_length=1)
     oidc_leeway_s: float = Field(default=30.0, ge=0, le=300)
 
-    # Secrets a spec names by reference: files <dir>/<team>/<name> or <dir>/<name>, or env vars
-    # RLRUN_SECRET_<TEAM>__<NAME> / RLRUN_SECRET_<NAME> (upper case, "-" and "." as "_").
+    # Secrets a spec names by reference: files <dir>/teams/<team>/<name> or <dir>/shared/<name>,
+    # or env vars RLRUN_SECRET_<NS>__<NAME> / RLRUN_SHARED_SECRET_<NAME> (service.team_secrets).
     secrets_dir: str | None = None
+    # The service's URL as the cluster reaches it: a job redeems its secrets grant there
+    # (unset: http://<listen host>:<listen port>, loopback for a wildcard host).
+    public_url: str | None = None
+    listen_port: int = 8000
+    # How long a job has to redeem its grant after it is submitted.
+    grant_ttl_s: float = Field(default=900.0, gt=0, le=86_400)
 
     # What a spec may ask of the cluster, widened only here: env var names exempt from the
     # deny-list, and Hydra keys (prefixes) an override may set although refused by default.
@@ -210,6 +216,34 @@ class Settings(BaseSettings):
                     f"tokens ({', '.join(PUBLIC_KEY_ALGORITHMS)})"
                 )
         return ",".join(names)
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str | None) -> str | None:
+        value = (value or "").strip().rstrip("/") or None
+        if value is None:
+            return None
+        try:
+            parts = urlsplit(value)
+        except ValueError:
+            parts = None
+        if parts is None or parts.scheme not in {"http", "https"} or not parts.hostname:
+            raise ValueError("expected the service's http(s):// URL as the cluster reaches it")
+        if "$" in value or any(c.isspace() for c in value) or parts.query or parts.fragment:
+            raise ValueError("expected a plain URL: no '$', spaces, query or fragment")
+        return value
+
+    @property
+    def grant_url(self) -> str:
+        """Where a job redeems its secrets grant."""
+        if self.public_url:
+            return self.public_url
+        host = self.listen_host
+        if host in {"", "0.0.0.0", "::", "[::]"}:
+            host = "127.0.0.1"
+        elif ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        return f"http://{host}:{self.listen_port}"
 
     @model_validator(mode="after")
     def _oidc_complete(self) -> Settings:

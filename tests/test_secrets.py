@@ -3,6 +3,8 @@ answer, the script export and the run's stored rows; env values that look like k
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -10,37 +12,118 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
+from service.app import create_app
 from service.cluster.ray_jobs import RayRejected
+from service.errors import InvalidSpec
 from service.loops.submitter import Submitter
-from service.recipes.base import ResourceShape
+from service.recipes import env_names
+from service.recipes.base import Launch, LaunchContext, ResourceShape
+from service.recipes.registry import RecipeRegistry
 from service.scheduling.admission import QueuedRun
 from service.scheduling.backlog import QueuedRow
-from service.secrets import MASK, SecretMissing, SecretStore, looks_secret
 from service.store.db import Database
 from service.store.models import Run
 from service.store.status import RunStatus
+from service.team_secrets import (
+    MASK,
+    SecretMissing,
+    SecretStore,
+    looks_secret,
+    missing_message,
+    namespace,
+    team_var,
+)
+from tests.conftest import make_settings
 from tests.factories import add_run
+from tests.recipes import ScriptRecipe
 
 WANDB = "wandb-secret-value-0123456789"
 HF = "hf_abcdefghijklmnopqrstuvwxyz012345"
 
 
 def test_the_store_prefers_the_teams_own_secret_then_the_shared_one(tmp_path: Path) -> None:
-    (tmp_path / "vision").mkdir()
-    (tmp_path / "vision" / "wandb-key").write_text("team-value\n")
-    (tmp_path / "wandb-key").write_text("shared-value")
-    env = {"RLRUN_SECRET_SPEECH__HF_TOKEN": "speech-hf", "RLRUN_SECRET_HF_TOKEN": "shared-hf"}
+    (tmp_path / "teams" / "vision").mkdir(parents=True)
+    (tmp_path / "teams" / "vision" / "wandb-key").write_text("team-value\n")
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "shared" / "wandb-key").write_text("shared-value")
+    env = {"RLRUN_SECRET_SPEECH__HF_TOKEN": "speech-hf", "RLRUN_SHARED_SECRET_HF_TOKEN": "hf-sh"}
     store = SecretStore(str(tmp_path), env)
     assert store.get("vision", "wandb-key") == "team-value"
     assert store.get("speech", "wandb-key") == "shared-value"
     assert store.get("speech", "hf-token") == "speech-hf"
-    assert store.get("vision", "hf.token") == "shared-hf"
-    assert store.get("vision", "../vision/wandb-key") is None
-    refs = {"A": "wandb-key", "B": "hf-token", "C": "nope", "D": "../vision/wandb-key"}
-    assert store.unknown("speech", refs) == ["C", "D"]
+    assert store.get("vision", "hf.token") == "hf-sh"
+    refs = {"A": "wandb-key", "B": "hf-token", "C": "nope"}
+    assert store.unknown("speech", refs) == ["C"]
     with pytest.raises(SecretMissing, match="'nope'") as info:
         store.resolve("vision", {"WANDB_API_KEY": "wandb-key", "X": "nope"})
     assert "team-value" not in str(info.value)
+
+
+def test_the_old_unscoped_layout_is_not_read(tmp_path: Path) -> None:
+    """Files beside the namespaces and env vars without one belong to no team."""
+    (tmp_path / "vision").mkdir()
+    (tmp_path / "vision" / "wandb-key").write_text("v")
+    (tmp_path / "wandb-key").write_text("v")
+    store = SecretStore(str(tmp_path), {"RLRUN_SECRET_WANDB_KEY": "v"})
+    assert store.get("vision", "wandb-key") is None
+
+
+NLP_SECRETS = {
+    "RLRUN_SECRET_NLP__DB_PASSWORD": "nlp-db-password",
+    "RLRUN_SECRET_ML_UOPS__DB_PASSWORD": "ml_ops-db-password",
+    # Spelled with the separator in the name part: no name resolves to it.
+    "RLRUN_SECRET_VISION__NLP__DB_PASSWORD": "nlp-db-password",
+}
+
+
+def _nlp_files(root: Path) -> Path:
+    for own in ("teams/vision", "teams/ml-ops", "teams/ml", "shared"):  # a ".." climbs from these
+        (root / own).mkdir(parents=True)
+    for team in ("nlp", "ml_ops"):
+        (root / "teams" / team).mkdir(parents=True)
+        (root / "teams" / team / "db_password").write_text(f"{team}-db-password")
+        (root / "teams" / team / "x").write_text(f"{team}-x")
+    return root
+
+
+# (team asking, a name that spells another team's secret)
+NAME_TRICKS = [
+    ("vision", "nlp__db_password"),
+    ("vision", "NLP__DB_PASSWORD"),
+    ("vision", "Nlp__Db.Password"),
+    ("vision", "nlp-_db_password"),  # "-" and "_" spell "__" too
+    ("vision", "nlp.-db-password"),
+    ("vision", "../nlp/x"),
+    ("vision", "../teams/nlp/x"),
+    ("vision", "teams/nlp/x"),
+    ("vision", "..%2fnlp%2fx"),
+    ("vision", "ml_uops__db_password"),
+    ("ml-ops", "db_password"),  # ml-ops is not ml_ops
+    ("ml", "uops__db_password"),
+    ("ml", "_uops__db_password"),
+]
+
+
+@pytest.mark.parametrize(("team", "name"), NAME_TRICKS)
+def test_no_name_reaches_another_teams_secret(tmp_path: Path, team: str, name: str) -> None:
+    store = SecretStore(str(_nlp_files(tmp_path)), NLP_SECRETS)
+    assert store.get(team, name) is None
+    assert store.unknown(team, {"X": name}) == ["X"]
+    with pytest.raises(SecretMissing) as info:
+        store.resolve(team, {"X": name})
+    assert str(info.value) == missing_message(name)
+
+
+def test_team_namespaces_are_one_to_one_and_never_hold_the_separator() -> None:
+    teams = ["ml-ops", "ml_ops", "mlops", "ml-_ops", "ml_-ops", "ml--ops", "ml__ops", "m-l", "m_l"]
+    teams += ["a", "a-", "a_", "a-h", "a_h", "a_u", "a-u", "ah", "au", "h", "u", "0-0", "0_0"]
+    spelled = {namespace(t) for t in teams}
+    assert len(spelled) == len(teams)
+    assert all("__" not in ns and not ns.endswith("_") for ns in spelled)
+    assert (namespace("ml-ops"), namespace("ml_ops")) == ("ML_HOPS", "ML_UOPS")
+    assert team_var("ml-ops", "wandb.key") == "RLRUN_SECRET_ML_HOPS__WANDB_KEY"
+    with pytest.raises(ValueError):
+        namespace("../nlp")
 
 
 def test_env_values_that_look_like_keys_are_masked() -> None:
@@ -55,7 +138,7 @@ def test_env_values_that_look_like_keys_are_masked() -> None:
 def test_secret_values_appear_in_no_answer_and_no_script(
     api: TestClient, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("RLRUN_SECRET_WANDB_TEAM_KEY", WANDB)
+    monkeypatch.setenv("RLRUN_SECRET_DEFAULT__WANDB_TEAM_KEY", WANDB)
     body = {
         "recipe": "verl-fully-async",
         "preset": "geo3k-qwen3vl-8b-npu",
@@ -98,7 +181,6 @@ def test_secret_refs_follow_the_env_name_rules(api: TestClient) -> None:
     for secrets, field in [
         ({"LD_PRELOAD": "k"}, "secrets.LD_PRELOAD"),
         ({"PATH\n": "k"}, "secrets.PATH\n"),  # a line break: refused before the name rules
-        ({"KEY": "../etc/passwd"}, "secrets"),
         ({"RAY_JOB_STOP_WAIT_TIME_S": "k"}, "secrets.RAY_JOB_STOP_WAIT_TIME_S"),
     ]:
         resp = api.post("/runs", json=base | {"secrets": secrets})
@@ -109,7 +191,7 @@ def test_secret_refs_follow_the_env_name_rules(api: TestClient) -> None:
 def test_a_secret_the_service_does_not_hold_is_refused_at_accept(
     api: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("RLRUN_SECRET_WANDB_KEY", WANDB)
+    monkeypatch.setenv("RLRUN_SECRET_DEFAULT__WANDB_KEY", WANDB)
     unknown = {"recipe": "test-script", "secrets": {"WANDB_API_KEY": "wandb-key", "HF": "nope"}}
     answers = []
     for params in [{}, {"dry_run": True}]:
@@ -134,6 +216,87 @@ def test_a_secret_the_service_does_not_hold_is_refused_at_accept(
     answers += [dry.text, run.text, api.get(f"/runs/{run_id}").text, api.get("/runs").text]
     answers.append(api.get(f"/runs/{run_id}/script").text)
     assert all(WANDB not in answer for answer in answers)
+
+
+def _answers_for(client: TestClient, team: str, name: str) -> list[tuple[int, str]]:
+    """Accept and dry run for a spec naming ``name``, with the name itself blanked out."""
+    body = {"recipe": "test-script", "team": team, "secrets": {"X": name}}
+    return [
+        (r.status_code, r.text.replace(json.dumps(name)[1:-1], "NAME"))
+        for r in (
+            client.post("/runs", json=body),
+            client.post("/runs", params={"dry_run": True}, json=body),
+        )
+    ]
+
+
+def test_another_teams_secret_is_answered_exactly_like_a_missing_one(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for var, value in NLP_SECRETS.items():
+        monkeypatch.setenv(var, value)
+    settings = make_settings(
+        db_url, "http://127.0.0.1:9", run_loops=False, secrets_dir=str(_nlp_files(tmp_path))
+    )
+    with TestClient(create_app(settings)) as client:
+        assert _answers_for(client, "nlp", "db_password")[1][0] == 200  # nlp's own: it exists
+        missing = _answers_for(client, "vision", "no-such-secret")
+        assert [code for code, _ in missing] == [422, 422]
+        for team, name in NAME_TRICKS:
+            assert _answers_for(client, team, name) == missing, (team, name)
+        assert [r["team"] for r in client.get("/runs").json()["items"]] == ["nlp"]
+
+
+@pytest.mark.parametrize(
+    "value", ["${RLRUN_DATABASE_URL}", "$HOME", "x$RLRUN_RAY_TOKEN", "a${b}c", "$$HOME", "$1"]
+)
+def test_env_values_ray_would_expand_are_refused(api: TestClient, value: str) -> None:
+    body = {
+        "recipe": "verl-fully-async",
+        "preset": "geo3k-qwen3vl-8b-npu",
+        "runtime_env": {"env_vars": {"WANDB_PROJECT": "p", "X": value}},
+    }
+    for params in [{}, {"dry_run": True}]:
+        resp = api.post("/runs", params=params, json=body)
+        assert resp.status_code == 422, resp.text
+        assert [e["field"] for e in resp.json()["errors"]] == ["runtime_env.env_vars.X"]
+    assert api.get("/runs").json()["items"] == []
+
+
+def test_env_values_with_a_plain_dollar_are_literal() -> None:
+    assert all(env_names.value_refusal(v) is None for v in ["100$", "$", "a $ b", "$-1", "$/x"])
+
+
+class _ComposesExpandable(ScriptRecipe):
+    """A recipe (as a plugin could be) whose own composed env holds a value Ray would expand."""
+
+    def build(self, spec: Any, ctx: LaunchContext) -> Launch:
+        launch = super().build(spec, ctx)
+        env = {**launch.runtime_env["env_vars"], "CACHE": "${HOME}/cache"}
+        return dataclasses.replace(launch, runtime_env={"env_vars": env})
+
+
+def test_a_composed_env_value_ray_would_expand_is_refused_too() -> None:
+    registry = RecipeRegistry()
+    registry.register(_ComposesExpandable())
+    with pytest.raises(InvalidSpec) as info:
+        registry.build({"recipe": "test-script"}, LaunchContext(run_id="r1"))
+    assert [e["field"] for e in info.value.extra["errors"]] == ["runtime_env.env_vars.CACHE"]
+
+
+def test_the_services_own_variables_are_not_settable_by_a_spec(api: TestClient) -> None:
+    for var in ["RLRUN_GRANT", "RLRUN_GRANT_URL", "RLRUN_DATABASE_URL"]:
+        resp = api.post("/runs", json={"recipe": "test-script", "secrets": {var: "k"}})
+        assert resp.status_code == 422, var
+        assert resp.json()["errors"][0]["field"] == f"secrets.{var}"
+        body = {
+            "recipe": "verl-fully-async",
+            "preset": "geo3k-qwen3vl-8b-npu",
+            "runtime_env": {"env_vars": {var: "http://attacker.example"}},
+        }
+        resp = api.post("/runs", params={"dry_run": True}, json=body)
+        assert resp.status_code == 422, var
+        assert resp.json()["errors"][0]["field"] == f"runtime_env.env_vars.{var}"
 
 
 class FakeRay:
@@ -179,7 +342,7 @@ def test_secrets_are_resolved_at_submit_time_and_kept_out_of_the_rows(
     db = Database(db_url)
     add_run(db, "r1", RunStatus.QUEUED)
     ray = FakeRay(refuse)
-    store = SecretStore(None, {"RLRUN_SECRET_WANDB_KEY": WANDB})
+    store = SecretStore(None, {"RLRUN_SECRET_T__WANDB_KEY": WANDB})
     _submitter(db, ray, store)._submit(_claimed("r1", LAUNCH))
     with db.transaction() as s:
         row = s.get(Run, "r1")

@@ -25,9 +25,9 @@ from service.loops.follower import Follower
 from service.metrics.broker import Broker
 from service.recipes.registry import RecipeRegistry
 from service.scheduling.inventory import Inventory, InventoryCache
-from service.secrets import SecretStore
 from service.settings import Settings
 from service.store.db import Database
+from service.team_secrets import SecretStore
 
 log = logging.getLogger(__name__)
 # The largest value an INTEGER column holds on every backend: the bound of numeric queries.

@@ -19,11 +19,11 @@ from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable, stop_
 from service.scheduling import backlog
 from service.scheduling.admission import Quotas, decide
 from service.scheduling.inventory import Inventory, InventoryCache
-from service.secrets import SecretMissing, SecretStore, redact
 from service.store.db import Database
 from service.store.lifecycle import transition
 from service.store.models import Run, utcnow
 from service.store.status import RunStatus
+from service.team_secrets import SecretMissing, SecretStore, redact
 
 JOBS_DIR = Path(jobs.__file__).parent
 
