@@ -21,6 +21,7 @@ from service import dashboard
 from service.api import (
     admin,
     browser,
+    grants,
     openapi,
     probes,
     prometheus,
@@ -132,6 +133,7 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
     app.include_router(prometheus.router)
     app.include_router(verl.router)
     app.include_router(admin.router)
+    app.include_router(grants.router)
     dashboard.install(app)
     openapi.install(app)
     return app
@@ -163,6 +165,8 @@ def build_services(settings: Settings, registry: RecipeRegistry, ray_address: st
             settings.claim_ttl_s,
             settings.submit_batch,
             secrets,
+            grant_url=settings.grant_url,
+            grant_ttl_s=settings.grant_ttl_s,
         )
         reconciler = Reconciler(
             db,

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, select, text
 
+from jobs.grant import GRANT_ENV, GRANT_URL_ENV, WORKER_HOOK
 from service.app import create_app
 from service.cluster.ray_jobs import RayRejected
 from service.errors import InvalidSpec
@@ -21,8 +22,9 @@ from service.recipes.base import Launch, LaunchContext, ResourceShape
 from service.recipes.registry import RecipeRegistry
 from service.scheduling.admission import QueuedRun
 from service.scheduling.backlog import QueuedRow
+from service.store import grants
 from service.store.db import Database
-from service.store.models import Run
+from service.store.models import Run, SecretGrant
 from service.store.status import RunStatus
 from service.team_secrets import (
     MASK,
@@ -299,6 +301,9 @@ def test_the_services_own_variables_are_not_settable_by_a_spec(api: TestClient) 
         assert resp.json()["errors"][0]["field"] == f"runtime_env.env_vars.{var}"
 
 
+PACKAGE = "gcs://_ray_pkg_jobs.zip"
+
+
 class FakeRay:
     """Records what would be sent to Ray; or refuses, quoting the runtime env as Ray may."""
 
@@ -307,7 +312,7 @@ class FakeRay:
         self.sent: list[dict[str, Any]] = []
 
     def package_uri(self, path: Path) -> str:
-        return "gcs://_ray_pkg_jobs.zip"
+        return PACKAGE
 
     def submit(self, **kw: Any) -> bool:
         if self.refuse:
@@ -333,7 +338,7 @@ LAUNCH = {
 
 
 @pytest.mark.parametrize("refuse", [False, True])
-def test_secrets_are_resolved_at_submit_time_and_kept_out_of_the_rows(
+def test_a_run_naming_secrets_is_submitted_with_a_grant_never_their_values(
     db_url: str, refuse: bool
 ) -> None:
     from service.store.db import upgrade
@@ -343,18 +348,42 @@ def test_secrets_are_resolved_at_submit_time_and_kept_out_of_the_rows(
     add_run(db, "r1", RunStatus.QUEUED)
     ray = FakeRay(refuse)
     store = SecretStore(None, {"RLRUN_SECRET_T__WANDB_KEY": WANDB})
-    _submitter(db, ray, store)._submit(_claimed("r1", LAUNCH))
+    submitter = _submitter(db, ray, store)
+    submitter.grant_url = "http://service.example:8000"
+    submitter._submit(_claimed("r1", LAUNCH))
     with db.transaction() as s:
         row = s.get(Run, "r1")
         assert row is not None
+        grant = s.scalars(select(SecretGrant)).one()
         stored = f"{row.launch} {row.ray_message} {[e.reason for e in row.events]}"
+        stored += f" {grant.token_hash} {grant.submission_id}"
         status = row.status
     db.dispose()
+    assert (grant.run_id, grant.submission_id, grant.redeemed_at) == ("r1", "r1", None)
     assert WANDB not in stored
     if refuse:
         assert status == RunStatus.FAILED and MASK in stored
-    else:
-        assert ray.sent[0]["runtime_env"]["env_vars"] == {"A": "1", "WANDB_API_KEY": WANDB}
+        return
+    sent = ray.sent[0]["runtime_env"]
+    token = sent["env_vars"].pop(GRANT_ENV)
+    assert sent["env_vars"] == {"A": "1", GRANT_URL_ENV: "http://service.example:8000"}
+    assert sent["worker_process_setup_hook"] == WORKER_HOOK
+    assert WANDB not in str(ray.sent)
+    assert grants.digest(token) == grant.token_hash and token not in stored
+
+
+def test_a_run_naming_no_secrets_gets_no_grant(db_url: str) -> None:
+    from service.store.db import upgrade
+
+    upgrade(db_url)
+    db = Database(db_url)
+    add_run(db, "r1", RunStatus.QUEUED)
+    ray = FakeRay()
+    _submitter(db, ray, SecretStore(None, {}))._submit(_claimed("r1", LAUNCH | {"secrets": {}}))
+    with db.transaction() as s:
+        assert s.scalars(select(SecretGrant)).all() == []
+    db.dispose()
+    assert ray.sent[0]["runtime_env"] == {"env_vars": {"A": "1"}, "py_modules": [PACKAGE]}
 
 
 def test_a_secret_missing_at_submit_time_fails_the_run_naming_it(db_url: str) -> None:

@@ -49,7 +49,7 @@ class Services:
     loops: Mapping[str, Loop]
     follower: Follower | None
     reads: ReadCache
-    # The secrets specs name: checked when a run is accepted, read when it is submitted.
+    # The secrets specs name: checked when a run is accepted, read when its job redeems its grant.
     secrets: SecretStore
     streams: StreamSlots = field(default_factory=StreamSlots)
     # Bearer JWTs of the identity provider, when one is configured.
