@@ -1,5 +1,6 @@
 """The job's side of a secrets grant: redeemed once when a launcher starts, its values go into
-this process's environment and, through a holder actor, into every worker the job starts.
+this process's environment and, through Ray's internal key-value store while the job runs, into
+every worker the job starts.
 
 A run that names secrets is submitted with ``RLRUN_GRANT`` (a one-time token) and
 ``RLRUN_GRANT_URL`` (the service as the cluster reaches it) in its env, and Ray's
@@ -7,10 +8,10 @@ A run that names secrets is submitted with ``RLRUN_GRANT`` (a one-time token) an
 
 - ``redeem`` (the driver): one ``POST <url>/grants/redeem`` with the grant as bearer (stdlib
   urllib, no proxy, no redirect, bounded timeouts); the values go into ``os.environ``.
-- ``share`` (the driver, once connected to Ray): a detached holder actor, named from the grant's
-  hash, keeps them in its memory (handed over in an actor call, never in its creation spec) and
-  ends itself when the job's supervisor does, so after ``exec`` too.
-- ``setup_worker`` (each worker of the job, before its first task): asks the holder for them.
+- ``share`` (the driver, once connected to Ray): the values go into Ray's internal key-value
+  store under the grant's hash, for as long as the job runs: a detached keeper actor deletes
+  them when the job's supervisor ends (so after ``exec`` too).
+- ``setup_worker`` (each worker of the job, before its first task): reads them from there.
 
 Never imports ``service``; ``ray`` only where it is used.
 """
@@ -32,7 +33,7 @@ GRANT_URL_ENV = "RLRUN_GRANT_URL"
 REDEEM_PATH = "/grants/redeem"
 WORKER_HOOK = "jobs.grant.setup_worker"
 HOLDER_NAMESPACE = "rlrun-grants"
-# Set in the holder's own worker, which must not ask itself.
+# Set in the keeper's own worker, which needs nothing of the job's.
 HOLDER_MARK = "RLRUN_GRANT_HOLDER"
 MAX_ANSWER_BYTES = 1 << 20
 
@@ -95,65 +96,63 @@ def redeem(
 
 
 def share(values: dict[str, str], submission_id: str | None, environ: Any = None) -> None:
-    """Start the job's holder (the driver, connected to Ray): workers the job starts from now
-    on get ``values`` in their environment. It ends when the job's supervisor ends."""
+    """Hand ``values`` to the workers the job starts from now on (the driver, connected to
+    Ray): kept under the grant's hash in Ray's internal key-value store, and deleted by a
+    detached keeper actor when the job's supervisor ends (after ``exec`` too)."""
     env = os.environ if environ is None else environ
     grant = env.get(GRANT_ENV)
-    if not values or not grant:
+    if not values or not grant or not submission_id:
         return
     import ray
+    from ray.experimental.internal_kv import _internal_kv_put
 
-    holder: Any = (
-        ray.remote(_Holder)
+    key = holder_name(grant)
+    keeper: Any = (
+        ray.remote(_Keeper)
         .options(
-            name=holder_name(grant),
+            name=key,
             namespace=HOLDER_NAMESPACE,
             lifetime="detached",
             num_cpus=0,
             max_restarts=0,
             runtime_env={"env_vars": {HOLDER_MARK: "1"}},
         )
-        .remote(submission_id)
+        .remote(key, submission_id)
     )
-    ray.get(holder.keep.remote(values), timeout=120)
+    ray.get(keeper.ready.remote(), timeout=120)  # running before there is anything to delete
+    _internal_kv_put(key, json.dumps(values).encode(), overwrite=True, namespace=HOLDER_NAMESPACE)
 
 
 def setup_worker() -> None:
-    """Ray's ``worker_process_setup_hook``: this worker's environment gets the run's values."""
+    """Ray's ``worker_process_setup_hook``: this worker's environment gets the run's values.
+    (A hook cannot submit tasks, since the worker runs none yet; a store read it can do.)"""
     grant = os.environ.get(GRANT_ENV)
     if not grant or os.environ.get(HOLDER_MARK):
         return
-    import ray
+    from ray.experimental.internal_kv import _internal_kv_get
 
-    try:
-        holder = ray.get_actor(holder_name(grant), namespace=HOLDER_NAMESPACE)
-    except ValueError:
-        return  # not shared (yet, or any more): the worker starts without them
-    os.environ.update(ray.get(holder.values.remote(), timeout=60))
+    raw = _internal_kv_get(holder_name(grant), namespace=HOLDER_NAMESPACE)
+    if raw:
+        os.environ.update(json.loads(raw))
 
 
-class _Holder:
-    """Keeps a job's values in memory and serves them to its workers while the job lives."""
+class _Keeper:
+    """Deletes a job's values from the store when the job's supervisor ends, then exits."""
 
-    def __init__(self, submission_id: str | None) -> None:
-        self._values: dict[str, str] = {}
-        if submission_id:
-            threading.Thread(target=self._end_with, args=(submission_id,), daemon=True).start()
+    def __init__(self, key: str, submission_id: str) -> None:
+        threading.Thread(target=self._end_with, args=(key, submission_id), daemon=True).start()
 
-    def keep(self, values: dict[str, str]) -> bool:
-        self._values = dict(values)
+    def ready(self) -> bool:
         return True
 
-    def values(self) -> dict[str, str]:
-        return dict(self._values)
-
     @staticmethod
-    def _end_with(submission_id: str, every_s: float = 2.0) -> None:
+    def _end_with(key: str, submission_id: str, every_s: float = 2.0) -> None:
         import ray
         from ray.dashboard.modules.job.common import (
             JOB_ACTOR_NAME_TEMPLATE,
             SUPERVISOR_ACTOR_RAY_NAMESPACE,
         )
+        from ray.experimental.internal_kv import _internal_kv_del
 
         name = JOB_ACTOR_NAME_TEMPLATE.format(job_id=submission_id)
         while True:
@@ -161,4 +160,6 @@ class _Holder:
             try:
                 ray.get_actor(name, namespace=SUPERVISOR_ACTOR_RAY_NAMESPACE)
             except ValueError:
-                os._exit(0)  # the job is over: so are its values
+                break
+        _internal_kv_del(key, namespace=HOLDER_NAMESPACE)
+        os._exit(0)  # the job is over: so are its values

@@ -4,7 +4,10 @@ answer, the script export and the run's stored rows; env values that look like k
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, select, text
 
-from jobs.grant import GRANT_ENV, GRANT_URL_ENV, WORKER_HOOK
+from jobs.grant import GRANT_ENV, GRANT_URL_ENV, HOLDER_NAMESPACE, WORKER_HOOK, holder_name
 from service.app import create_app
 from service.cluster.ray_jobs import RayRejected
 from service.errors import InvalidSpec
@@ -402,24 +405,81 @@ def test_a_secret_missing_at_submit_time_fails_the_run_naming_it(db_url: str) ->
     assert ray.sent == []
 
 
+def _digest(value: str) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()[:16]
+
+
 @pytest.mark.ray
-def test_a_secret_reaches_the_job_on_ray_and_no_answer(
-    service_factory: Any, ray_cluster: Any, tmp_path: Path
+def test_a_secret_reaches_the_jobs_processes_and_never_rays_job_table(
+    ray_cluster: Any, ray: Any, tmp_path: Path
 ) -> None:
-    """Through a real Ray head: Ray's own record of the job has the value, the service's none."""
+    """Through a real Ray head and a real HTTP server: the job's driver, an actor and a task see
+    the value; Ray's job list, job info and GCS job table, and the service's answers, do not;
+    the grant Ray does hold is refused once used, and after the run ended."""
     import httpx
 
-    from tests.conftest import wait_status
+    from tests.conftest import TERMINAL, wait_for, wait_status
+    from tests.live import ServerThread, free_port
 
-    (tmp_path / "secrets" / "default").mkdir(parents=True)
-    (tmp_path / "secrets" / "default" / "wandb-key").write_text(WANDB + "\n")
-    db = f"sqlite:///{tmp_path}/db.sqlite"
-    with service_factory(db, secrets_dir=str(tmp_path / "secrets")) as client:
-        body = {"recipe": "test-script", "secrets": {"WANDB_API_KEY": "wandb-key"}}
-        run_id = client.post("/runs", json=body).json()["id"]
-        run = wait_status(client, run_id, {"SUCCEEDED", "FAILED"})
-        assert run["status"] == "SUCCEEDED", run
-        answers = [client.get(f"/runs/{run_id}").text, client.get(f"/runs/{run_id}/script").text]
-    job = httpx.get(f"{ray_cluster.address}/api/jobs/{run_id}", timeout=10).json()
-    assert job["runtime_env"]["env_vars"]["WANDB_API_KEY"] == WANDB
-    assert all(WANDB not in answer for answer in answers)
+    (tmp_path / "secrets" / "teams" / "default").mkdir(parents=True)
+    (tmp_path / "secrets" / "teams" / "default" / "wandb-key").write_text(WANDB + "\n")
+    port = free_port()
+    settings = make_settings(
+        f"sqlite:///{tmp_path}/db.sqlite",
+        ray_cluster.address,
+        secrets_dir=str(tmp_path / "secrets"),
+        public_url=f"http://127.0.0.1:{port}",
+        recipe_plugins="tests.recipes:register,tests.secret_probe:register",
+    )
+    body = {"recipe": "test-secret-probe", "secrets": {"WANDB_API_KEY": "wandb-key"}}
+    with (
+        ServerThread(create_app(settings), port=port) as url,
+        httpx.Client(base_url=url, timeout=30) as client,
+    ):
+        resp = client.post("/runs", json=body)
+        assert resp.status_code == 201, resp.text
+        run_id = resp.json()["id"]
+        run = wait_status(client, run_id, {"SUCCEEDED", "FAILED"}, timeout=120)
+        logs = wait_for(
+            lambda: client.get(f"/runs/{run_id}/logs").text,
+            lambda text: re.search(r"^probe store holds it (True|False)$", text, re.M),
+            timeout=60,
+        )
+        assert run["status"] == "SUCCEEDED", (run, logs)
+        seen = _digest(WANDB)
+        for who in ("driver", "actor", "task"):
+            assert f"probe {who} {seen}" in logs, logs
+        assert "probe job table holds it False" in logs, logs
+        answers = [
+            client.get(p).text for p in (f"/runs/{run_id}", "/runs", f"/runs/{run_id}/script")
+        ]
+        answers.append(logs)
+        ray_says = [
+            httpx.get(f"{ray_cluster.address}{path}", timeout=30).text
+            for path in ("/api/jobs/", f"/api/jobs/{run_id}", "/api/v0/jobs")
+        ]
+        assert all(WANDB not in text for text in answers + ray_says)
+        # What Ray does hold is the grant: redeemed, and its run over, it answers nothing.
+        job = httpx.get(f"{ray_cluster.address}/api/jobs/{run_id}", timeout=30).json()
+        token = job["runtime_env"]["env_vars"][GRANT_ENV]
+        again = client.post("/grants/redeem", headers={"Authorization": f"Bearer {token}"})
+        assert again.status_code == 401 and WANDB not in again.text
+    # While the job ran, its workers read the values from Ray's store; they went with the job.
+    assert "probe store holds it True" in logs, logs
+    key = holder_name(token)
+    gone = STORE_GONE.format(key=key, namespace=HOLDER_NAMESPACE)
+    ray.submit(f"{run_id}-after", shlex.join(["python3", "-c", gone]), {}, {})
+    after = wait_for(lambda: ray.get(f"{run_id}-after"), lambda j: j.status in TERMINAL, 120)
+    assert after.status == "SUCCEEDED", ray.logs(f"{run_id}-after")
+
+
+# Run as a Ray job: succeeds once the store no longer holds the key (within 30 s).
+STORE_GONE = """
+import time, ray
+from ray.experimental.internal_kv import _internal_kv_get
+ray.init()
+deadline = time.time() + 30
+while _internal_kv_get("{key}", namespace="{namespace}") is not None:
+    assert time.time() < deadline, "still in the store"
+    time.sleep(0.5)
+"""
