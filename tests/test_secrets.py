@@ -483,3 +483,43 @@ while _internal_kv_get("{key}", namespace="{namespace}") is not None:
     assert time.time() < deadline, "still in the store"
     time.sleep(0.5)
 """
+
+
+@pytest.mark.ray
+def test_tiny_grpo_redeems_its_grant_once_and_trains(
+    ray_cluster: Any, ray: Any, tmp_path: Path
+) -> None:
+    """The real launcher path: tiny-grpo's entrypoint redeems the grant before it starts Ray."""
+    import httpx
+
+    from tests.conftest import wait_status
+    from tests.live import ServerThread, free_port
+
+    (tmp_path / "secrets" / "shared").mkdir(parents=True)
+    (tmp_path / "secrets" / "shared" / "wandb-key").write_text(WANDB)
+    port = free_port()
+    settings = make_settings(
+        f"sqlite:///{tmp_path}/db.sqlite",
+        ray_cluster.address,
+        secrets_dir=str(tmp_path / "secrets"),
+        public_url=f"http://127.0.0.1:{port}",
+    )
+    body = {
+        "recipe": "tiny-grpo",
+        "total_rollout_steps": 16,
+        "batch_prompts": 8,
+        "gen_seconds": 0,
+        "train_seconds": 0,
+        "secrets": {"WANDB_API_KEY": "wandb-key"},
+    }
+    with (
+        ServerThread(create_app(settings), port=port) as url,
+        httpx.Client(base_url=url, timeout=30) as client,
+    ):
+        run_id = client.post("/runs", json=body).json()["id"]
+        run = wait_status(client, run_id, {"SUCCEEDED", "FAILED"}, timeout=180)
+        assert run["status"] == "SUCCEEDED", client.get(f"/runs/{run_id}/logs").text
+        audited = client.get("/audit", params={"run_id": run_id}).json()["items"]
+        assert [e["action"] for e in audited if e["action"].startswith("grant")] == ["grant.redeem"]
+        job = httpx.get(f"{ray_cluster.address}/api/jobs/{run_id}", timeout=30).text
+        assert WANDB not in job and WANDB not in client.get(f"/runs/{run_id}/logs").text
