@@ -175,8 +175,9 @@ class Settings(BaseSettings):
     # (unset: http://<listen host>:<listen port>, loopback for a wildcard host).
     public_url: str | None = None
     listen_port: int = 8000
-    # How long a job has to redeem its grant after it is submitted.
-    grant_ttl_s: float = Field(default=900.0, gt=0, le=86_400)
+    # How long a job has to redeem its grant after it is submitted (its runtime env set up,
+    # pip included); a redeemed grant, or one whose run is over, is refused sooner.
+    grant_ttl_s: float = Field(default=3600.0, gt=0, le=86_400)
 
     # What a spec may ask of the cluster, widened only here: env var names exempt from the
     # deny-list, and Hydra keys (prefixes) an override may set although refused by default.

@@ -152,3 +152,31 @@ def test_the_verl_launcher_stops_before_its_checks_when_the_grant_is_refused(
             verl_launch.main(["--plan", "{}", "--", "true"])
     assert info.value.code == EXIT_FAILED
     assert "refused the secrets grant (HTTP 401)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("host", "public_url", "expected"),
+    [
+        ("127.0.0.1", None, "http://127.0.0.1:8123"),
+        ("0.0.0.0", None, "http://127.0.0.1:8123"),  # a wildcard host: loopback
+        ("::1", None, "http://[::1]:8123"),
+        ("10.0.0.5", "https://rlrun.example/ ", "https://rlrun.example"),
+    ],
+)
+def test_jobs_redeem_at_the_public_url_or_where_the_service_listens(
+    host: str, public_url: str | None, expected: str
+) -> None:
+    assert (
+        make_settings(
+            "sqlite://", "local", listen_host=host, listen_port=8123, public_url=public_url
+        ).grant_url
+        == expected
+    )
+
+
+@pytest.mark.parametrize(
+    "url", ["ftp://x", "file:///etc/passwd", "http://", "http://h/$HOME", "http://h/?a=1", "h:80"]
+)
+def test_a_public_url_must_be_a_plain_http_url(url: str) -> None:
+    with pytest.raises(ValueError, match="public_url"):
+        make_settings("sqlite://", "local", public_url=url)

@@ -45,7 +45,7 @@ class Submitter:
     batch: int  # runs admitted per round at most
     secrets: SecretStore = field(default_factory=lambda: SecretStore(None))
     grant_url: str = "http://127.0.0.1:8000"  # where the job redeems its grant
-    grant_ttl_s: float = 900.0
+    grant_ttl_s: float = 3600.0
 
     def tick(self) -> None:
         # Always a fresh read: a run that just ended must not wait for a cache to expire.
