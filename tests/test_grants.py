@@ -82,9 +82,7 @@ def test_a_grant_answers_its_runs_values_once(client: TestClient, db: Database) 
     assert _audited(db) == [
         ("grant.redeem", "r1", None),
         ("grant.refused", "r1", "grant already redeemed"),
-        ("grant.refused", None, "unknown grant"),
-        ("grant.refused", None, "not a grant"),
-    ]
+    ]  # tokens the service never issued leave no row: guesses cannot fill the trail
 
 
 def test_an_expired_grant_answers_nothing(client: TestClient, db: Database) -> None:

@@ -1,5 +1,6 @@
 """``POST /grants/redeem``: a run's job trades its one-time grant (the bearer credential here, no
-API token) for the values of the secrets its spec names. Any refusal is the same 401, audited."""
+API token) for the values of the secrets its spec names. Any refusal is the same 401; one for a
+grant the service issued (used, expired, its run over) is audited."""
 
 from __future__ import annotations
 
@@ -28,11 +29,13 @@ def redeem_grant(
 ) -> JSONResponse:
     """The run's secret values, ``{"env": {var: value}, "submission_id"}``, once."""
     token = credentials.credentials if credentials is not None else ""
-    missing = None
     with services.db.transaction() as session:
         found = grants.redeem(session, token) if token.startswith(grants.PREFIX) else None
-        run = found.run if found is not None else None
-        values: dict[str, str] = {}
+        if found is None or found.run_id is None:
+            # Not a grant the service issued: nothing to record, so an unauthenticated caller
+            # cannot fill the audit trail with guesses (a grant has 256 random bits).
+            raise Unauthorized(REFUSED)
+        run, values, missing = found.run, {}, None
         if run is not None:
             try:
                 values = services.secrets.resolve(run.team, run.launch.get("secrets") or {})
@@ -46,12 +49,12 @@ def redeem_grant(
             token_id=None,
             action="grant.redeem" if run is not None else "grant.refused",
             client=client_of(request),
-            run_id=found.run_id if found is not None else None,
-            target=missing or (found.refused if found is not None else "not a grant"),
+            run_id=found.run_id,
+            target=missing or found.refused,
         )
     if run is None:
         raise Unauthorized(REFUSED)
     if missing:
         raise Conflict(missing)
-    body = {"env": values, "submission_id": found.submission_id if found else None}
+    body = {"env": values, "submission_id": found.submission_id}
     return JSONResponse(body, headers={"Cache-Control": "no-store"})
