@@ -21,6 +21,7 @@ from service import dashboard
 from service.api import (
     admin,
     browser,
+    grants,
     openapi,
     probes,
     prometheus,
@@ -56,9 +57,9 @@ from service.notify.sender import Notifier
 from service.recipes.registry import RecipeRegistry, default_registry
 from service.scheduling import backlog
 from service.scheduling.inventory import InventoryCache
-from service.secrets import SecretStore
 from service.settings import Settings
 from service.store import db as dbmod
+from service.team_secrets import SecretStore
 from service.telemetry import Telemetry, TimeRequests
 
 log = logging.getLogger(__name__)
@@ -150,6 +151,7 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
     app.include_router(prometheus.router)
     app.include_router(verl.router)
     app.include_router(admin.router)
+    app.include_router(grants.router)
     dashboard.install(app)
     openapi.install(app)
     return app
@@ -181,6 +183,8 @@ def build_services(settings: Settings, registry: RecipeRegistry, ray_address: st
             settings.claim_ttl_s,
             settings.submit_batch,
             secrets,
+            grant_url=settings.service_url,
+            grant_ttl_s=settings.grant_ttl_s,
         )
         reconciler = Reconciler(
             db,
@@ -215,7 +219,7 @@ def build_services(settings: Settings, registry: RecipeRegistry, ray_address: st
             db,
             owner,
             AllowList.parse(settings.webhook_allow.split(",")),
-            settings.public_url,
+            settings.service_url,
             timeout_s=settings.webhook_timeout_s,
             backoff=Backoff(settings.webhook_retry_s, 3600.0),
             max_age_s=settings.webhook_max_age_s,

@@ -145,7 +145,7 @@ def serve(
     from service.settings import Settings
 
     try:
-        given: dict[str, Any] = {"listen_host": host}
+        given: dict[str, Any] = {"listen_host": host, "listen_port": port}
         if probe_port is not None:  # else RLRUN_PROBE_PORT, if set
             given["probe_port"] = probe_port
         settings = Settings(**given)

@@ -16,7 +16,7 @@ from pydantic_core import to_json
 
 from service.metrics.keys import REWARD_KEY, STEP_KEY, TRAINER_STEP_KEY
 from service.scheduling.priority import PRIORITY_NAMES
-from service.secrets import masked_runtime_env, masked_spec
+from service.team_secrets import masked_runtime_env, masked_spec
 
 # What a run's summary shows of its metrics: progress and the latest mean reward.
 SUMMARY_KEYS = (STEP_KEY, TRAINER_STEP_KEY, REWARD_KEY)

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from service.client import DEFAULT_URL
+from service.client import DEFAULT_PORT
 
 
 class Settings(BaseSettings):
@@ -162,8 +162,6 @@ class Settings(BaseSettings):
     webhook_timeout_s: float = Field(default=10.0, gt=0, le=60)
     webhook_retry_s: float = Field(default=5.0, gt=0)
     webhook_max_age_s: float = Field(default=24 * 3600.0, gt=0)
-    # The service's address as people reach it: links in webhook messages point there.
-    public_url: str = DEFAULT_URL
 
     # Identity. "auto": on unless the service listens only on loopback (``listen_host``, set by
     # ``rlrun serve --host``); "on"; "off" (open: every caller is an anonymous admin).
@@ -188,9 +186,17 @@ class Settings(BaseSettings):
     oidc_role_claim: str = Field(default="role", min_length=1)
     oidc_leeway_s: float = Field(default=30.0, ge=0, le=300)
 
-    # Secrets a spec names by reference: files <dir>/<team>/<name> or <dir>/<name>, or env vars
-    # RLRUN_SECRET_<TEAM>__<NAME> / RLRUN_SECRET_<NAME> (upper case, "-" and "." as "_").
+    # Secrets a spec names by reference: files <dir>/teams/<team>/<name> or <dir>/shared/<name>,
+    # or env vars RLRUN_SECRET_<NS>__<NAME> / RLRUN_SHARED_SECRET_<NAME> (service.team_secrets).
     secrets_dir: str | None = None
+    # The service's URL as the cluster and people reach it: a job redeems its secrets grant
+    # there, webhook messages link there (unset: http://<listen host>:<listen port>, loopback
+    # for a wildcard host).
+    public_url: str | None = None
+    listen_port: int = DEFAULT_PORT
+    # How long a job has to redeem its grant after it is submitted (its runtime env set up,
+    # pip included); a redeemed grant, or one whose run is over, is refused sooner.
+    grant_ttl_s: float = Field(default=3600.0, gt=0, le=86_400)
 
     # What a spec may ask of the cluster, widened only here: env var names exempt from the
     # deny-list, and Hydra keys (prefixes) an override may set although refused by default.
@@ -230,6 +236,34 @@ class Settings(BaseSettings):
                     f"tokens ({', '.join(PUBLIC_KEY_ALGORITHMS)})"
                 )
         return ",".join(names)
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str | None) -> str | None:
+        value = (value or "").strip().rstrip("/") or None
+        if value is None:
+            return None
+        try:
+            parts = urlsplit(value)
+        except ValueError:
+            parts = None
+        if parts is None or parts.scheme not in {"http", "https"} or not parts.hostname:
+            raise ValueError("expected the service's http(s):// URL as the cluster reaches it")
+        if "$" in value or any(c.isspace() for c in value) or parts.query or parts.fragment:
+            raise ValueError("expected a plain URL: no '$', spaces, query or fragment")
+        return value
+
+    @property
+    def service_url(self) -> str:
+        """The service as the cluster and people reach it (``public_url`` or derived)."""
+        if self.public_url:
+            return self.public_url
+        host = self.listen_host
+        if host in {"", "0.0.0.0", "::", "[::]"}:
+            host = "127.0.0.1"
+        elif ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        return f"http://{host}:{self.listen_port}"
 
     @model_validator(mode="after")
     def _oidc_complete(self) -> Settings:

@@ -25,8 +25,8 @@ def free_port() -> int:
 class ServerThread:
     """``with ServerThread(app) as url:`` serves ``app`` (lifespan included) until exit."""
 
-    def __init__(self, app: FastAPI) -> None:
-        self.port = free_port()
+    def __init__(self, app: FastAPI, port: int | None = None) -> None:
+        self.port = port or free_port()
         config = uvicorn.Config(
             app, host="127.0.0.1", port=self.port, log_level="warning", timeout_graceful_shutdown=1
         )

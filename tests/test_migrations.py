@@ -11,7 +11,7 @@ from sqlalchemy import create_engine, inspect, select, text
 from service.metrics import store
 from service.metrics.parse import MetricLine
 from service.store.db import Database, downgrade, upgrade
-from service.store.models import Base, MetricLatest, RunLog
+from service.store.models import Base, MetricLatest, RunLog, utcnow
 from tests.factories import add_run
 
 
@@ -20,6 +20,20 @@ def _tables(url: str) -> set[str]:
     names = set(inspect(engine).get_table_names()) - {"alembic_version"}
     engine.dispose()
     return names
+
+
+def _old_run(db: Database, run_id: str) -> str:
+    """A run as the first schema holds it (the models have columns an old schema lacks)."""
+    with db.transaction() as s:
+        s.execute(
+            text(
+                "INSERT INTO runs (id, name, recipe, team, priority, status, health, spec, "
+                "launch, created_at, updated_at) VALUES (:id, :id, 'x', 't', 1, 'RUNNING', "
+                "'ok', '{}', '{}', :now, :now)"
+            ),
+            {"id": run_id, "now": utcnow()},
+        )
+    return run_id
 
 
 def test_upgrade_downgrade_upgrade_round_trips(db_url: str) -> None:
@@ -46,7 +60,7 @@ def test_the_metric_tiers_migration_fills_latest_values_and_buckets_from_stored_
     upgrade(db_url)
     downgrade(db_url, "0003")
     db = Database(db_url)
-    run_id = add_run(db)
+    run_id = _old_run(db, "r1")
     points = [("a", step, float(step % 7) if step % 5 else None) for step in range(0, 3000, 3)]
     points += [("b", 40, 1.0)]
     with db.transaction() as s:
@@ -81,7 +95,7 @@ def test_the_metric_counts_migration_counts_what_each_run_holds(db_url: str) -> 
     upgrade(db_url)
     downgrade(db_url, "0007")
     db = Database(db_url)
-    held, empty = add_run(db, "r1"), add_run(db, "r2")
+    held, empty = _old_run(db, "r1"), _old_run(db, "r2")
     lines = [(0, MetricLine(step, {"a": 1.0})) for step in range(0, 10_000, 3)]  # 3 top buckets
     with db.transaction() as s:
         store.add_lines(s, held, [*lines, (0, MetricLine(7, {"b": math.nan}))])

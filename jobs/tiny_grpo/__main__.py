@@ -9,6 +9,7 @@ trainer steps the weights are synced and the parameter version goes up by one.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections import deque
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 
 import ray
 
+from jobs import grant
 from jobs.tiny_grpo import checkpoint
 from jobs.tiny_grpo.actors import TinyGrpoRollouter, TinyGrpoTrainer
 from jobs.tiny_grpo.options import parser
@@ -25,7 +27,12 @@ from jobs.tiny_grpo.policy import Correction
 def main(argv: list[str] | None = None) -> None:
     args = parser(__doc__).parse_args(argv)
     lower, upper = (float(x) for x in args.rs_threshold.split("_"))
+    try:  # the run's secrets, if its spec names any: here and in every worker of the job
+        values, submission_id = grant.redeem()
+    except grant.GrantRefused as exc:
+        sys.exit(f"rlrun launch failed: {exc}")
     ray.init()
+    grant.share(values, submission_id)
     rollouter: Any = (
         ray.remote(TinyGrpoRollouter)
         .options(num_cpus=args.actor_cpus, resources={"NPU": args.rollout_npus}, max_concurrency=2)

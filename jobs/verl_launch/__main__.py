@@ -1,5 +1,9 @@
 """``python3 -m jobs.verl_launch --plan <json> -- <verl argv>``: preflight, then exec verl.
 
+A run that names secrets first redeems its grant (``jobs.grant``): the values go into this
+process's environment, which verl inherits across the handover, and to every worker of the job.
+A grant that cannot be redeemed ends the job before anything else runs.
+
 One Ray task is pinned to each alive node with CPUs or the run's accelerator
 (``NodeAffinitySchedulingStrategy``, no CPU held) and runs ``checks.check_node``; the report is
 printed as one line. Any failure (or a node that does not answer in time) ends the job before
@@ -14,8 +18,10 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
+from jobs import grant
 from jobs.verl_launch import EXIT_FAILED, HANDOVER, PREFIX, Plan, Report
 from jobs.verl_launch.checks import check_node
 
@@ -27,7 +33,7 @@ def split_argv(argv: list[str]) -> tuple[Plan, list[str]]:
     return plan, argv[3:]
 
 
-def preflight(plan: Plan) -> Report:
+def preflight(plan: Plan, connected_hook: Callable[[], None] | None = None) -> Report:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -35,6 +41,8 @@ def preflight(plan: Plan) -> Report:
     ray.init(logging_level=logging.WARNING, log_to_driver=False)
     connected = time.monotonic()
     try:
+        if connected_hook is not None:
+            connected_hook()
         accelerator = plan.get("accelerator", "NPU")
         # Every node that can hold any part of the run: verl's CPU-only actors read data too,
         # so nodes with CPUs count; a node with neither CPUs nor accelerators holds nothing.
@@ -96,7 +104,12 @@ def first_failure(report: Report) -> str:
 
 def main(argv: list[str]) -> None:
     plan, command = split_argv(argv)
-    report = preflight(plan)
+    try:
+        values, submission_id = grant.redeem()
+    except grant.GrantRefused as exc:
+        print(f"rlrun launch failed: {exc}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_FAILED)
+    report = preflight(plan, lambda: grant.share(values, submission_id))
     print(PREFIX + json.dumps(report, separators=(",", ":")), flush=True)
     if not report["ok"] or not report["nodes"]:
         print(f"rlrun preflight failed on {first_failure(report)}", file=sys.stderr, flush=True)

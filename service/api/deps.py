@@ -25,9 +25,9 @@ from service.loops.follower import Follower
 from service.metrics.broker import Broker
 from service.recipes.registry import RecipeRegistry
 from service.scheduling.inventory import Inventory, InventoryCache
-from service.secrets import SecretStore
 from service.settings import Settings
 from service.store.db import Database
+from service.team_secrets import SecretStore
 
 log = logging.getLogger(__name__)
 # The largest value an INTEGER column holds on every backend: the bound of numeric queries.
@@ -49,7 +49,7 @@ class Services:
     loops: Mapping[str, Loop]
     follower: Follower | None
     reads: ReadCache
-    # The secrets specs name: checked when a run is accepted, read when it is submitted.
+    # The secrets specs name: checked when a run is accepted, read when its job redeems its grant.
     secrets: SecretStore
     streams: StreamSlots = field(default_factory=StreamSlots)
     # Bearer JWTs of the identity provider, when one is configured.

@@ -33,12 +33,12 @@ from service.scheduling.admission import QueuedRun
 from service.scheduling.fit import never_fits
 from service.scheduling.priority import PRIORITIES
 from service.schemas import SUMMARY_KEYS, encode, json_response, run_doc, summary_doc
-from service.secrets import SecretStore, masked_runtime_env, masked_spec
 from service.settings import Settings
 from service.store.lifecycle import accept, request_stop, transition
 from service.store.models import Run, utcnow
 from service.store.runs import RUN_COLUMNS, events_of, page_query, run_row
 from service.store.status import TERMINAL, RunStatus
+from service.team_secrets import SecretStore, masked_runtime_env, masked_spec, missing_message
 from service.wire import RunOut, RunPage
 
 router = APIRouter(prefix="/runs", tags=["runs"])
@@ -167,7 +167,7 @@ def _check_secrets(secrets: SecretStore, team: str, refs: dict[str, str]) -> Non
     errors = [
         field_error(
             ["secrets", var],
-            f"secret {refs[var]!r} is not in the service's store",
+            missing_message(refs[var]),
             "unknown_secret",
         )
         for var in secrets.unknown(team, refs)

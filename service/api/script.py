@@ -19,7 +19,7 @@ from fastapi.responses import PlainTextResponse
 
 from service.api.auth import Viewer, visible_run
 from service.api.deps import ServicesDep
-from service.secrets import MASK, masked_runtime_env
+from service.team_secrets import MASK, masked_runtime_env
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 

@@ -3,6 +3,10 @@
 The run id is Ray's ``submission_id``; a claim lapses if its replica dies, and the retry that
 follows gets "already exists" from Ray, which counts as submitted. No DB transaction is held
 across a Ray call.
+
+A run that names secrets is submitted with a one-time grant in its env, never their values: its
+launcher redeems the grant (``jobs.grant``, ``POST /grants/redeem``) and hands the values to the
+job's processes, so they are not in Ray's job table.
 """
 
 from __future__ import annotations
@@ -15,15 +19,18 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 import jobs
+from jobs import grant as job_grant
+from service.client import DEFAULT_URL
 from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable, stop_job, zip_files
 from service.scheduling import backlog
 from service.scheduling.admission import Quotas, decide
 from service.scheduling.inventory import Inventory, InventoryCache
-from service.secrets import SecretMissing, SecretStore, redact
+from service.store import grants
 from service.store.db import Database
 from service.store.lifecycle import transition
 from service.store.models import Run, utcnow
 from service.store.status import RunStatus
+from service.team_secrets import SecretStore, missing_message, redact
 
 JOBS_DIR = Path(jobs.__file__).parent
 
@@ -38,6 +45,8 @@ class Submitter:
     claim_ttl_s: float
     batch: int  # runs admitted per round at most
     secrets: SecretStore = field(default_factory=lambda: SecretStore(None))
+    grant_url: str = DEFAULT_URL  # where the job redeems its grant
+    grant_ttl_s: float = 3600.0
 
     def tick(self) -> None:
         # Always a fresh read: a run that just ended must not wait for a cache to expire.
@@ -84,14 +93,22 @@ class Submitter:
     def _submit(self, queued: backlog.QueuedRow) -> None:
         run, launch = queued.run, queued.launch
         runtime_env = dict(launch["runtime_env"])
-        try:
-            # Resolved now, not when the run was accepted: the values are never stored.
-            values = self.secrets.resolve(run.team, launch.get("secrets") or {})
-        except SecretMissing as exc:
-            self._fail(run.id, str(exc))
+        refs = launch.get("secrets") or {}
+        # Checked again now (no value read): a secret removed since the run was accepted.
+        missing = self.secrets.unknown(run.team, refs)
+        if missing:
+            self._fail(run.id, missing_message(refs[missing[0]]))
             return
-        if values:
-            runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **values}
+        token = ""
+        if refs:
+            with self.db.transaction() as session:
+                token = grants.issue(session, run.id, run.id, self.grant_ttl_s)
+            runtime_env["env_vars"] = {
+                **runtime_env.get("env_vars", {}),
+                job_grant.GRANT_ENV: token,
+                job_grant.GRANT_URL_ENV: self.grant_url,
+            }
+            runtime_env["worker_process_setup_hook"] = job_grant.WORKER_HOOK
         try:
             runtime_env["py_modules"] = [
                 *runtime_env.get("py_modules", []),
@@ -108,8 +125,8 @@ class Submitter:
                 entrypoint_resources=launch.get("entrypoint_resources") or None,
             )
         except RayRejected as exc:
-            # Ray's message may quote the runtime env: no secret value is kept from it.
-            self._fail(run.id, f"Ray refused the job: {redact(str(exc), list(values.values()))}")
+            # Ray's message may quote the runtime env: the grant is not kept from it.
+            self._fail(run.id, f"Ray refused the job: {redact(str(exc), [token])}")
             return
         except RayUnavailable:
             with self.db.transaction() as session:

@@ -52,6 +52,14 @@ class RecipeRegistry:
     def build(self, body: Any, ctx: LaunchContext) -> tuple[RunSpec, Launch]:
         recipe, spec = self.parse(body)
         launch = recipe.build(spec, ctx)
+        # Whatever composed them (a spec, a preset, the recipe): no value Ray would expand.
+        expanded = [
+            field_error(["runtime_env", "env_vars", name], why, "forbidden_env")
+            for name, value in launch.runtime_env.get("env_vars", {}).items()
+            if (why := env_names.value_refusal(value))
+        ]
+        if expanded:
+            raise InvalidSpec(expanded[0]["msg"], expanded)
         if not spec.secrets:
             return spec, launch
         env = launch.runtime_env.get("env_vars", {})

@@ -322,3 +322,18 @@ class UsageTotal(Base):
     accelerator: Mapped[str] = mapped_column(String(8), primary_key=True)
     accelerator_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     runs: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class SecretGrant(Base):
+    """A run's one-time claim on its secrets: only the token's SHA-256 is kept; redeemed once,
+    before it expires, by the job submitted as ``submission_id``, while the run is active."""
+
+    __tablename__ = "secret_grants"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    submission_id: Mapped[str] = mapped_column(String(64))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime]
+    redeemed_at: Mapped[datetime | None]

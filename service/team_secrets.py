@@ -1,9 +1,17 @@
-"""Secrets by reference: a spec names them, the service resolves their values at submit time
-from its own store, and no answer, script or log line of the service carries a value.
+"""Secrets by reference: a spec names them, the service resolves their values from its own store
+when the job redeems its grant, and no answer, script or log line of the service carries a value.
 
-The store is files ``<RLRUN_SECRETS_DIR>/<team>/<name>`` then ``<RLRUN_SECRETS_DIR>/<name>``,
-then environment variables ``RLRUN_SECRET_<TEAM>__<NAME>`` then ``RLRUN_SECRET_<NAME>`` (upper
-case, ``-`` and ``.`` as ``_``): a team's own secret first, then one the deployment shares.
+A team's secret resolves from that team's own namespace, then from the namespace the operator
+shares with every team; never from another's:
+
+- files ``<RLRUN_SECRETS_DIR>/teams/<team>/<name>``, then ``<RLRUN_SECRETS_DIR>/shared/<name>``;
+- env vars ``RLRUN_SECRET_<NS>__<NAME>``, then ``RLRUN_SHARED_SECRET_<NAME>``.
+
+``<NAME>`` is the name upper case with ``-`` and ``.`` as ``_``. ``<NS>`` encodes the team one to
+one: letters and digits upper case, ``-`` as ``_H`` and ``_`` as ``_U`` (``ml-ops`` is
+``ML_HOPS``, ``ml_ops`` is ``ML_UOPS``), so a namespace never holds ``__``, the separator. A name
+that would hold it (``nlp__db_password``), or any character outside ``[A-Za-z0-9_.-]``, is not a
+name a secret can have: it resolves nothing, exactly like a missing one.
 """
 
 from __future__ import annotations
@@ -14,7 +22,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+# What a spec may write as a secret's name (its form only; whether it can exist is ``valid``).
 SECRET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+SEPARATOR = "__"
+TEAM_PREFIX = "RLRUN_SECRET_"
+SHARED_PREFIX = "RLRUN_SHARED_SECRET_"
 MASK = "***"
 # Names and values that look like credentials: masked in every answer.
 SECRET_WORDS = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|PRIVATE|SIGNATURE", re.I)
@@ -22,10 +34,36 @@ SECRET_VALUE = re.compile(
     r"(sk|pk|rk|hf|ghp|gho|ghs|glpat|xox[abprs]|AKIA|ASIA)[-_]?[A-Za-z0-9_-]{12,}"
     r"|(?=[^/]*[0-9])(?=[^/]*[A-Za-z])[A-Za-z0-9+_=-]{32,}"
 )
+_TEAM_ESCAPES = {"-": "_H", "_": "_U"}
 
 
 class SecretMissing(LookupError):
     """A named secret is not in the store (the message carries the name, never a value)."""
+
+
+def env_key(name: str) -> str:
+    """A secret's name as it appears in an env var."""
+    return re.sub(r"[-.]", "_", name).upper()
+
+
+def valid(name: str) -> bool:
+    """Whether a secret can have this name: its form, and no separator in its env spelling."""
+    return bool(SECRET_NAME.fullmatch(name)) and SEPARATOR not in env_key(name)
+
+
+def namespace(team: str) -> str:
+    """The team's env namespace: one to one, and never holding the separator."""
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", team):
+        raise ValueError(f"{team!r} is not a team name")
+    return "".join(_TEAM_ESCAPES.get(c, c.upper()) for c in team)
+
+
+def team_var(team: str, name: str) -> str:
+    return f"{TEAM_PREFIX}{namespace(team)}{SEPARATOR}{env_key(name)}"
+
+
+def shared_var(name: str) -> str:
+    return SHARED_PREFIX + env_key(name)
 
 
 class SecretStore:
@@ -34,16 +72,14 @@ class SecretStore:
         self.environ = os.environ if environ is None else environ
 
     def _source(self, team: str, name: str) -> Path | str | None:
-        """Where the secret is: its file, the name of its env var, or None."""
-        if not SECRET_NAME.fullmatch(name):
+        """Where the team's secret is: its file, the name of its env var, or None."""
+        if not valid(name):
             return None
         if self.directory is not None:
-            for path in (self.directory / team / name, self.directory / name):
+            for path in (self.directory / "teams" / team / name, self.directory / "shared" / name):
                 if path.is_file():
                     return path
-        upper = re.sub(r"[-.]", "_", name).upper()
-        team_upper = re.sub(r"[-.]", "_", team).upper()
-        for var in (f"RLRUN_SECRET_{team_upper}__{upper}", f"RLRUN_SECRET_{upper}"):
+        for var in (team_var(team, name), shared_var(name)):
             if var in self.environ:
                 return var
         return None
@@ -55,8 +91,8 @@ class SecretStore:
         return None if source is None else self.environ[source]
 
     def unknown(self, team: str, refs: Mapping[str, str]) -> list[str]:
-        """The env vars of ``{env var: secret name}`` whose secret is not in the store (no value
-        is read)."""
+        """The env vars of ``{env var: secret name}`` whose secret is not the team's to have
+        (missing, or a name no secret can have); no value is read."""
         return [var for var, name in refs.items() if self._source(team, name) is None]
 
     def resolve(self, team: str, refs: Mapping[str, str]) -> dict[str, str]:
@@ -66,9 +102,14 @@ class SecretStore:
         for var, name in refs.items():
             value = self.get(team, name)
             if value is None:
-                raise SecretMissing(f"secret {name!r} (for {var}) is not in the service's store")
+                raise SecretMissing(missing_message(name))
             out[var] = value
         return out
+
+
+def missing_message(name: str) -> str:
+    """The one answer for a secret a team does not have, whatever the reason."""
+    return f"secret {name!r} is not in the service's store"
 
 
 def looks_secret(name: str, value: Any) -> bool:

@@ -1,0 +1,60 @@
+"""``POST /grants/redeem``: a run's job trades its one-time grant (the bearer credential here, no
+API token) for the values of the secrets its spec names. Any refusal is the same 401; one for a
+grant the service issued (used, expired, its run over) is audited."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from service.api.auth import CredentialsDep, client_of
+from service.api.deps import ServicesDep
+from service.errors import Conflict, Unauthorized
+from service.store import audit, grants
+from service.team_secrets import SecretMissing
+
+router = APIRouter(tags=["grants"])
+REFUSED = "the grant is not valid"
+
+
+@router.post(
+    "/grants/redeem",
+    responses={
+        401: {"description": "unknown, redeemed, expired, or its run is over (one answer)"},
+        409: {"description": "a secret the run names is no longer in the service's store"},
+    },
+)
+def redeem_grant(
+    services: ServicesDep, credentials: CredentialsDep, request: Request
+) -> JSONResponse:
+    """The run's secret values, ``{"env": {var: value}, "submission_id"}``, once."""
+    token = credentials.credentials if credentials is not None else ""
+    with services.db.transaction() as session:
+        found = grants.redeem(session, token) if token.startswith(grants.PREFIX) else None
+        if found is None or found.run_id is None:
+            # Not a grant the service issued: nothing to record, so an unauthenticated caller
+            # cannot fill the audit trail with guesses (a grant has 256 random bits).
+            raise Unauthorized(REFUSED)
+        run, values, missing = found.run, {}, None
+        if run is not None:
+            try:
+                values = services.secrets.resolve(run.team, run.launch.get("secrets") or {})
+            except SecretMissing as exc:
+                missing = str(exc)
+        audit.record(
+            session,
+            user="job",
+            team=run.team if run is not None else None,
+            role="grant",
+            token_id=None,
+            action="grant.redeem" if run is not None else "grant.refused",
+            client=client_of(request),
+            run_id=found.run_id,
+            target=missing or found.refused,
+        )
+    if run is None:
+        raise Unauthorized(REFUSED)
+    if missing:
+        raise Conflict(missing)
+    body = {"env": values, "submission_id": found.submission_id}
+    return JSONResponse(body, headers={"Cache-Control": "no-store"})
