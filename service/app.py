@@ -118,7 +118,9 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
         redoc_url=None,
     )
     app.add_middleware(ShedLoad, limit=settings.max_requests_in_progress)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s
+    )
     install_handlers(app)
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.allowed_hosts)
     app.add_middleware(browser.SecurityHeaders)

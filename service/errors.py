@@ -113,6 +113,17 @@ class ContentTooLarge(ProblemError):
     title = "Content too large"
 
 
+class RequestTimeout(ProblemError):
+    """The request's body did not arrive in time; the connection is closed after the answer."""
+
+    status = 408
+    title = "Request timeout"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.headers["Connection"] = "close"
+
+
 _BY_STATUS: dict[int, type[ProblemError]] = {
     cls.status: cls for cls in (NotFound, Conflict, ContentTooLarge, Unavailable)
 }

@@ -67,6 +67,9 @@ class Settings(BaseSettings):
     # Grace period between SIGTERM and SIGKILL when a run is stopped (time to checkpoint).
     stop_grace_s: int = 120
     max_body_bytes: int = 1_000_000
+    # A request body not fully arrived this long after its headers: 408 (and the connection
+    # closed). Until it is in, a request holds no slot of max_requests_in_progress.
+    body_timeout_s: float = Field(default=10.0, gt=0)
 
     # Metrics: the log follower, its lease, the kept log copy, health from metrics, live stream.
     follow_interval_s: float = 1.0

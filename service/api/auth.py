@@ -55,6 +55,8 @@ class Principal:
 
 
 ANONYMOUS = Principal(user="anonymous", team=None, role="admin")
+# Where a caller already resolved at the door (before a body is read) waits for the route.
+PRINCIPAL_KEY = "rlrun.principal"
 
 
 def principal_from(
@@ -80,12 +82,17 @@ def from_identity(identity: Identity) -> Principal:
     )
 
 
-async def current_principal(services: ServicesDep, credentials: CredentialsDep) -> Principal:
+async def current_principal(
+    services: ServicesDep, credentials: CredentialsDep, request: Request
+) -> Principal:
     """The caller, resolved on a worker thread (a token read in a short transaction of its own,
     or a JWT verified, which takes no connection); open mode reads nothing, and so costs no
-    thread hand-over."""
+    thread hand-over. A request with a body was resolved at the door already."""
     if not services.settings.auth_enabled:
         return ANONYMOUS
+    known = request.scope.get(PRINCIPAL_KEY)
+    if isinstance(known, Principal):
+        return known
 
     def read() -> Principal:
         with services.db.read() as session:
