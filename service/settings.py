@@ -184,6 +184,8 @@ class Settings(BaseSettings):
     # metric keys per request, rows per page of /cluster.
     runs_per_team_per_minute: int = Field(default=120, ge=0)
     streams_per_caller: int = Field(default=16, ge=1)
+    # Specs one caller may have validated at once (dry runs and submissions); one more is a 429.
+    validations_per_caller: int = Field(default=2, ge=1)
     metric_keys_per_request: int = Field(default=200, ge=1)
     cluster_list_limit: int = Field(default=500, ge=1)
     # What one run may store: distinct metric keys (verl logs a few hundred; past the limit only

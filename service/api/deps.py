@@ -16,7 +16,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from service.api.limits import StreamSlots
+from service.api.limits import StreamSlots, ValidationSlots
 from service.api.oidc import OidcVerifier
 from service.api.read_cache import ReadCache
 from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable
@@ -52,6 +52,7 @@ class Services:
     # The secrets specs name: checked when a run is accepted, read when it is submitted.
     secrets: SecretStore
     streams: StreamSlots = field(default_factory=StreamSlots)
+    validations: ValidationSlots = field(default_factory=ValidationSlots)
     # Bearer JWTs of the identity provider, when one is configured.
     oidc: OidcVerifier | None = None
 

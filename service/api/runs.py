@@ -10,11 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import AsyncIterator
 from contextlib import nullcontext
 from datetime import timedelta
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Header, Query, Request, Response
+from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic_core import to_json
 from sqlalchemy import func, select
@@ -58,7 +59,10 @@ def request_hash(body: Any) -> str:
     responses={
         200: {"description": "dry run: the plan, nothing stored"},
         409: {"description": "Idempotency-Key reused with another body"},
-        429: {"description": "the team submitted too many runs in the last minute"},
+        429: {
+            "description": "the team submitted too many runs in the last minute, or the caller "
+            "has too many specs being validated at once"
+        },
     },
 )
 def create_run(
@@ -66,6 +70,7 @@ def create_run(
     principal: Member,
     request: Request,
     body: Annotated[dict[str, Any], Body(examples=[SPEC_EXAMPLE])],
+    _slot: ValidationSlot,
     dry_run: bool = False,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> Response:
@@ -139,6 +144,21 @@ def create_run(
     # Committed: the submitter sees the row.
     services.wake("submitter")
     return json_response(doc, 201, {"Location": f"/runs/{run_id}"})
+
+
+async def validation_slot(services: ServicesDep, principal: Member) -> AsyncIterator[None]:
+    """One of the caller's few specs validated at once, taken on the event loop (a refusal costs
+    no worker thread). A verl spec may need a full Hydra composition, one at a time in the
+    process: one caller's many must not take every worker thread from the others. Auth on only:
+    in open mode there is one caller."""
+    if not services.settings.auth_enabled:
+        yield
+        return
+    with services.validations.held(principal.key, services.settings.validations_per_caller):
+        yield
+
+
+ValidationSlot = Annotated[None, Depends(validation_slot)]
 
 
 def launch_view(launch: dict[str, Any]) -> dict[str, Any]:

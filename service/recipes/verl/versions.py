@@ -9,6 +9,7 @@ never imported; the preflight checks the nodes carry X.
 from __future__ import annotations
 
 import email.parser
+import functools
 import importlib.metadata
 import re
 import subprocess
@@ -61,6 +62,16 @@ def root_for(version: str | None, cache_dir: Path) -> tuple[str, Path | None]:
 
 def requires(root: Path | None) -> list[str]:
     """The Requires-Dist lines of that verl's wheel."""
+    return list(_requires(root))
+
+
+@functools.lru_cache(maxsize=16)
+def _requires(root: Path | None) -> tuple[str, ...]:
+    # A version's tree never changes once unpacked (nor the installed one while this runs).
+    return tuple(_read_requires(root))
+
+
+def _read_requires(root: Path | None) -> list[str]:
     if root is None:
         return importlib.metadata.requires("verl") or []
     for meta in root.parent.glob("verl-*.dist-info/METADATA"):
