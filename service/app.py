@@ -34,6 +34,7 @@ from service.api import cluster as cluster_api
 from service.api.body_limit import BodyLimit
 from service.api.deps import Services
 from service.api.oidc import OidcVerifier
+from service.api.open_mode import OpenModeGuard
 from service.api.overload import ShedLoad
 from service.api.read_cache import ReadCache
 from service.cluster.local_ray import LocalRayCluster, PortInUse
@@ -123,6 +124,8 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
     )
     install_handlers(app)
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.allowed_hosts)
+    if not settings.auth_enabled:
+        app.add_middleware(OpenModeGuard, extra_hosts=settings.open_mode_host_names)
     app.add_middleware(browser.SecurityHeaders)
     browser.install(app)
     app.include_router(probes.router)

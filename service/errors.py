@@ -65,6 +65,13 @@ class Forbidden(ProblemError):
     title = "Forbidden"
 
 
+class InvalidHost(ProblemError):
+    """A ``Host`` header the service does not answer for."""
+
+    status = 400
+    title = "Invalid host"
+
+
 class TooManyRequests(ProblemError):
     status = 429
     title = "Too many requests"

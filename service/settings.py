@@ -156,6 +156,9 @@ class Settings(BaseSettings):
     high_priority_teams: list[str] = Field(default_factory=list)
     # Hosts the service answers for (Host header); "*" answers any.
     allowed_hosts: list[str] = Field(default_factory=lambda: ["*"])
+    # Open mode answers only for loopback Host names (127.0.0.1, localhost, [::1]), these, and
+    # the names allowed_hosts lists (exact names; its "*" patterns do not count).
+    open_mode_hosts: list[str] = Field(default_factory=list)
 
     # OpenID Connect: bearer JWTs of an identity provider, beside API tokens. On when issuer and
     # audience are both set. Keys come from the JWKS URL, or else from the provider's discovery
@@ -236,6 +239,11 @@ class Settings(BaseSettings):
     @property
     def oidc_algorithm_list(self) -> list[str]:
         return self.oidc_algorithms.split(",")
+
+    @property
+    def open_mode_host_names(self) -> list[str]:
+        named = [h for h in self.allowed_hosts if "*" not in h]
+        return [*self.open_mode_hosts, *named]
 
     @property
     def auth_enabled(self) -> bool:

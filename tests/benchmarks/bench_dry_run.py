@@ -62,7 +62,7 @@ def main() -> None:
             ray_address="http://127.0.0.1:9",  # no cluster: the plan says so, nothing waits
             run_loops=False,
         )
-        with TestClient(create_app(settings)) as client:
+        with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
             for name, body in specs(args.quick).items():
                 first = dry_run(client, body)
                 again = sorted(dry_run(client, body) for _ in range(repeats))
