@@ -111,6 +111,10 @@ class Settings(BaseSettings):
     verl_model_dir: str = "/models"
     verl_checkpoint_root: str = "/checkpoints"
     verl_loggers_configured: str = ""
+    # Where else a spec's paths may point, read-only in intent (absolute dirs on the nodes, or
+    # URI prefixes such as "hdfs://namenode/datasets"), besides the data and model dirs above.
+    # Checkpoints: only the run's own directory, whatever is listed here.
+    data_roots: list[str] = Field(default_factory=list)
 
     # The preflight the verl launcher runs on every node before verl starts: the packages the
     # nodes must carry ("auto": verl at the validated version, transformers in verl's own range,
@@ -131,6 +135,22 @@ class Settings(BaseSettings):
         if not value.startswith("/"):
             raise ValueError("expected an absolute path on the cluster nodes")
         return value.rstrip("/") or "/"
+
+    @field_validator("data_roots")
+    @classmethod
+    def _roots(cls, value: list[str]) -> list[str]:
+        out = []
+        for root in value:
+            root = root.strip()
+            if not (root.startswith("/") or "://" in root) or ".." in root.split("/"):
+                raise ValueError(f"{root!r}: expected an absolute path or a URI prefix, no '..'")
+            out.append(root.rstrip("/") or "/")
+        return out
+
+    @property
+    def verl_data_roots(self) -> tuple[str, ...]:
+        """Every root a spec's paths may point under (the run's own dir apart)."""
+        return tuple(dict.fromkeys([self.verl_data_dir, self.verl_model_dir, *self.data_roots]))
 
     @property
     def verl_credentialed_loggers(self) -> list[str]:

@@ -93,7 +93,14 @@ class VerlFullyAsyncRecipe:
             field_error(where(key), f"{key}: {path!r} {why}", "verl_rule")
             for key, path, why in preflight.unshipped(cfg, full.files)
         ]
-        errors += guard.check_paths(cfg, self.checkpoint_dir(ctx.run_id), where)
+        pins = guard.PathPins(self.settings.verl_checkpoint_root, self.settings.verl_data_roots)
+        errors += guard.check_paths(
+            cfg,
+            self.checkpoint_dir(ctx.run_id),
+            where,
+            pins,
+            lambda key: where.set_by(key) is not None,
+        )
         if errors:
             raise InvalidSpec(
                 f"{len(errors)} verl rule(s) broken, first: {errors[0]['field']}", errors
