@@ -81,14 +81,17 @@ def create_run(
     db = services.db
     digest = request_hash(body)
     key = _scoped_key(principal, idempotency_key)
+    body = _with_team(body, principal)
     if key and not dry_run:
+        # Only once the caller may make this run now: a replay answers no one the checks refuse.
+        _check_priority(services.settings, principal, *_asked(body))
         with db.read() as session:
             replayed = _replay(session, key, digest)
         if replayed is not None:
             return replayed
     run_id = new_run_id()
     ctx = LaunchContext(run_id=run_id, stop_grace_s=services.settings.stop_grace_s)
-    spec, launch = services.registry.build(_with_team(body, principal), ctx)
+    spec, launch = services.registry.build(body, ctx)
     _check_secrets(services.secrets, spec.team, spec.secrets)
     _check_priority(services.settings, principal, spec.team, spec.priority)
     quotas = backlog.quotas(services.settings)
@@ -180,6 +183,17 @@ def _with_team(body: Any, principal: Principal) -> Any:
     return body
 
 
+def _asked(body: Any) -> tuple[str, str]:
+    """The team and priority a body asks for, as the spec will read them (defaults if absent
+    or not strings: the spec's own validation refuses those later)."""
+    team = body.get("team") if isinstance(body, dict) else None
+    priority = body.get("priority") if isinstance(body, dict) else None
+    return (
+        team if isinstance(team, str) else "default",
+        priority if isinstance(priority, str) else "normal",
+    )
+
+
 def _check_secrets(secrets: SecretStore, team: str, refs: dict[str, str]) -> None:
     """Every secret named is in the service's store now (it is read again at submit time)."""
     errors = [
@@ -222,13 +236,12 @@ def _check_rate(settings: Settings, session: Session, team: str) -> None:
 
 
 def _scoped_key(principal: Principal, key: str | None) -> str | None:
-    """Idempotency keys are the caller's own: another user's equal key is another key. An
-    empty key is no key."""
+    """Idempotency keys are the caller's own, by its identity (the API token's id, or the
+    digest of an OIDC issuer and subject): another caller's equal key is another key, even
+    under the same user and team names. An empty key is no key."""
     if not key:
         return None
-    if principal.token_id is None:
-        return key
-    return hashlib.sha256(f"{principal.team}\0{principal.user}\0{key}".encode()).hexdigest()
+    return hashlib.sha256(f"{principal.key}\0{key}".encode()).hexdigest()
 
 
 def _replay(session: Session, key: str, digest: str) -> Response | None:
