@@ -102,6 +102,7 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
             stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)
             await services.broker.close()
+            await services.revocations.close()
             if services.follower is not None:
                 # Hand this replica's followers over at once rather than when the lease lapses.
                 await asyncio.to_thread(services.follower.release)

@@ -110,11 +110,13 @@ def list_tokens(
 def revoke_token(
     services: ServicesDep, principal: Admin, request: Request, token_id: str
 ) -> TokenOut:
-    """Revoked at once: the next request with it is a 401."""
+    """Revoked at once: the next request with it is a 401, and its live event streams end."""
     with services.db.transaction() as session:
         row = tokens.revoke(session, token_id)
         audited(session, request, principal, "token.revoke", target=row.id)
-        return TokenOut(**token_out(row))
+        out = TokenOut(**token_out(row))
+    services.revocations.revoked(token_id)  # committed: end this replica's streams of it now
+    return out
 
 
 @router.get("/audit", response_model=AuditPage)

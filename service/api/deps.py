@@ -19,6 +19,7 @@ from fastapi import Depends, Request
 from service.api.limits import StreamSlots, ValidationSlots
 from service.api.oidc import OidcVerifier
 from service.api.read_cache import ReadCache
+from service.api.revocation import Revocations
 from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable
 from service.loops.base import Loop
 from service.loops.follower import Follower
@@ -53,6 +54,8 @@ class Services:
     secrets: SecretStore
     streams: StreamSlots = field(default_factory=StreamSlots)
     validations: ValidationSlots = field(default_factory=ValidationSlots)
+    # Live streams of API tokens, ended when their token is revoked.
+    revocations: Revocations = field(default_factory=Revocations)
     # Bearer JWTs of the identity provider, when one is configured.
     oidc: OidcVerifier | None = None
 

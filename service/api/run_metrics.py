@@ -6,7 +6,10 @@ the event stream checks in a short one and holds none while it streams.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractAsyncContextManager
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Header, Query
@@ -15,7 +18,8 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic_core import to_json
 
 from service.api.auth import CredentialsDep, Principal, Viewer, principal_from, require_visible
-from service.api.deps import INT64_MAX, ServicesDep
+from service.api.deps import INT64_MAX, Services, ServicesDep
+from service.api.revocation import until_set
 from service.errors import InvalidSpec, field_error
 from service.metrics import logcopy, store
 from service.metrics.broker import Cursor
@@ -142,5 +146,18 @@ async def run_events(
     everything after ``Last-Event-ID`` (or from the start, or from now), then live ones; a last
     ``end`` event once the run has ended and its log is read to the end. Event ids are
     ``<status event id>-<log offset>`` (resume is exact for both)."""
-    async for item, cursor in services.broker.subscribe(run_id, start):
-        yield ServerSentEvent(event=item.kind, data=item.data, id=cursor.encode())
+    items = services.broker.subscribe(run_id, start)
+    async with _ended_on_revocation(services, principal) as revoked:
+        async for item, cursor in until_set(revoked, items):
+            yield ServerSentEvent(event=item.kind, data=item.data, id=cursor.encode())
+
+
+def _ended_on_revocation(
+    services: Services, principal: Principal
+) -> AbstractAsyncContextManager[asyncio.Event]:
+    """Set once the caller's API token is revoked (the stream then ends: a reconnection with
+    it is a 401); never set in open mode or for an identity provider's JWT (it lives until
+    its ``exp``)."""
+    if principal.token_id is None or principal.token_id.startswith("oidc:"):
+        return contextlib.nullcontext(asyncio.Event())
+    return services.revocations.watching(services.db, principal.token_id)
