@@ -39,6 +39,7 @@ from service.store.lifecycle import accept, request_stop, transition
 from service.store.models import Run, utcnow
 from service.store.runs import RUN_COLUMNS, events_of, page_query, run_row
 from service.store.status import TERMINAL, RunStatus
+from service.store.team_lock import lock_team
 from service.wire import RunOut, RunPage
 
 router = APIRouter(prefix="/runs", tags=["runs"])
@@ -221,6 +222,8 @@ def _check_rate(settings: Settings, session: Session, team: str) -> None:
     limit = settings.runs_per_team_per_minute
     if not limit or not settings.auth_enabled:
         return
+    # Counted under the team's lock, held until this accept commits: exact under concurrency.
+    lock_team(session, team)
     since = utcnow() - timedelta(minutes=1)
     count, oldest = session.execute(
         select(func.count(), func.min(Run.created_at)).where(
