@@ -80,7 +80,8 @@ def run_logs(
         int | None, Query(ge=0, le=10_000_000, description="only the last N lines")
     ] = None,
     offset: Annotated[
-        int | None, Query(ge=0, description="only what follows this offset (a Log-Offset)")
+        int | None,
+        Query(ge=0, le=INT64_MAX, description="only what follows this offset (a Log-Offset)"),
     ] = None,
     ansi: Annotated[bool, Query(description="keep terminal colour codes")] = False,
 ) -> PlainTextResponse:
