@@ -158,7 +158,8 @@ def verl_add(version: Annotated[str, typer.Argument(help="a verl release, e.g. 0
     from service.settings import Settings
 
     try:
-        root = versions.add(version, Path(Settings().verl_cache_dir))
+        settings = Settings()
+        root = versions.add(version, Path(settings.verl_cache_dir), settings.verl_index_json_url)
     except (ValueError, OSError) as exc:
         say(str(exc), style="red", to=errors)
         raise typer.Exit(1) from exc

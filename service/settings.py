@@ -126,6 +126,9 @@ class Settings(BaseSettings):
     verl_cache_dir: str = Field(
         default_factory=lambda: str(Path.home() / ".cache" / "rlrun" / "verl")
     )
+    # The package index's JSON API `rlrun verl add` takes a wheel's SHA-256 from (PyPI's
+    # <url>/<project>/<version>/json); pip downloads from its own configured index.
+    verl_index_json_url: str = "https://pypi.org/pypi"
     preflight_check_devices: bool = True
     preflight_timeout_s: float = 60.0
 
