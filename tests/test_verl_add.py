@@ -61,13 +61,14 @@ class Index:
                     self._send(200, "text/html", body)
                 elif self.path == f"/files/{WHEEL}":
                     self._send(200, "application/octet-stream", index.wheel)
-                elif self.path == "/pypi/verl/0.9.0/json" and index.published:
+                elif self.path == "/pypi/verl/json" and index.published:
                     entry = {
                         "filename": WHEEL,
                         "packagetype": "bdist_wheel",
                         "digests": {"sha256": index.published},
                     }
-                    self._send(200, "application/json", json.dumps({"urls": [entry]}).encode())
+                    page = {"releases": {"0.9.0": [entry], "0.8.0": []}}
+                    self._send(200, "application/json", json.dumps(page).encode())
                 else:
                     self._send(404, "text/plain", b"not found")
 
@@ -103,7 +104,7 @@ def test_a_wheel_with_the_published_sha256_is_added(index: Index, tmp_path: Path
     result = add("0.9.0")
     assert result.exit_code == 0, result.output
     assert (tmp_path / "cache" / "0.9.0" / "verl" / "__init__.py").is_file()
-    assert "/pypi/verl/0.9.0/json" in index.hits
+    assert "/pypi/verl/json" in index.hits
 
 
 def test_a_wheel_whose_sha256_the_index_does_not_publish_is_refused(

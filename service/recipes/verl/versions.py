@@ -136,11 +136,11 @@ def add(version: str, cache_dir: Path, index_json: str = PYPI_JSON) -> Path:
 
 def published_digests(version: str, index_json: str) -> dict[str, str]:
     """Wheel file name -> SHA-256, as the index's JSON API lists them for verl ``version``."""
-    url = f"{index_json.rstrip('/')}/verl/{version}/json"
+    url = f"{index_json.rstrip('/')}/verl/json"  # the project's page: every release's files
     try:
         answer = httpx.get(url, timeout=30, follow_redirects=True)
         answer.raise_for_status()
-        files = answer.json()["urls"]
+        files = answer.json()["releases"][version]
         digests = {
             str(f["filename"]): str(f["digests"]["sha256"]).lower()
             for f in files
