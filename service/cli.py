@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 import yaml
@@ -28,6 +28,9 @@ from rich.text import Text
 
 from service.client import ApiError, Client, Event, Unreachable
 from service.wire import RunOut
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 app = typer.Typer(
     help="rlrun: asynchronous RL training runs on a shared Ray cluster.", no_args_is_help=True
@@ -138,6 +141,9 @@ def serve(
         port=port,
         log_level="info",
         timeout_graceful_shutdown=max(1, round(settings.shutdown_grace_s)),
+        # Proxy headers only from the proxies named: otherwise any caller could name its address.
+        proxy_headers=bool(settings.forwarded_allow_ips.strip()),
+        forwarded_allow_ips=settings.forwarded_allow_ips.strip() or None,
     )
 
 
@@ -540,6 +546,26 @@ def _database() -> Iterator[Any]:
         db.dispose()
 
 
+def _audited_on_host(session: Session, action: str, target: str) -> None:
+    """An audit row for a change made with the CLI straight in the database: by the host's
+    user, from this host."""
+    import getpass
+    import socket
+
+    from service.store import audit
+
+    audit.record(
+        session,
+        user=f"cli:{getpass.getuser()}",
+        team=None,
+        role="admin",
+        token_id=None,
+        action=action,
+        client=f"cli@{socket.gethostname()}",
+        target=target,
+    )
+
+
 @token_app.command("create")
 def token_create(
     user: Annotated[str, typer.Option(help="Who the token is for")],
@@ -557,6 +583,7 @@ def token_create(
         raise typer.Exit(2) from exc
     with _database() as db, db.transaction() as session:
         row, secret = tokens.create(session, spec.user, spec.team, spec.role, "rlrun token create")
+        _audited_on_host(session, "token.create", f"{row.id} {row.role}@{row.team}")
     say(f"{row.id}  {row.role}@{row.team}  {row.user}", to=errors)
     print(secret)
 
@@ -600,6 +627,7 @@ def token_revoke(token_id: str) -> None:
     try:
         with _database() as db, db.transaction() as session:
             tokens.revoke(session, token_id)
+            _audited_on_host(session, "token.revoke", token_id)
     except NotFound as exc:
         say(exc.detail, style="red", to=errors)
         raise typer.Exit(1) from exc

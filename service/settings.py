@@ -127,7 +127,7 @@ class Settings(BaseSettings):
         default_factory=lambda: str(Path.home() / ".cache" / "rlrun" / "verl")
     )
     # The package index's JSON API `rlrun verl add` takes a wheel's SHA-256 from (PyPI's
-    # <url>/<project>/<version>/json); pip downloads from its own configured index.
+    # <url>/<project>/json); pip downloads from its own configured index.
     verl_index_json_url: str = "https://pypi.org/pypi"
     preflight_check_devices: bool = True
     preflight_timeout_s: float = 60.0
@@ -175,6 +175,10 @@ class Settings(BaseSettings):
     # ``rlrun serve --host``); "on"; "off" (open: every caller is an anonymous admin).
     auth: Literal["auto", "on", "off"] = "auto"
     listen_host: str = "127.0.0.1"
+    # Proxies whose X-Forwarded-For/-Proto are believed (uvicorn's forwarded_allow_ips: IPs or
+    # networks, comma-separated, "*" any): the client address of audit rows. Empty: none, the
+    # socket's peer is the client.
+    forwarded_allow_ips: str = ""
     # Teams whose members may submit priority "high" (admins always may).
     high_priority_teams: list[str] = Field(default_factory=list)
     # Hosts the service answers for (Host header); "*" answers any.

@@ -60,18 +60,26 @@ PRINCIPAL_KEY = "rlrun.principal"
 
 
 def principal_from(
-    services: Services, credentials: HTTPAuthorizationCredentials | None, session: Session
+    services: Services,
+    credentials: HTTPAuthorizationCredentials | None,
+    session: Session,
+    client: str | None = None,
 ) -> Principal:
-    """The caller (blocking: a JWT may need the provider's keys fetched)."""
+    """The caller (blocking: a JWT may need the provider's keys fetched). A credential that
+    does not sign in is a 401 and is recorded (``sign_in_audit``) for ``client``."""
     if not services.settings.auth_enabled:
         return ANONYMOUS
     if credentials is None:
         raise Unauthorized()
-    if services.oidc is not None and is_jwt(credentials.credentials):
-        return from_identity(services.oidc.verify(credentials.credentials))
-    row = tokens.find_active(session, credentials.credentials)
-    if row is None:
-        raise Unauthorized("the API token is unknown or revoked")
+    try:
+        if services.oidc is not None and is_jwt(credentials.credentials):
+            return from_identity(services.oidc.verify(credentials.credentials))
+        row = tokens.find_active(session, credentials.credentials)
+        if row is None:
+            raise Unauthorized("the API token is unknown or revoked")
+    except Unauthorized as exc:
+        services.sign_ins.record(services.db, client, exc.detail)
+        raise
     return Principal(user=row.user, team=row.team, role=row.role, token_id=row.id)  # type: ignore[arg-type]
 
 
@@ -96,7 +104,7 @@ async def current_principal(
 
     def read() -> Principal:
         with services.db.read() as session:
-            return principal_from(services, credentials, session)
+            return principal_from(services, credentials, session, client_of(request))
 
     return await run_in_threadpool(read)
 
@@ -133,6 +141,8 @@ def ensure_sees(principal: Principal, team: str, run_id: str) -> None:
 
 
 def client_of(request: Request) -> str | None:
+    """The peer's address: the socket's, or with ``RLRUN_FORWARDED_ALLOW_IPS`` naming the peer
+    (a trusted proxy), the one its ``X-Forwarded-For`` gives (uvicorn rewrites it)."""
     return f"{request.client.host}:{request.client.port}" if request.client else None
 
 

@@ -16,7 +16,7 @@ from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.api.auth import PRINCIPAL_KEY, Principal, bearer, principal_from
+from service.api.auth import PRINCIPAL_KEY, Principal, bearer, client_of, principal_from
 from service.api.deps import Services
 from service.errors import ContentTooLarge, ProblemError, RequestTimeout, problem_response
 
@@ -91,10 +91,11 @@ async def authenticate(scope: Scope) -> None:
     services: Services = scope["app"].state.services
     if not services.settings.auth_enabled:
         return
-    credentials = await bearer(Request(scope))
+    request = Request(scope)
+    credentials = await bearer(request)
 
     def resolve() -> Principal:
         with services.db.read() as session:
-            return principal_from(services, credentials, session)
+            return principal_from(services, credentials, session, client_of(request))
 
     scope[PRINCIPAL_KEY] = await run_in_threadpool(resolve)

@@ -12,12 +12,19 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractAsyncContextManager
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Header, Query
+from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import PlainTextResponse, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic_core import to_json
 
-from service.api.auth import CredentialsDep, Principal, Viewer, principal_from, require_visible
+from service.api.auth import (
+    CredentialsDep,
+    Principal,
+    Viewer,
+    client_of,
+    principal_from,
+    require_visible,
+)
 from service.api.deps import INT64_MAX, Services, ServicesDep
 from service.api.revocation import until_set
 from service.errors import InvalidSpec, field_error
@@ -100,12 +107,12 @@ def run_logs(
 
 
 def _stream_caller(
-    services: ServicesDep, credentials: CredentialsDep, run_id: str
+    services: ServicesDep, credentials: CredentialsDep, run_id: str, request: Request
 ) -> Iterator[Principal]:
     """The caller, holding one of its stream slots until the stream ends (auth on)."""
     # Checked in its own short read: the stream must not hold a transaction open.
     with services.db.read() as session:
-        principal = principal_from(services, credentials, session)
+        principal = principal_from(services, credentials, session, client_of(request))
         require_visible(session, principal, run_id)
     if not services.settings.auth_enabled:
         yield principal
