@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import httpx
+from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.store.db import Database, upgrade
@@ -131,3 +132,23 @@ def test_a_body_that_does_not_arrive_in_time_is_a_408(tmp_path: Any) -> None:
         # A whole body in time is served as before.
         made = httpx.post(f"{server}/runs", json={"recipe": "test-script"}, timeout=10)
         assert made.status_code == 201, made.text
+
+
+def test_a_body_request_while_the_database_is_away_is_a_503(tmp_path: Any) -> None:
+    """The caller is checked at the door now: a database that cannot be reached there is the
+    same 503 with Retry-After the routes answer, not a 500."""
+    settings = make_settings(
+        "postgresql+psycopg://rlrun@127.0.0.1:1/none",
+        "http://127.0.0.1:9",
+        run_loops=False,
+        auth="on",
+        migrate_on_start=False,
+        db_wait_s=1,
+    )
+    with TestClient(create_app(settings)) as client:
+        resp = client.post(
+            "/runs", json={"recipe": "test-script"}, headers={"Authorization": "Bearer rlrun_x"}
+        )
+    assert resp.status_code == 503, resp.text
+    assert resp.headers["content-type"] == "application/problem+json"
+    assert "retry-after" in resp.headers

@@ -12,13 +12,20 @@ from __future__ import annotations
 
 import anyio
 from fastapi.concurrency import run_in_threadpool
+from sqlalchemy.exc import DBAPIError, OperationalError
 from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.auth import PRINCIPAL_KEY, Principal, bearer, client_of, principal_from
 from service.api.deps import Services
-from service.errors import ContentTooLarge, ProblemError, RequestTimeout, problem_response
+from service.errors import (
+    ContentTooLarge,
+    ProblemError,
+    RequestTimeout,
+    Unavailable,
+    problem_response,
+)
 
 
 class BodyLimit:
@@ -45,6 +52,13 @@ class BodyLimit:
         try:
             await authenticate(scope)
             body = await self._read(receive)
+        except DBAPIError as exc:
+            # As the routes' handler answers it: the database away is a 503 to retry.
+            if not (isinstance(exc, OperationalError) or exc.connection_invalidated):
+                raise
+            unavailable = Unavailable("the database cannot be reached; retry shortly")
+            await problem_response(unavailable, scope["path"])(scope, receive, send)
+            return
         except ProblemError as exc:
             await problem_response(exc, scope["path"])(scope, receive, send)
             return
