@@ -37,6 +37,7 @@ from service.api import cluster as cluster_api
 from service.api.body_limit import BodyLimit
 from service.api.deps import Services
 from service.api.oidc import OidcVerifier
+from service.api.open_mode import OpenModeGuard
 from service.api.overload import ShedLoad
 from service.api.probe_process import ProbeProcess
 from service.api.read_cache import ReadCache
@@ -116,6 +117,7 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
             if probe is not None:
                 await asyncio.to_thread(probe.close)
             await services.broker.close()
+            await services.revocations.close()
             if services.follower is not None:
                 # Hand this replica's followers over at once rather than when the lease lapses.
                 await asyncio.to_thread(services.follower.release)
@@ -134,9 +136,13 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
     )
     app.state.telemetry = Telemetry()
     app.add_middleware(ShedLoad, limit=settings.max_requests_in_progress)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s
+    )
     install_handlers(app)
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.allowed_hosts)
+    if not settings.auth_enabled:
+        app.add_middleware(OpenModeGuard, extra_hosts=settings.open_mode_host_names)
     app.add_middleware(browser.SecurityHeaders)
     app.add_middleware(TimeRequests, telemetry=app.state.telemetry)
     browser.install(app)

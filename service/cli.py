@@ -19,7 +19,7 @@ from datetime import datetime
 from enum import StrEnum
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 import yaml
@@ -44,6 +44,9 @@ from service.client import (
 from service.clock import utcnow
 from service.metrics.keys import REWARD_KEY, STEP_KEY
 from service.wire import RunOut
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 app = typer.Typer(
     help="rlrun: asynchronous RL training runs on a shared Ray cluster.", no_args_is_help=True
@@ -166,6 +169,9 @@ def serve(
         port=port,
         log_level="info",
         timeout_graceful_shutdown=max(1, round(settings.shutdown_grace_s)),
+        # Proxy headers only from the proxies named: otherwise any caller could name its address.
+        proxy_headers=bool(settings.forwarded_allow_ips.strip()),
+        forwarded_allow_ips=settings.forwarded_allow_ips.strip() or None,
     )
 
 
@@ -209,7 +215,8 @@ def verl_add(
     from service.settings import Settings
 
     try:
-        root = versions.add(version, Path(Settings().verl_cache_dir))
+        settings = Settings()
+        root = versions.add(version, Path(settings.verl_cache_dir), settings.verl_index_json_url)
     except (ValueError, OSError) as exc:
         say(str(exc), style="red", to=errors)
         raise typer.Exit(1) from exc
@@ -681,6 +688,26 @@ def _database() -> Iterator[Any]:
         db.dispose()
 
 
+def _audited_on_host(session: Session, action: str, target: str) -> None:
+    """An audit row for a change made with the CLI straight in the database: by the host's
+    user, from this host."""
+    import getpass
+    import socket
+
+    from service.store import audit
+
+    audit.record(
+        session,
+        user=f"cli:{getpass.getuser()}",
+        team=None,
+        role="admin",
+        token_id=None,
+        action=action,
+        client=f"cli@{socket.gethostname()}",
+        target=target,
+    )
+
+
 @token_app.command("create")
 def token_create(
     user: Annotated[str, typer.Option(help="Who the token is for")],
@@ -700,6 +727,7 @@ def token_create(
         raise typer.Exit(2) from exc
     with _database() as db, db.transaction() as session:
         row, secret = tokens.create(session, spec.user, spec.team, spec.role, "rlrun token create")
+        _audited_on_host(session, "token.create", f"{row.id} {row.role}@{row.team}")
     if output == Output.json:
         emit_json(
             {"id": row.id, "user": row.user, "team": row.team, "role": row.role, "secret": secret}
@@ -748,6 +776,7 @@ def token_revoke(token_id: str) -> None:
     try:
         with _database() as db, db.transaction() as session:
             tokens.revoke(session, token_id)
+            _audited_on_host(session, "token.revoke", token_id)
     except NotFound as exc:
         say(exc.detail, style="red", to=errors)
         raise typer.Exit(1) from exc

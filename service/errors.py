@@ -65,6 +65,13 @@ class Forbidden(ProblemError):
     title = "Forbidden"
 
 
+class InvalidHost(ProblemError):
+    """A ``Host`` header the service does not answer for."""
+
+    status = 400
+    title = "Invalid host"
+
+
 class TooManyRequests(ProblemError):
     status = 429
     title = "Too many requests"
@@ -111,6 +118,17 @@ class Unavailable(ProblemError):
 class ContentTooLarge(ProblemError):
     status = 413
     title = "Content too large"
+
+
+class RequestTimeout(ProblemError):
+    """The request's body did not arrive in time; the connection is closed after the answer."""
+
+    status = 408
+    title = "Request timeout"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.headers["Connection"] = "close"
 
 
 _BY_STATUS: dict[int, type[ProblemError]] = {

@@ -76,6 +76,9 @@ class Settings(BaseSettings):
     # Grace period between SIGTERM and SIGKILL when a run is stopped (time to checkpoint).
     stop_grace_s: int = 120
     max_body_bytes: int = 1_000_000
+    # A request body not fully arrived this long after its headers: 408 (and the connection
+    # closed). Until it is in, a request holds no slot of max_requests_in_progress.
+    body_timeout_s: float = Field(default=10.0, gt=0)
 
     # Metrics: the log follower, its lease, the kept log copy, health from metrics, live stream.
     follow_interval_s: float = 1.0
@@ -117,6 +120,10 @@ class Settings(BaseSettings):
     verl_model_dir: str = "/models"
     verl_checkpoint_root: str = "/checkpoints"
     verl_loggers_configured: str = ""
+    # Where else a spec's paths may point, read-only in intent (absolute dirs on the nodes, or
+    # URI prefixes such as "hdfs://namenode/datasets"), besides the data and model dirs above.
+    # Checkpoints: only the run's own directory, whatever is listed here.
+    data_roots: list[str] = Field(default_factory=list)
 
     # The preflight the verl launcher runs on every node before verl starts: the packages the
     # nodes must carry ("auto": verl at the validated version, transformers in verl's own range,
@@ -128,6 +135,9 @@ class Settings(BaseSettings):
     verl_cache_dir: str = Field(
         default_factory=lambda: str(Path.home() / ".cache" / "rlrun" / "verl")
     )
+    # The package index's JSON API `rlrun verl add` takes a wheel's SHA-256 from (PyPI's
+    # <url>/<project>/json); pip downloads from its own configured index.
+    verl_index_json_url: str = "https://pypi.org/pypi"
     preflight_check_devices: bool = True
     preflight_timeout_s: float = 60.0
 
@@ -137,6 +147,22 @@ class Settings(BaseSettings):
         if not value.startswith("/"):
             raise ValueError("expected an absolute path on the cluster nodes")
         return value.rstrip("/") or "/"
+
+    @field_validator("data_roots")
+    @classmethod
+    def _roots(cls, value: list[str]) -> list[str]:
+        out = []
+        for root in value:
+            root = root.strip()
+            if not (root.startswith("/") or "://" in root) or ".." in root.split("/"):
+                raise ValueError(f"{root!r}: expected an absolute path or a URI prefix, no '..'")
+            out.append(root.rstrip("/") or "/")
+        return out
+
+    @property
+    def verl_data_roots(self) -> tuple[str, ...]:
+        """Every root a spec's paths may point under (the run's own dir apart)."""
+        return tuple(dict.fromkeys([self.verl_data_dir, self.verl_model_dir, *self.data_roots]))
 
     @property
     def verl_credentialed_loggers(self) -> list[str]:
@@ -167,10 +193,17 @@ class Settings(BaseSettings):
     # ``rlrun serve --host``); "on"; "off" (open: every caller is an anonymous admin).
     auth: Literal["auto", "on", "off"] = "auto"
     listen_host: str = "127.0.0.1"
+    # Proxies whose X-Forwarded-For/-Proto are believed (uvicorn's forwarded_allow_ips: IPs or
+    # networks, comma-separated, "*" any): the client address of audit rows. Empty: none, the
+    # socket's peer is the client.
+    forwarded_allow_ips: str = ""
     # Teams whose members may submit priority "high" (admins always may).
     high_priority_teams: list[str] = Field(default_factory=list)
     # Hosts the service answers for (Host header); "*" answers any.
     allowed_hosts: list[str] = Field(default_factory=lambda: ["*"])
+    # Open mode answers only for loopback Host names (127.0.0.1, localhost, [::1]), these, and
+    # the names allowed_hosts lists (exact names; its "*" patterns do not count).
+    open_mode_hosts: list[str] = Field(default_factory=list)
 
     # OpenID Connect: bearer JWTs of an identity provider, beside API tokens. On when issuer and
     # audience are both set. Keys come from the JWKS URL, or else from the provider's discovery
@@ -207,6 +240,8 @@ class Settings(BaseSettings):
     # metric keys per request, rows per page of /cluster.
     runs_per_team_per_minute: int = Field(default=120, ge=0)
     streams_per_caller: int = Field(default=16, ge=1)
+    # Specs one caller may have validated at once (dry runs and submissions); one more is a 429.
+    validations_per_caller: int = Field(default=2, ge=1)
     metric_keys_per_request: int = Field(default=200, ge=1)
     cluster_list_limit: int = Field(default=500, ge=1)
     # What one run may store: distinct metric keys (verl logs a few hundred; past the limit only
@@ -285,6 +320,11 @@ class Settings(BaseSettings):
     @property
     def oidc_algorithm_list(self) -> list[str]:
         return self.oidc_algorithms.split(",")
+
+    @property
+    def open_mode_host_names(self) -> list[str]:
+        named = [h for h in self.allowed_hosts if "*" not in h]
+        return [*self.open_mode_hosts, *named]
 
     @property
     def auth_enabled(self) -> bool:

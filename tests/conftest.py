@@ -21,6 +21,8 @@ from service.store.models import Base
 from service.store.status import TERMINAL as TERMINAL
 from tests import postgres
 
+# The name TestClient sends as Host: answered in open mode as a loopback name is.
+os.environ.setdefault("RLRUN_OPEN_MODE_HOSTS", '["testserver"]')
 # Ports for the session's Ray cluster; outside 10002-19999, which Ray keeps for its workers.
 RAY_PORT = int(os.environ.get("RLRUN_TEST_RAY_PORT", "46379"))
 

@@ -15,7 +15,7 @@ RM_POOL_8 = [
     f"{RM}.enable_resource_pool=True",
     f"{RM}.n_gpus_per_node=8",
     f"{RM}.nnodes=1",
-    f"{RM}.model_path=/mnt/models/rm",
+    f"{RM}.model_path=/models/rm",
 ]
 
 

@@ -96,13 +96,13 @@ def test_request_fields_replace_the_presets() -> None:
         **PRESET,
         "async_training": {"require_batches": 4},
         "resources": {"n_gpus_training": 8, "n_nodes_train": 2},
-        "data": {"train_files": "/other/train.parquet"},
+        "data": {"train_files": "/mnt/data/other/train.parquet"},
     }
     ours = as_mapping(verl_argv(build(body))[5:])
     assert ours["async_training.require_batches"] == 4
     assert ours["async_training.trigger_parameter_sync_step"] == 4  # the preset's, kept
     assert ours["trainer.nnodes"] == 2 and ours["trainer.n_gpus_per_node"] == 8
-    assert ours["data.train_files"] == "/other/train.parquet"
+    assert ours["data.train_files"] == "/mnt/data/other/train.parquet"
     assert ours["data.val_files"] == "/mnt/data/geo3k/test.parquet"
 
 
@@ -147,7 +147,7 @@ def test_gpu_variant_uses_cuda_and_no_npu_platform() -> None:
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_verls_other_fully_async_examples_are_expressible_and_compose(path: Path) -> None:
     example = json.loads(path.read_text())
-    launch = build(example["spec"])
+    launch = build(example["spec"], Settings())  # the examples' paths: the default data roots
     name = verl_argv(launch)[4].removeprefix("--config-name=").removesuffix(".yaml")
     assert hydra_check.compose(name, verl_argv(launch)[5:]) == hydra_check._compose(
         name, tuple(verl_argv(launch)[5:])
@@ -261,9 +261,9 @@ def test_a_spec_without_preset_must_name_data_and_model() -> None:
         "recipe": "verl-fully-async",
         "rollout": {"total_rollout_steps": 100},
         "overrides": [
-            "data.train_files=/d/train.parquet",
-            "data.val_files=/d/test.parquet",
-            "actor_rollout_ref.model.path=/m/model",
+            "data.train_files=/mnt/data/train.parquet",
+            "data.val_files=/mnt/data/test.parquet",
+            "actor_rollout_ref.model.path=/mnt/models/model",
         ],
     }
     build(via_overrides)
@@ -338,13 +338,14 @@ def test_the_launcher_plan_names_every_path_the_nodes_must_have() -> None:
 
 def test_the_plan_names_files_the_config_refers_to() -> None:
     overrides = [
-        "custom_reward_function.path=/mnt/code/reward.py",
-        "actor_rollout_ref.rollout.multi_turn.tool_config_path=/mnt/code/tools.yaml",
+        "custom_reward_function.path=/mnt/data/code/reward.py",
+        "actor_rollout_ref.rollout.multi_turn.tool_config_path=/mnt/data/code/tools.yaml",
         "data.custom_cls.path=hdfs://cluster/ds.py",  # not a local path: verl's business
     ]
-    plan = json.loads(build({**PRESET, "overrides": overrides}).argv[4])
+    settings = SETTINGS.model_copy(update={"data_roots": ["hdfs://cluster"]})
+    plan = json.loads(build({**PRESET, "overrides": overrides}, settings).argv[4])
     paths = {p["path"] for p in plan["files"]}
-    assert {"/mnt/code/reward.py", "/mnt/code/tools.yaml"} <= paths
+    assert {"/mnt/data/code/reward.py", "/mnt/data/code/tools.yaml"} <= paths
 
 
 def test_warning_credentialed_logger_not_configured() -> None:
@@ -401,13 +402,16 @@ def test_shell_metacharacters_in_every_string_field_stay_inert(
 def test_shell_metacharacters_in_lists_env_and_overrides_stay_inert() -> None:
     body = {
         **PRESET,
-        "data": {"val_files": ["/" + NASTY, "/ok"]},
+        "data": {"val_files": ["/mnt/data/" + NASTY, "/mnt/data/ok"]},
         "runtime_env": {"env_vars": {"X": NASTY}},
         "overrides": [f"+data.extra={hydra_value(NASTY, ())}"],
     }
     launch = build(body)
     assert shlex.split(launch.entrypoint) == launch.argv
-    assert as_mapping(verl_argv(launch)[5:-1])["data.val_files"] == ["/" + NASTY, "/ok"]
+    assert as_mapping(verl_argv(launch)[5:-1])["data.val_files"] == [
+        "/mnt/data/" + NASTY,
+        "/mnt/data/ok",
+    ]
     assert hydra_check.parse(verl_argv(launch)[-1]).value == NASTY
     assert launch.runtime_env["env_vars"]["X"] == NASTY
 

@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 
 from service.api.auth import Admin, audited
 from service.api.deps import INT32_MAX, ServicesDep
+from service.errors import Forbidden
 from service.store import audit, tokens
 from service.store.models import ApiToken
 from service.store.tokens import Role
@@ -76,7 +77,13 @@ def token_out(row: ApiToken) -> dict[str, Any]:
 def create_token(
     services: ServicesDep, principal: Admin, request: Request, body: TokenIn
 ) -> NewToken:
-    """A new token for a user of a team; its secret is in this answer only."""
+    """A new token for a user of a team; its secret is in this answer only. Not in open mode,
+    where every caller is an anonymous admin: there `rlrun token create` on the host makes them."""
+    if not services.settings.auth_enabled:
+        raise Forbidden(
+            "tokens are not made over HTTP without authentication; use `rlrun token create` "
+            "on the service's host"
+        )
     with services.db.transaction() as session:
         row, secret = tokens.create(session, body.user, body.team, body.role, principal.user)
         target = f"{row.id} {row.role}@{row.team}"
@@ -103,11 +110,13 @@ def list_tokens(
 def revoke_token(
     services: ServicesDep, principal: Admin, request: Request, token_id: str
 ) -> TokenOut:
-    """Revoked at once: the next request with it is a 401."""
+    """Revoked at once: the next request with it is a 401, and its live event streams end."""
     with services.db.transaction() as session:
         row = tokens.revoke(session, token_id)
         audited(session, request, principal, "token.revoke", target=row.id)
-        return TokenOut(**token_out(row))
+        out = TokenOut(**token_out(row))
+    services.revocations.revoked(token_id)  # committed: end this replica's streams of it now
+    return out
 
 
 @router.get("/audit", response_model=AuditPage)

@@ -55,21 +55,31 @@ class Principal:
 
 
 ANONYMOUS = Principal(user="anonymous", team=None, role="admin")
+# Where a caller already resolved at the door (before a body is read) waits for the route.
+PRINCIPAL_KEY = "rlrun.principal"
 
 
 def principal_from(
-    services: Services, credentials: HTTPAuthorizationCredentials | None, session: Session
+    services: Services,
+    credentials: HTTPAuthorizationCredentials | None,
+    session: Session,
+    client: str | None = None,
 ) -> Principal:
-    """The caller (blocking: a JWT may need the provider's keys fetched)."""
+    """The caller (blocking: a JWT may need the provider's keys fetched). A credential that
+    does not sign in is a 401 and is recorded (``sign_in_audit``) for ``client``."""
     if not services.settings.auth_enabled:
         return ANONYMOUS
     if credentials is None:
         raise Unauthorized()
-    if services.oidc is not None and is_jwt(credentials.credentials):
-        return from_identity(services.oidc.verify(credentials.credentials))
-    row = tokens.find_active(session, credentials.credentials)
-    if row is None:
-        raise Unauthorized("the API token is unknown or revoked")
+    try:
+        if services.oidc is not None and is_jwt(credentials.credentials):
+            return from_identity(services.oidc.verify(credentials.credentials))
+        row = tokens.find_active(session, credentials.credentials)
+        if row is None:
+            raise Unauthorized("the API token is unknown or revoked")
+    except Unauthorized as exc:
+        services.sign_ins.record(services.db, client, exc.detail)
+        raise
     return Principal(user=row.user, team=row.team, role=row.role, token_id=row.id)  # type: ignore[arg-type]
 
 
@@ -80,16 +90,21 @@ def from_identity(identity: Identity) -> Principal:
     )
 
 
-async def current_principal(services: ServicesDep, credentials: CredentialsDep) -> Principal:
+async def current_principal(
+    services: ServicesDep, credentials: CredentialsDep, request: Request
+) -> Principal:
     """The caller, resolved on a worker thread (a token read in a short transaction of its own,
     or a JWT verified, which takes no connection); open mode reads nothing, and so costs no
-    thread hand-over."""
+    thread hand-over. A request with a body was resolved at the door already."""
     if not services.settings.auth_enabled:
         return ANONYMOUS
+    known = request.scope.get(PRINCIPAL_KEY)
+    if isinstance(known, Principal):
+        return known
 
     def read() -> Principal:
         with services.db.read() as session:
-            return principal_from(services, credentials, session)
+            return principal_from(services, credentials, session, client_of(request))
 
     return await run_in_threadpool(read)
 
@@ -126,6 +141,8 @@ def ensure_sees(principal: Principal, team: str, run_id: str) -> None:
 
 
 def client_of(request: Request) -> str | None:
+    """The peer's address: the socket's, or with ``RLRUN_FORWARDED_ALLOW_IPS`` naming the peer
+    (a trusted proxy), the one its ``X-Forwarded-For`` gives (uvicorn rewrites it)."""
     return f"{request.client.host}:{request.client.port}" if request.client else None
 
 

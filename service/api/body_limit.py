@@ -1,18 +1,38 @@
-"""A request body over the configured size is refused with a 413 problem, declared or streamed."""
+"""The request body: read only once the caller is known, within a size and a time bound.
+
+A request that carries a body is authenticated from its headers first (auth on): a caller
+without a valid token gets its 401 before a byte of the body is read. The body is then read
+whole, here, before the request goes further in: a body over ``max_bytes`` is a 413 (declared
+or streamed), one that has not arrived within ``timeout_s`` a 408. Load shedding (inside this)
+counts a request only once its body is in, so clients that send headers and then nothing hold
+no slot other callers need; each holds only its connection, and only until the timeout.
+"""
 
 from __future__ import annotations
 
+import anyio
+from fastapi.concurrency import run_in_threadpool
+from sqlalchemy.exc import DBAPIError, OperationalError
 from starlette.datastructures import Headers
-from starlette.exceptions import HTTPException
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.errors import ContentTooLarge, problem_response
+from service.api.auth import PRINCIPAL_KEY, Principal, bearer, client_of, principal_from
+from service.api.deps import Services
+from service.errors import (
+    ContentTooLarge,
+    ProblemError,
+    RequestTimeout,
+    Unavailable,
+    problem_response,
+)
 
 
 class BodyLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
 
     def _too_large(self) -> ContentTooLarge:
         return ContentTooLarge(f"the request body is larger than {self.max_bytes} bytes")
@@ -21,19 +41,75 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = Headers(scope=scope).get("content-length", "")
+        headers = Headers(scope=scope)
+        declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_bytes:
             await problem_response(self._too_large(), scope["path"])(scope, receive, send)
             return
-        received = 0
+        if not has_body(headers):
+            await self.app(scope, receive, send)
+            return
+        try:
+            await authenticate(scope)
+            body = await self._read(receive)
+        except DBAPIError as exc:
+            # As the routes' handler answers it: the database away is a 503 to retry.
+            if not (isinstance(exc, OperationalError) or exc.connection_invalidated):
+                raise
+            unavailable = Unavailable("the database cannot be reached; retry shortly")
+            await problem_response(unavailable, scope["path"])(scope, receive, send)
+            return
+        except ProblemError as exc:
+            await problem_response(exc, scope["path"])(scope, receive, send)
+            return
+        if body is None:  # the client went away
+            return
+        delivered = False
 
-        async def limited() -> Message:
-            nonlocal received
-            message = await receive()
-            received += len(message.get("body", b""))
-            if received > self.max_bytes:
-                # Raised inside the route, where the framework passes on only its own kind.
-                raise HTTPException(413, self._too_large().detail)
-            return message
+        async def replay() -> Message:
+            nonlocal delivered
+            if delivered:
+                # After the body: only the disconnect a streaming answer listens for.
+                return await receive()
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
 
-        await self.app(scope, limited, send)
+        await self.app(scope, replay, send)
+
+    async def _read(self, receive: Receive) -> bytes | None:
+        chunks: list[bytes] = []
+        size = 0
+        with anyio.move_on_after(self.timeout_s) as deadline:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return None
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > self.max_bytes:
+                    raise self._too_large()
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    return b"".join(chunks)
+        assert deadline.cancelled_caught
+        raise RequestTimeout(f"the request body did not arrive within {self.timeout_s:g} s")
+
+
+def has_body(headers: Headers) -> bool:
+    return headers.get("content-length", "0") not in ("", "0") or "transfer-encoding" in headers
+
+
+async def authenticate(scope: Scope) -> None:
+    """With auth on, the caller from the request's headers, kept in the scope for the route;
+    a ``ProblemError`` (401, or 503 while an identity provider is away) if there is none."""
+    services: Services = scope["app"].state.services
+    if not services.settings.auth_enabled:
+        return
+    request = Request(scope)
+    credentials = await bearer(request)
+
+    def resolve() -> Principal:
+        with services.db.read() as session:
+            return principal_from(services, credentials, session, client_of(request))
+
+    scope[PRINCIPAL_KEY] = await run_in_threadpool(resolve)

@@ -16,9 +16,11 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from service.api.limits import StreamSlots
+from service.api.limits import StreamSlots, ValidationSlots
 from service.api.oidc import OidcVerifier
 from service.api.read_cache import ReadCache
+from service.api.revocation import Revocations
+from service.api.sign_in_audit import FailedSignIns
 from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable
 from service.loops.base import Loop
 from service.loops.follower import Follower
@@ -52,6 +54,11 @@ class Services:
     # The secrets specs name: checked when a run is accepted, read when its job redeems its grant.
     secrets: SecretStore
     streams: StreamSlots = field(default_factory=StreamSlots)
+    validations: ValidationSlots = field(default_factory=ValidationSlots)
+    # Live streams of API tokens, ended when their token is revoked.
+    revocations: Revocations = field(default_factory=Revocations)
+    # Failed sign-ins, written to the audit trail at most once a minute per address.
+    sign_ins: FailedSignIns = field(default_factory=FailedSignIns)
     # Bearer JWTs of the identity provider, when one is configured.
     oidc: OidcVerifier | None = None
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from service.api.auth import Viewer
 from service.api.deps import ServicesDep
 from service.wire import RecipeOut
 
@@ -12,7 +13,7 @@ router = APIRouter(tags=["runs"])
 
 
 @router.get("/recipes", response_model=list[RecipeOut])
-def list_recipes(services: ServicesDep) -> list[RecipeOut]:
+def list_recipes(services: ServicesDep, principal: Viewer) -> list[RecipeOut]:
     registry = services.registry
     return [
         RecipeOut(

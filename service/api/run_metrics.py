@@ -6,15 +6,26 @@ the event stream checks in a short one and holds none while it streams.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractAsyncContextManager
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Header, Query
+from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import PlainTextResponse, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
-from service.api.auth import CredentialsDep, Principal, Viewer, principal_from, require_visible
-from service.api.deps import INT64_MAX, ServicesDep
+from service.api.auth import (
+    CredentialsDep,
+    Principal,
+    Viewer,
+    client_of,
+    principal_from,
+    require_visible,
+)
+from service.api.deps import INT64_MAX, Services, ServicesDep
+from service.api.revocation import until_set
 from service.errors import InvalidSpec, field_error
 from service.metrics import logcopy, store
 from service.metrics.ansi import strip_ansi
@@ -90,7 +101,8 @@ def run_logs(
         int | None, Query(ge=0, le=10_000_000, description="only the last N lines")
     ] = None,
     offset: Annotated[
-        int | None, Query(ge=0, description="only what follows this offset (a Log-Offset)")
+        int | None,
+        Query(ge=0, le=INT64_MAX, description="only what follows this offset (a Log-Offset)"),
     ] = None,
     ansi: Annotated[bool, Query(description="keep terminal colour codes")] = False,
 ) -> PlainTextResponse:
@@ -109,12 +121,12 @@ def run_logs(
 
 
 def _stream_caller(
-    services: ServicesDep, credentials: CredentialsDep, run_id: str
+    services: ServicesDep, credentials: CredentialsDep, run_id: str, request: Request
 ) -> Iterator[Principal]:
     """The caller, holding one of its stream slots until the stream ends (auth on)."""
     # Checked in its own short read: the stream must not hold a transaction open.
     with services.db.read() as session:
-        principal = principal_from(services, credentials, session)
+        principal = principal_from(services, credentials, session, client_of(request))
         require_visible(session, principal, run_id)
     if not services.settings.auth_enabled:
         yield principal
@@ -156,7 +168,20 @@ async def run_events(
     everything after ``Last-Event-ID`` (or from the start, or from now), then live ones; a last
     ``end`` event once the run has ended and its log is read to the end. Event ids are
     ``<status event id>-<log offset>`` (resume is exact for both)."""
-    async for item, cursor in services.broker.subscribe(run_id, start):
-        # Encoded as the run's own answer encodes it (times, NaN): one serialiser.
-        data = encode(item.data).decode()
-        yield ServerSentEvent(event=item.kind, raw_data=data, id=cursor.encode())
+    items = services.broker.subscribe(run_id, start)
+    async with _ended_on_revocation(services, principal) as revoked:
+        async for item, cursor in until_set(revoked, items):
+            # Encoded as the run's own answer encodes it (times, NaN): one serialiser.
+            data = encode(item.data).decode()
+            yield ServerSentEvent(event=item.kind, raw_data=data, id=cursor.encode())
+
+
+def _ended_on_revocation(
+    services: Services, principal: Principal
+) -> AbstractAsyncContextManager[asyncio.Event]:
+    """Set once the caller's API token is revoked (the stream then ends: a reconnection with
+    it is a 401); never set in open mode or for an identity provider's JWT (it lives until
+    its ``exp``)."""
+    if principal.token_id is None or principal.token_id.startswith("oidc:"):
+        return contextlib.nullcontext(asyncio.Event())
+    return services.revocations.watching(services.db, principal.token_id)

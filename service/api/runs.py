@@ -10,11 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import AsyncIterator
 from contextlib import nullcontext
 from datetime import timedelta
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Header, Query, Request, Response
+from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic_core import to_json
 from sqlalchemy import func, select
@@ -38,6 +39,7 @@ from service.store.lifecycle import accept, request_stop, transition
 from service.store.models import Run, utcnow
 from service.store.runs import RUN_COLUMNS, events_of, page_query, run_row
 from service.store.status import TERMINAL, RunStatus
+from service.store.team_lock import lock_team
 from service.team_secrets import SecretStore, masked_runtime_env, masked_spec, missing_message
 from service.wire import RunOut, RunPage
 
@@ -59,7 +61,10 @@ def request_hash(body: Any) -> str:
     responses={
         200: {"description": "dry run: the plan, nothing stored"},
         409: {"description": "Idempotency-Key reused with another body"},
-        429: {"description": "the team submitted too many runs in the last minute"},
+        429: {
+            "description": "the team submitted too many runs in the last minute, or the caller "
+            "has too many specs being validated at once"
+        },
     },
 )
 def create_run(
@@ -67,6 +72,7 @@ def create_run(
     principal: Member,
     request: Request,
     body: Annotated[dict[str, Any], Body(examples=[SPEC_EXAMPLE])],
+    _slot: ValidationSlot,
     dry_run: bool = False,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> Response:
@@ -77,14 +83,17 @@ def create_run(
     db = services.db
     digest = request_hash(body)
     key = _scoped_key(principal, idempotency_key)
+    body = _with_team(body, principal)
     if key and not dry_run:
+        # Only once the caller may make this run now: a replay answers no one the checks refuse.
+        _check_priority(services.settings, principal, *_asked(body))
         with db.read() as session:
             replayed = _replay(session, key, digest)
         if replayed is not None:
             return replayed
     run_id = new_run_id()
     ctx = LaunchContext(run_id=run_id, stop_grace_s=services.settings.stop_grace_s)
-    spec, launch = services.registry.build(_with_team(body, principal), ctx)
+    spec, launch = services.registry.build(body, ctx)
     _check_secrets(services.secrets, spec.team, spec.secrets)
     _check_priority(services.settings, principal, spec.team, spec.priority)
     quotas = backlog.quotas(services.settings)
@@ -143,6 +152,21 @@ def create_run(
     return json_response(doc, 201, {"Location": f"/runs/{run_id}"})
 
 
+async def validation_slot(services: ServicesDep, principal: Member) -> AsyncIterator[None]:
+    """One of the caller's few specs validated at once, taken on the event loop (a refusal costs
+    no worker thread). A verl spec may need a full Hydra composition, one at a time in the
+    process: one caller's many must not take every worker thread from the others. Auth on only:
+    in open mode there is one caller."""
+    if not services.settings.auth_enabled:
+        yield
+        return
+    with services.validations.held(principal.key, services.settings.validations_per_caller):
+        yield
+
+
+ValidationSlot = Annotated[None, Depends(validation_slot)]
+
+
 def launch_view(launch: dict[str, Any]) -> dict[str, Any]:
     """A launch in the API's words: ``command`` (the argv list), as a run answers."""
     view = dict(launch)
@@ -160,6 +184,17 @@ def _with_team(body: Any, principal: Principal) -> Any:
     if asked != principal.team and principal.role != "admin":
         raise Forbidden(f"this token submits for team {principal.team!r} only")
     return body
+
+
+def _asked(body: Any) -> tuple[str, str]:
+    """The team and priority a body asks for, as the spec will read them (defaults if absent
+    or not strings: the spec's own validation refuses those later)."""
+    team = body.get("team") if isinstance(body, dict) else None
+    priority = body.get("priority") if isinstance(body, dict) else None
+    return (
+        team if isinstance(team, str) else "default",
+        priority if isinstance(priority, str) else "normal",
+    )
 
 
 def _check_secrets(secrets: SecretStore, team: str, refs: dict[str, str]) -> None:
@@ -189,6 +224,8 @@ def _check_rate(settings: Settings, session: Session, team: str) -> None:
     limit = settings.runs_per_team_per_minute
     if not limit or not settings.auth_enabled:
         return
+    # Counted under the team's lock, held until this accept commits: exact under concurrency.
+    lock_team(session, team)
     since = utcnow() - timedelta(minutes=1)
     count, oldest = session.execute(
         select(func.count(), func.min(Run.created_at)).where(
@@ -204,13 +241,12 @@ def _check_rate(settings: Settings, session: Session, team: str) -> None:
 
 
 def _scoped_key(principal: Principal, key: str | None) -> str | None:
-    """Idempotency keys are the caller's own: another user's equal key is another key. An
-    empty key is no key."""
+    """Idempotency keys are the caller's own, by its identity (the API token's id, or the
+    digest of an OIDC issuer and subject): another caller's equal key is another key, even
+    under the same user and team names. An empty key is no key."""
     if not key:
         return None
-    if principal.token_id is None:
-        return key
-    return hashlib.sha256(f"{principal.team}\0{principal.user}\0{key}".encode()).hexdigest()
+    return hashlib.sha256(f"{principal.key}\0{key}".encode()).hexdigest()
 
 
 def _replay(session: Session, key: str, digest: str) -> Response | None:

@@ -7,6 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from service.api.auth import Viewer
 from service.api.deps import ServicesDep
 from service.recipes.verl import versions
 
@@ -14,7 +15,7 @@ router = APIRouter(tags=["verl"])
 
 
 @router.get("/verl/versions")
-def list_versions(services: ServicesDep) -> dict[str, Any]:
+def list_versions(services: ServicesDep, principal: Viewer) -> dict[str, Any]:
     """The installed verl (the default) and those added to the cache with `rlrun verl add`."""
     default = versions.installed()
     cached = versions.cached(Path(services.settings.verl_cache_dir))

@@ -28,6 +28,7 @@ from service.store.db import Database
 from service.store.models import MetricPoint, RunEvent
 
 log = logging.getLogger(__name__)
+_INT64_MAX = 2**63 - 1
 _RECONNECT = "the live stream failed; reconnect with Last-Event-ID to resume"
 
 
@@ -46,7 +47,10 @@ class Cursor:
             event_id, offset = (int(p) for p in (text or "").split("-"))
         except ValueError:
             return cls()
-        return cls(max(event_id, 0), max(offset, 0))
+        # Bounded as the columns compared with them (BIGINT): a larger number is no position.
+        if not (0 <= event_id <= _INT64_MAX and 0 <= offset <= _INT64_MAX):
+            return cls()
+        return cls(event_id, offset)
 
 
 @dataclass(frozen=True)

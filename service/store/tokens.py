@@ -45,6 +45,12 @@ def find_active(session: Session, secret: str) -> ApiToken | None:
     return row if row is not None and row.revoked_at is None else None
 
 
+def revoked_among(session: Session, ids: list[str]) -> list[str]:
+    """Which of the tokens ``ids`` are revoked now."""
+    query = select(ApiToken.id).where(ApiToken.id.in_(ids), ApiToken.revoked_at.is_not(None))
+    return list(session.scalars(query))
+
+
 def page(session: Session, limit: int, cursor: str | None = None) -> list[ApiToken]:
     query = select(ApiToken).order_by(ApiToken.id).limit(limit)
     if cursor:

@@ -144,7 +144,7 @@ def bench_handover(chain: int, port: int, fast: bool) -> list[float]:
     gaps: list[float] = []
     noticed: list[float] = []
     try:
-        with TestClient(create_app(settings)) as client:
+        with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
             spec = {
                 "recipe": "test-script",
                 "seconds": 1,

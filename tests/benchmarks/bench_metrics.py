@@ -94,7 +94,7 @@ def bench_query(urls: list[tuple[str, str]]) -> None:
                 )
         db.dispose()
         settings = Settings(database_url=url, ray_address="http://127.0.0.1:9", run_loops=False)
-        with TestClient(create_app(settings)) as client:
+        with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
             params: dict[str, str | int] = {"keys": "critic/score/mean", "max_points": 1000}
             assert (
                 len(

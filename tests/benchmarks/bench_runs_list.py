@@ -77,7 +77,7 @@ def bench(name: str, db_url: str, runs: int, steps: int) -> None:
           f"{time.perf_counter() - t0:.1f} s")  # fmt: skip
     deep = sorted(ids)[runs // 2]
     settings = Settings(database_url=db_url, ray_address="http://127.0.0.1:9", run_loops=False)
-    with TestClient(create_app(settings)) as api:
+    with TestClient(create_app(settings), base_url="http://127.0.0.1") as api:
 
         def page(cursor: str | None = None) -> None:
             params = {"limit": 50} | ({"cursor": cursor} if cursor else {})

@@ -152,12 +152,37 @@ def _parser() -> Any:
     return OverridesParser.create()
 
 
-def compose(config_name: str, overrides: list[str], root: Path | None = None) -> dict[str, Any]:
+def compose(
+    config_name: str,
+    overrides: list[str],
+    root: Path | None = None,
+    then: tuple[str, ...] = (),
+) -> dict[str, Any]:
     """verl's config with ``overrides`` applied, as Hydra would compose it (a fresh container),
-    for the verl at ``root`` (default: the installed one).
+    for the verl at ``root`` (default: the installed one), and then the plain overrides ``then``
+    (values that differ per run, on keys no other override touches).
 
-    Raises ``OverrideError`` naming each override Hydra would refuse.
+    Compositions are kept by their inputs (entry config, the exact override list, the verl
+    tree), so the same spec is composed once however often it is checked. Raises
+    ``OverrideError`` naming each override Hydra would refuse (those in ``then`` numbered after
+    ``overrides``).
     """
+    cfg: dict[str, Any] = copy_tree(_composed(config_name, tuple(overrides), root))
+    for i, text in enumerate(then, start=len(overrides)):
+        try:
+            _apply(cfg, parse(text))
+        except (KeyError, ValueError) as exc:
+            raise OverrideError([(i, str(exc.args[0]))]) from None
+    return cfg
+
+
+@functools.lru_cache(maxsize=128)
+def _composed(config_name: str, overrides: tuple[str, ...], root: Path | None) -> dict[str, Any]:
+    # Never handed out: ``compose`` copies it.
+    return _compose_overrides(config_name, list(overrides), root)
+
+
+def _compose_overrides(config_name: str, overrides: list[str], root: Path | None) -> dict[str, Any]:
     parsed: list[Parsed] = []
     problems: list[tuple[int, str]] = []
     for i, text in enumerate(overrides):

@@ -10,6 +10,7 @@ unpacked by Ray on every node); ``hdfs://``-style URIs and hub ids are left to v
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -81,17 +82,26 @@ def packages(
     out = {"verl": f"=={verl_version}"}
     if setting.strip() == "auto":
         out |= dict.fromkeys(STACK[accelerator], "")
-        for text in verl_requires:
-            try:
-                req = Requirement(text)
-            except InvalidRequirement:
-                continue
-            if req.name in VERL_RANGES and req.marker is None:
-                out[req.name] = str(req.specifier)
+        out |= _verl_ranges(tuple(verl_requires))
         return out
     for text in filter(None, (p.strip() for p in setting.split(","))):
         req = Requirement(text)
         out[req.name] = str(req.specifier)
+    return out
+
+
+@functools.lru_cache(maxsize=16)
+def _verl_ranges(verl_requires: tuple[str, ...]) -> dict[str, str]:
+    """The ranges verl's wheel gives the packages in ``VERL_RANGES`` (parsed once per wheel;
+    never handed out, ``packages`` copies it)."""
+    out = {}
+    for text in verl_requires:
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
+            continue
+        if req.name in VERL_RANGES and req.marker is None:
+            out[req.name] = str(req.specifier)
     return out
 
 

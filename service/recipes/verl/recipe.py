@@ -63,13 +63,17 @@ class VerlFullyAsyncRecipe:
             raise InvalidSpec(str(exc), [field_error(exc.loc, str(exc))]) from exc
         name = command.config_name(full)
         version, root = versions.root_for(full.verl_version, Path(self.settings.verl_cache_dir))
+        shared, own = _per_run(items)
+        ordered = shared + own
         try:
-            cfg = compose(name, [item.text for item in items], root)
+            cfg = compose(
+                name, [item.text for item in shared], root, then=tuple(i.text for i in own)
+            )
         except OverrideError as exc:
             errors = [
                 field_error(
-                    items[i].loc if i >= 0 else ("overrides",),
-                    (_untyped(name, items[i].text, root) if i >= 0 else None) or msg,
+                    ordered[i].loc if i >= 0 else ("overrides",),
+                    (_untyped(name, ordered[i].text, root) if i >= 0 else None) or msg,
                     "verl_config",
                 )
                 for i, msg in exc.problems
@@ -89,7 +93,14 @@ class VerlFullyAsyncRecipe:
             field_error(where(key), f"{key}: {path!r} {why}", "verl_rule")
             for key, path, why in preflight.unshipped(cfg, full.files)
         ]
-        errors += guard.check_paths(cfg, self.checkpoint_dir(ctx.run_id), where)
+        pins = guard.PathPins(self.settings.verl_checkpoint_root, self.settings.verl_data_roots)
+        errors += guard.check_paths(
+            cfg,
+            self.checkpoint_dir(ctx.run_id),
+            where,
+            pins,
+            lambda key: where.set_by(key) is not None,
+        )
         if errors:
             raise InvalidSpec(
                 f"{len(errors)} verl rule(s) broken, first: {errors[0]['field']}", errors
@@ -107,6 +118,29 @@ class VerlFullyAsyncRecipe:
             total_steps=command.planned_syncs(cfg),
             files=dict(full.files),
         )
+
+
+RUN_DIR_LOC = ("trainer", "default_local_dir")
+
+
+def _per_run(items: list[command.Item]) -> tuple[list[command.Item], list[command.Item]]:
+    """The overrides split into those a composition is kept by, and the run's own checkpoint
+    dir (new with every run id), applied after it when no other override touches its key: a
+    spec checked again (a repeated dry run) is then not composed again."""
+    own = [item for item in items if item.loc == RUN_DIR_LOC]
+    if len(own) != 1:
+        return items, []
+    key = "trainer.default_local_dir"
+    for item in items:
+        if item is own[0]:
+            continue
+        try:
+            other = parse(item.text).key
+        except ValueError:
+            return items, []
+        if other == key or key.startswith(other + ".") or other.startswith(key + "."):
+            return items, []
+    return [item for item in items if item is not own[0]], own
 
 
 def _untyped(

@@ -1,0 +1,133 @@
+"""What the audit trail records at the door: failed sign-ins (at most one row per address per
+minute, with a count), tokens made and revoked with the CLI, and the client address from proxy
+headers only when the peer is a proxy the operator names."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from service import cli
+from service.api import sign_in_audit
+from service.app import create_app
+from service.store import audit
+from service.store.db import Database, upgrade
+from service.store.tokens import create as create_token
+from tests.conftest import make_settings
+from tests.service_process import ServiceProcess
+
+
+def rows(db_url: str, action: str | None = None) -> list[Any]:
+    db = Database(db_url)
+    with db.read() as s:
+        found = [r for r in audit.page(s, 500) if action is None or r.action == action]
+        out = [(r.action, r.user, r.role, r.client, r.target) for r in found]
+    db.dispose()
+    return out
+
+
+@pytest.fixture
+def secured(db_url: str) -> Any:
+    upgrade(db_url)
+    db = Database(db_url)
+    with db.transaction() as s:
+        row, secret = create_token(s, "gone", "vision", "member")
+        _, admin = create_token(s, "ops", "vision", "admin")
+    db.dispose()
+    settings = make_settings(db_url, "http://127.0.0.1:9", run_loops=False, auth="on")
+    with TestClient(create_app(settings)) as client:
+        yield client, {"revoked": secret, "revoked_id": row.id, "admin": admin}
+
+
+def test_failed_sign_ins_are_audited_once_a_minute_per_address(secured: Any, db_url: str) -> None:
+    client, tokens = secured
+    auth = {"Authorization": f"Bearer {tokens['admin']}"}
+    assert client.delete(f"/tokens/{tokens['revoked_id']}", headers=auth).status_code == 200
+    bad = [
+        "rlrun_unknown",
+        tokens["revoked"],
+        "eyJhbGciOiJub25lIn0.eyJzdWIiOiJ4In0.",  # a JWT (no OIDC here: an unknown token)
+    ]
+    for token in bad * 5:
+        resp = client.get("/runs", headers={"Authorization": f"Bearer {token}"})
+        assert resp.status_code == 401
+    # A request with a body is refused at the door, and counted the same.
+    assert client.post("/runs", json={}, headers={"Authorization": "Bearer x"}).status_code == 401
+    failed = rows(db_url, "auth.failed")
+    assert len(failed) == 1, failed  # 16 failures, one row this minute
+    _, user, role, address, target = failed[0]
+    assert (user, role) == ("unknown", "none") and address.startswith("testclient")
+    assert target.startswith("failures=1;") and "unknown or revoked" in target
+    # No credential at all is not a failed sign-in.
+    assert client.get("/runs").status_code == 401
+    assert len(rows(db_url, "auth.failed")) == 1
+
+
+def test_the_next_rows_count_carries_the_failures_in_between(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    upgrade(db_url)
+    db = Database(db_url)
+    clock = [1000.0]
+    monkeypatch.setattr(sign_in_audit.time, "monotonic", lambda: clock[0])
+    failures = sign_in_audit.FailedSignIns(window_s=60)
+    for _ in range(7):
+        failures.record(db, "10.0.0.1:5000", "bad")
+    failures.record(db, "10.0.0.2:5000", "bad")  # another address: its own row
+    clock[0] += 61
+    failures.record(db, "10.0.0.1:5001", "worse")
+    db.dispose()
+    targets = sorted((r[3], r[4]) for r in rows(db_url, "auth.failed"))
+    assert targets == [
+        ("10.0.0.1:5000", "failures=1; last: bad"),
+        ("10.0.0.1:5001", "failures=7; last: worse"),  # the 6 held back, and this one
+        ("10.0.0.2:5000", "failures=1; last: bad"),
+    ]
+
+
+def test_tokens_made_and_revoked_with_the_cli_are_audited(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    upgrade(db_url)
+    monkeypatch.setenv("RLRUN_DATABASE_URL", db_url)
+    runner = CliRunner()
+    made = runner.invoke(cli.app, ["token", "create", "--user", "ops", "--team", "vision"])
+    assert made.exit_code == 0, made.output
+    token_id = made.output.split()[0]
+    assert runner.invoke(cli.app, ["token", "revoke", token_id]).exit_code == 0
+    logged = rows(db_url)
+    assert [r[0] for r in logged] == ["token.revoke", "token.create"]
+    assert all(r[1].startswith("cli:") and r[3].startswith("cli@") for r in logged)
+    assert logged[1][4] == f"{token_id} member@vision"
+
+
+@pytest.mark.parametrize("trusted", [False, True])
+def test_the_client_address_comes_from_proxy_headers_only_from_a_named_proxy(
+    tmp_path: Any, trusted: bool
+) -> None:
+    url = f"sqlite:///{tmp_path}/db.sqlite"
+    upgrade(url)
+    db = Database(url)
+    with db.transaction() as s:
+        _, admin = create_token(s, "ops", "vision", "admin")
+    db.dispose()
+    service = ServiceProcess(url, "http://127.0.0.1:9", tmp_path / "service.log")
+    service.env |= {"RLRUN_AUTH": "on", "RLRUN_RUN_LOOPS": "false"}
+    if trusted:
+        service.env["RLRUN_FORWARDED_ALLOW_IPS"] = "127.0.0.1"
+    service.start()
+    try:
+        headers = {"Authorization": f"Bearer {admin}", "X-Forwarded-For": "203.0.113.7"}
+        made = httpx.post(
+            f"{service.url}/tokens", json={"user": "u", "team": "vision"}, headers=headers
+        )
+        assert made.status_code == 201, made.text
+    finally:
+        service.stop()
+    [(_, _, _, address, _)] = rows(url, "token.create")
+    host = address.rsplit(":", 1)[0]
+    assert host == ("203.0.113.7" if trusted else "127.0.0.1")

@@ -1,0 +1,98 @@
+"""A revoked token's open event streams end within a second: at once when this replica revoked
+it, by the next check when another did (straight in the database, as another replica would)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from service.app import create_app
+from service.store import tokens
+from service.store.db import Database, upgrade
+from tests.conftest import make_settings
+from tests.live import ServerThread
+
+
+class OpenStream:
+    """``GET /runs/{id}/events`` read in a thread; ``ended`` is when the server closed it."""
+
+    def __init__(self, url: str, token: str) -> None:
+        self.url, self.token = url, token
+        self.opened = threading.Event()
+        self.ended_at: float | None = None
+        self.done = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        headers = {"Authorization": f"Bearer {self.token}"}
+        with httpx.stream("GET", self.url, headers=headers, timeout=httpx.Timeout(5, read=60)) as r:
+            assert r.status_code == 200
+            self.opened.set()
+            for _ in r.iter_lines():
+                pass
+        self.ended_at = time.monotonic()
+        self.done.set()
+
+
+@pytest.fixture
+def served(db_url: str) -> Any:
+    upgrade(db_url)
+    db = Database(db_url)
+    with db.transaction() as s:
+        watcher, watcher_secret = tokens.create(s, "watcher", "vision", "member")
+        _, admin_secret = tokens.create(s, "ops", "vision", "admin")
+    settings = make_settings(db_url, "http://127.0.0.1:9", run_loops=False, auth="on")
+    with ServerThread(create_app(settings)) as url:
+        auth = {"Authorization": f"Bearer {watcher_secret}"}
+        made = httpx.post(f"{url}/runs", json={"recipe": "test-script"}, headers=auth)
+        assert made.status_code == 201, made.text
+        yield {
+            "url": url,
+            "events": f"{url}/runs/{made.json()['id']}/events",
+            "token_id": watcher.id,
+            "secret": watcher_secret,
+            "admin": {"Authorization": f"Bearer {admin_secret}"},
+            "db": db,
+        }
+    db.dispose()
+
+
+def open_streams(served: dict[str, Any], n: int) -> list[OpenStream]:
+    streams = [OpenStream(served["events"], served["secret"]) for _ in range(n)]
+    for stream in streams:
+        assert stream.opened.wait(30)
+    time.sleep(0.3)  # each is past its replay, waiting for live items
+    assert not any(s.done.is_set() for s in streams)
+    return streams
+
+
+def closed_within(streams: list[OpenStream], since: float) -> float:
+    for stream in streams:
+        assert stream.done.wait(10), "the stream stayed open"
+    return max(s.ended_at or 0 for s in streams) - since
+
+
+def test_revoking_through_the_api_ends_the_tokens_streams_at_once(served: dict[str, Any]) -> None:
+    streams = open_streams(served, 2)
+    started = time.monotonic()
+    resp = httpx.delete(f"{served['url']}/tokens/{served['token_id']}", headers=served["admin"])
+    assert resp.status_code == 200, resp.text
+    took = closed_within(streams, started)
+    assert took < 1.0, took
+    again = httpx.get(served["events"], headers={"Authorization": f"Bearer {served['secret']}"})
+    assert again.status_code == 401
+
+
+def test_a_revocation_made_elsewhere_ends_the_streams_within_a_second(
+    served: dict[str, Any],
+) -> None:
+    streams = open_streams(served, 2)
+    started = time.monotonic()
+    with served["db"].transaction() as s:  # as another replica would
+        tokens.revoke(s, served["token_id"])
+    took = closed_within(streams, started)
+    assert took < 1.5, took  # one check every 0.5 s; margin for a loaded machine
