@@ -144,6 +144,9 @@ class Settings(BaseSettings):
     stuck_silent_s: float = 1800.0
     stop_stuck: bool = False
     watchdog_interval_s: float = 10.0
+    # Jobs on the cluster that are no runs of the service are stopped this long after Ray started
+    # them, each with an audit row (None: never; they are shown and counted all the same).
+    stop_unmanaged_after_s: float | None = Field(default=None, ge=0)
 
     # Identity. "auto": on unless the service listens only on loopback (``listen_host``, set by
     # ``rlrun serve --host``); "on"; "off" (open: every caller is an anonymous admin).

@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 
 class EventOut(BaseModel):
@@ -100,3 +100,41 @@ class SeriesOut(BaseModel):
 class RecipeOut(BaseModel):
     name: str
     presets: list[str]
+
+
+class NodeOut(BaseModel):
+    id: str
+    total: dict[str, float]
+    available: dict[str, float]
+
+
+class UnmanagedJobOut(BaseModel):
+    """A job on the cluster that is no run of the service: sent straight to Ray's Jobs API
+    (``SUBMISSION``) or a script connected to the cluster (``DRIVER``). Its accelerators count
+    as taken in admission."""
+
+    id: str = Field(description="Ray's submission id, or a driver's Ray job id")
+    type: str = Field(description="SUBMISSION or DRIVER")
+    status: str
+    entrypoint: str | None = Field(
+        description="the command's head: cut short, control characters and the values of "
+        "NAME=value words removed; admins only (null to others)"
+    )
+    start_time_ms: int | None = Field(description="when Ray started it (ms since the epoch)")
+    resources: dict[str, float] = Field(
+        description="what it holds in all: its placement groups' bundles and its live actors "
+        "outside them (a submission's entrypoint resources among them)"
+    )
+    nodes: dict[str, dict[str, float]] = Field(description="node id -> what it holds there")
+
+
+class ClusterOut(BaseModel):
+    truncated: bool
+    ray: dict[str, bool]
+    nodes: list[NodeOut]
+    active: list[dict[str, Any]]
+    teams: dict[str, dict[str, int | None]]
+    queue: list[dict[str, Any]]
+    unmanaged: list[UnmanagedJobOut] = Field(
+        description="jobs on the cluster that are no runs of the service"
+    )

@@ -13,12 +13,14 @@ from service.recipes.base import PRIORITY_NAMES
 from service.scheduling import backlog
 from service.scheduling.admission import held_by_team, queue_order
 from service.scheduling.inventory import Inventory
+from service.scheduling.outside import unmanaged
 from service.store.models import Run, utcnow
+from service.wire import ClusterOut
 
 router = APIRouter(tags=["cluster"])
 
 
-@router.get("/cluster")
+@router.get("/cluster", response_model=ClusterOut)
 def get_cluster(
     services: ServicesDep,
     principal: Viewer,
@@ -29,7 +31,9 @@ def get_cluster(
     """The queue in admission's order; each reason is the one the submitter stored with the run
     (``queue_reason``; null until a round has considered it). Nothing is decided here.
     Another team's runs show without their names to a non-admin; ``active`` and ``queue`` are
-    cut at ``limit`` rows (at most the configured bound), ``truncated`` says when."""
+    cut at ``limit`` rows (at most the configured bound), ``truncated`` says when.
+    ``unmanaged``: the jobs on the cluster that are no runs of the service, their commands
+    shown to admins only."""
     bound = min(limit or services.settings.cluster_list_limit, services.settings.cluster_list_limit)
 
     def name(team: str, value: str) -> str | None:
@@ -46,6 +50,7 @@ def get_cluster(
             .where(backlog.is_held(now))
             .order_by(Run.id)
         ).all()
+        foreign = unmanaged(session, inventory.jobs) if inventory else []
     by_id = {r.run.id: r for r in rows}
     order = queue_order([r.run for r in rows], held, inventory or Inventory(()), quotas)
     teams = {
@@ -53,7 +58,7 @@ def get_cluster(
         for team, used in sorted(held_by_team(held).items())
     }
     return {
-        "truncated": len(active) > bound or len(order) > bound,
+        "truncated": len(active) > bound or len(order) > bound or len(foreign) > bound,
         "ray": {"ok": inventory is not None},
         "nodes": [n.as_dict() for n in inventory.nodes] if inventory else [],
         "active": [
@@ -80,5 +85,9 @@ def get_cluster(
                 "reason": by_id[run.id].queue_reason,
             }
             for position, run in enumerate(order[:bound])
+        ],
+        "unmanaged": [
+            j.as_dict() | {"entrypoint": j.entrypoint if principal.role == "admin" else None}
+            for j in foreign[:bound]
         ],
     }

@@ -56,7 +56,10 @@ class Submitter:
         if not rows:
             return []
         held = backlog.held(session, now, inventory.fetched_at)
-        decision = decide([r.run for r in rows], held, inventory, self.quotas, self.batch)
+        outside = backlog.outside_held(session, inventory)
+        decision = decide(
+            [r.run for r in rows], held, inventory, self.quotas, self.batch, outside=outside
+        )
         admitted = set(decision.admit)
         out = []
         for row in rows:

@@ -13,6 +13,7 @@ from service.recipes.base import ResourceShape
 from service.scheduling.admission import HeldRun, QueuedRun, Quotas, decide
 from service.scheduling.fit import on_empty_cluster
 from service.scheduling.inventory import Inventory
+from service.scheduling.outside import held_outside, unmanaged
 from service.settings import Settings
 from service.store.models import Run
 from service.store.status import ACTIVE, RunStatus
@@ -103,6 +104,11 @@ def held(session: Session, now: datetime, inventory_at: float) -> list[HeldRun]:
     ]
 
 
+def outside_held(session: Session, inventory: Inventory) -> dict[str, float]:
+    """What the jobs on the cluster that are no runs of the service hold in all."""
+    return held_outside(unmanaged(session, inventory.jobs)) if inventory.jobs else {}
+
+
 def plan(
     session: Session,
     inventory: Inventory | None,
@@ -118,7 +124,10 @@ def plan(
     else:
         warning = []
     held_runs = held(session, now, inventory.fetched_at)
-    decision = decide([*(r.run for r in rows), candidate], held_runs, inventory, quotas)
+    outside = outside_held(session, inventory)
+    decision = decide(
+        [*(r.run for r in rows), candidate], held_runs, inventory, quotas, outside=outside
+    )
     ever = on_empty_cluster(inventory).fit(candidate.shape) if inventory.nodes else None
     placement = decision.placements.get(candidate.id) or ever
     reason = decision.reasons.get(candidate.id)

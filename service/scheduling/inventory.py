@@ -1,13 +1,19 @@
-"""The cluster's nodes with total and available resources, read from Ray and cached briefly."""
+"""The cluster's nodes with total and available resources, and the jobs on it with what they
+hold (``outside``), read from Ray and cached briefly."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable
+from service.scheduling import outside
+from service.scheduling.outside import ClusterJob
+
+log = logging.getLogger(__name__)
 
 # Resources shown and planned with; Ray also reports per-node labels such as "node:<ip>".
 SHOWN = ("NPU", "GPU", "CPU", "memory")
@@ -27,6 +33,8 @@ class Node:
 class Inventory:
     nodes: tuple[Node, ...]
     fetched_at: float = field(default_factory=time.time)
+    # Every alive job on the cluster, the service's runs among them (see ``outside.unmanaged``).
+    jobs: tuple[ClusterJob, ...] = ()
 
     @classmethod
     def from_cluster_status(cls, status: dict[str, Any]) -> Inventory:
@@ -62,6 +70,9 @@ class InventoryCache:
         self.ttl_s = ttl_s
         self._lock = threading.Lock()
         self._value: Inventory | None = None
+        # The jobs are re-read at most every ``ttl_s`` (three calls), however fresh the nodes.
+        self._jobs: tuple[ClusterJob, ...] = ()
+        self._jobs_at = float("-inf")
         # A failed read is remembered as long, so a Ray outage does not stall every caller.
         self._failure: tuple[float, RayUnavailable | RayRejected] | None = None
 
@@ -75,9 +86,17 @@ class InventoryCache:
             if self._failure is not None and now - self._failure[0] <= limit:
                 raise self._failure[1]
             try:
-                self._value = Inventory.from_cluster_status(self.ray.cluster_status())
+                value = Inventory.from_cluster_status(self.ray.cluster_status())
             except (RayUnavailable, RayRejected) as exc:
                 self._failure = (now, exc)
                 raise
             self._failure = None
+            if now - self._jobs_at > self.ttl_s:
+                self._jobs_at = now
+                try:
+                    self._jobs = tuple(outside.read(self.ray))
+                except (RayUnavailable, RayRejected, KeyError, TypeError, ValueError) as exc:
+                    # The nodes are still good; the jobs known last stand until the next read.
+                    log.warning("reading the jobs on the cluster failed: %r", exc)
+            self._value = replace(value, jobs=self._jobs)
             return self._value
