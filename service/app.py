@@ -164,6 +164,7 @@ def build_services(settings: Settings, registry: RecipeRegistry, ray_address: st
             settings.claim_ttl_s,
             settings.submit_batch,
             secrets,
+            backlog.node_groups(settings),
         )
         reconciler = Reconciler(
             db,

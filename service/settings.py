@@ -147,6 +147,9 @@ class Settings(BaseSettings):
     # Jobs on the cluster that are no runs of the service are stopped this long after Ray started
     # them, each with an audit row (None: never; they are shown and counted all the same).
     stop_unmanaged_after_s: float | None = Field(default=None, ge=0)
+    # Nodes per team: team -> node group, a Ray custom resource the group's nodes carry, e.g.
+    # RLRUN_TEAM_NODES='{"vision": "group-a", "*": "shared"}' ("*": every team not named).
+    team_nodes: dict[str, str] = Field(default_factory=dict)
 
     # Identity. "auto": on unless the service listens only on loopback (``listen_host``, set by
     # ``rlrun serve --host``); "on"; "off" (open: every caller is an anonymous admin).

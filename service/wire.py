@@ -106,6 +106,9 @@ class NodeOut(BaseModel):
     id: str
     total: dict[str, float]
     available: dict[str, float]
+    group: str | None = Field(
+        default=None, description="the node group it belongs to (RLRUN_TEAM_NODES), if any"
+    )
 
 
 class UnmanagedJobOut(BaseModel):
@@ -137,4 +140,8 @@ class ClusterOut(BaseModel):
     queue: list[dict[str, Any]]
     unmanaged: list[UnmanagedJobOut] = Field(
         description="jobs on the cluster that are no runs of the service"
+    )
+    team_nodes: dict[str, str] = Field(
+        description="team -> node group its runs are placed on ('*': every team not named); "
+        "teams not mapped share the nodes of no mapped group"
     )

@@ -65,7 +65,10 @@ class FakeRay(RayJobs):
         fresh = submission_id not in self.jobs  # else Ray's "already exists"
         if fresh:
             job = {"submission_id": submission_id, "entrypoint": entrypoint}
-            self.submitted.append(job | {"runtime_env": runtime_env})
+            resources = __.get("entrypoint_resources")
+            self.submitted.append(
+                job | {"runtime_env": runtime_env, "entrypoint_resources": resources}
+            )
             self.set_status(submission_id, "PENDING")
         return fresh
 

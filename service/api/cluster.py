@@ -42,6 +42,7 @@ def get_cluster(
     inventory = services.cluster()
     now = utcnow()
     quotas = backlog.quotas(services.settings)
+    groups = backlog.node_groups(services.settings)
     with services.db.read() as session:
         rows = backlog.queued(session, now)
         held = backlog.held(session, now, inventory.fetched_at if inventory else now.timestamp())
@@ -60,7 +61,11 @@ def get_cluster(
     return {
         "truncated": len(active) > bound or len(order) > bound or len(foreign) > bound,
         "ray": {"ok": inventory is not None},
-        "nodes": [n.as_dict() for n in inventory.nodes] if inventory else [],
+        "nodes": [
+            n.as_dict() | {"group": groups.group_of_node(inventory, n.id)} for n in inventory.nodes
+        ]
+        if inventory
+        else [],
         "active": [
             {
                 "id": r.id,
@@ -90,4 +95,5 @@ def get_cluster(
             j.as_dict() | {"entrypoint": j.entrypoint if principal.role == "admin" else None}
             for j in foreign[:bound]
         ],
+        "team_nodes": dict(groups.teams),
     }

@@ -17,8 +17,9 @@ from sqlalchemy.orm import Session
 import jobs
 from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable, stop_job, zip_files
 from service.scheduling import backlog
-from service.scheduling.admission import Quotas, decide
+from service.scheduling.admission import Quotas
 from service.scheduling.inventory import Inventory, InventoryCache
+from service.scheduling.node_groups import NodeGroups, decide_grouped
 from service.secrets import SecretMissing, SecretStore, redact
 from service.store.db import Database
 from service.store.lifecycle import transition
@@ -38,6 +39,7 @@ class Submitter:
     claim_ttl_s: float
     batch: int  # runs admitted per round at most
     secrets: SecretStore = field(default_factory=lambda: SecretStore(None))
+    groups: NodeGroups = field(default_factory=NodeGroups)
 
     def tick(self) -> None:
         # Always a fresh read: a run that just ended must not wait for a cache to expire.
@@ -56,9 +58,9 @@ class Submitter:
         if not rows:
             return []
         held = backlog.held(session, now, inventory.fetched_at)
-        outside = backlog.outside_held(session, inventory)
-        decision = decide(
-            [r.run for r in rows], held, inventory, self.quotas, self.batch, outside=outside
+        outside = backlog.outside_jobs(session, inventory)
+        decision = decide_grouped(
+            self.groups, [r.run for r in rows], held, inventory, self.quotas, self.batch, outside
         )
         admitted = set(decision.admit)
         out = []
@@ -108,7 +110,12 @@ class Submitter:
                 runtime_env=runtime_env,
                 metadata={"rlrun_run_id": run.id},
                 entrypoint_num_cpus=launch.get("entrypoint_num_cpus", 0.0),
-                entrypoint_resources=launch.get("entrypoint_resources") or None,
+                # A team mapped to a node group: its driver starts on the group's nodes.
+                entrypoint_resources={
+                    **(launch.get("entrypoint_resources") or {}),
+                    **self.groups.pin(run.team),
+                }
+                or None,
             )
         except RayRejected as exc:
             # Ray's message may quote the runtime env: no secret value is kept from it.

@@ -24,6 +24,8 @@ class Node:
     id: str
     total: dict[str, float]
     available: dict[str, float]
+    # The node's other resources by name (custom ones, such as a node group's; see node_groups).
+    custom: frozenset[str] = frozenset()
 
     def as_dict(self) -> dict[str, Any]:
         return {"id": self.id, "total": self.total, "available": self.available}
@@ -46,7 +48,8 @@ class Inventory:
             available = {
                 r: max(0.0, float(p[1]) - float(p[0])) for r, p in resources.items() if r in SHOWN
             }
-            nodes.append(Node(node_id, total, available))
+            custom = frozenset(r for r in resources if r not in SHOWN)
+            nodes.append(Node(node_id, total, available, custom))
         return cls(tuple(nodes))
 
     def totals(self) -> dict[str, dict[str, float]]:
