@@ -102,13 +102,27 @@ class RecipeOut(BaseModel):
     presets: list[str]
 
 
+class HolderOut(BaseModel):
+    """Who holds what on a node, as Ray's state reports it (the placement groups and actors of
+    the holder's job)."""
+
+    kind: str = Field(description="run (of the service) or unmanaged (a job outside it)")
+    id: str
+    name: str | None = Field(description="the run's name; null for another team's run")
+    team: str | None
+    resources: dict[str, float]
+
+
 class NodeOut(BaseModel):
     id: str
+    address: str | None = Field(default=None, description="the node's IP, as Ray lists it")
+    hostname: str | None = None
     total: dict[str, float]
     available: dict[str, float]
     group: str | None = Field(
         default=None, description="the node group it belongs to (RLRUN_TEAM_NODES), if any"
     )
+    holders: list[HolderOut] = Field(default_factory=list)
 
 
 class UnmanagedJobOut(BaseModel):

@@ -140,7 +140,12 @@ class FakeRay(RayJobs):
         return self._answer("all_jobs", submissions + self.drivers)
 
     def state(self, kind: str, state: str) -> list[dict[str, Any]]:
-        rows = {"actors": self.actors, "placement_groups": self.placement_groups}.get(kind, [])
+        nodes = [
+            {"node_id": n, "node_ip": f"10.0.0.{i + 1}", "node_name": f"host-{n}"}
+            for i, n in enumerate(self.nodes)
+        ]
+        tables = {"actors": self.actors, "placement_groups": self.placement_groups, "nodes": nodes}
+        rows = tables.get(kind, [])
         return self._answer("state", list(rows))
 
     def logs(self, submission_id: str) -> str | None:

@@ -34,7 +34,7 @@ def test_a_mapped_team_runs_on_its_node_and_another_team_waits_rather_than_use_i
         inventory_ttl_s=0.5,
     )
     try:
-        cluster.start()
+        cluster.start(timeout_s=240)  # a loaded machine starts Ray slowly
         with TestClient(create_app(settings)) as client:
             nodes = client.get("/cluster").json()["nodes"]
             group_a = {n["id"] for n in nodes if n["group"] == "group-a"}

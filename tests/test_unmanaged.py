@@ -151,3 +151,30 @@ def test_cluster_lists_unmanaged_jobs_with_their_commands_for_admins_only(db_url
     assert seen["admin"][0]["entrypoint"] == "python3 steal.py --all"
     assert seen["member"][0]["entrypoint"] is None
     assert seen["member"][0]["resources"] == {"NPU": 4.0} and seen["member"][0]["id"] == "raw"
+
+
+def test_each_node_shows_its_address_and_who_holds_what_there(db_url: str) -> None:
+    settings = make_settings(db_url, "http://127.0.0.1:9", run_loops=False, auth="on")
+    ray = FakeRay(TWO_NODES)
+    ray.outside_job("r1", {"n1": {"NPU": 2.0}})  # the runs' jobs, as Ray reports them
+    ray.outside_job("r2", {"n1": {"NPU": 3.0}, "n2": {"NPU": 1.0}})
+    ray.outside_job("raw", {"n2": {"NPU": 4.0}})
+    with TestClient(create_app(settings)) as client:
+        services = client.app.state.services  # type: ignore[attr-defined]
+        client.app.state.services = replace(services, inventory=InventoryCache(ray, 0.0))  # type: ignore[attr-defined]
+        db = Database(db_url)
+        add_run(db, "r1", RunStatus.RUNNING, team="vision", name="ours")
+        add_run(db, "r2", RunStatus.RUNNING, team="nlp", name="theirs")
+        with db.transaction() as s:
+            member = create_token(s, "ann", "vision", "member")[1]
+        view = client.get("/cluster", headers={"Authorization": f"Bearer {member}"}).json()
+    nodes = {n["id"]: n for n in view["nodes"]}
+    assert nodes["n1"]["address"] == "10.0.0.1" and nodes["n1"]["hostname"] == "host-n1"
+    held = {(n, x["kind"], x["id"], x["name"], x["team"], x["resources"]["NPU"])
+            for n, node in nodes.items() for x in node["holders"]}  # fmt: skip
+    assert held == {
+        ("n1", "run", "r1", "ours", "vision", 2.0),
+        ("n1", "run", "r2", None, "nlp", 3.0),  # another team's run: no name
+        ("n2", "run", "r2", None, "nlp", 1.0),
+        ("n2", "unmanaged", "raw", None, None, 4.0),
+    }

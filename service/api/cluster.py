@@ -7,13 +7,14 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from sqlalchemy import select
 
-from service.api.auth import Viewer
+from service.api.auth import Principal, Viewer
 from service.api.deps import ServicesDep
 from service.recipes.base import PRIORITY_NAMES
 from service.scheduling import backlog
 from service.scheduling.admission import held_by_team, queue_order
 from service.scheduling.inventory import Inventory
-from service.scheduling.outside import unmanaged
+from service.scheduling.node_groups import NodeGroups
+from service.scheduling.outside import holders, unmanaged
 from service.store.models import Run, utcnow
 from service.wire import ClusterOut
 
@@ -52,6 +53,7 @@ def get_cluster(
             .order_by(Run.id)
         ).all()
         foreign = unmanaged(session, inventory.jobs) if inventory else []
+        held_on = holders(session, inventory.jobs, foreign) if inventory else {}
     by_id = {r.run.id: r for r in rows}
     order = queue_order([r.run for r in rows], held, inventory or Inventory(()), quotas)
     teams = {
@@ -61,11 +63,7 @@ def get_cluster(
     return {
         "truncated": len(active) > bound or len(order) > bound or len(foreign) > bound,
         "ray": {"ok": inventory is not None},
-        "nodes": [
-            n.as_dict() | {"group": groups.group_of_node(inventory, n.id)} for n in inventory.nodes
-        ]
-        if inventory
-        else [],
+        "nodes": _nodes(inventory, groups, held_on, principal) if inventory else [],
         "active": [
             {
                 "id": r.id,
@@ -97,3 +95,24 @@ def get_cluster(
         ],
         "team_nodes": dict(groups.teams),
     }
+
+
+def _nodes(
+    inventory: Inventory,
+    groups: NodeGroups,
+    held_on: dict[str, list[dict[str, Any]]],
+    principal: Principal,
+) -> list[dict[str, Any]]:
+    """Each node with its address, its node group and who holds what on it (Ray's report)."""
+    return [
+        n.as_dict()
+        | inventory.addresses.get(n.id, {})
+        | {
+            "group": groups.group_of_node(inventory, n.id),
+            "holders": [
+                x | {"name": x["name"] if x["team"] and principal.sees(x["team"]) else None}
+                for x in held_on.get(n.id, [])
+            ],
+        }
+        for n in inventory.nodes
+    ]

@@ -37,6 +37,8 @@ class Inventory:
     fetched_at: float = field(default_factory=time.time)
     # Every alive job on the cluster, the service's runs among them (see ``outside.unmanaged``).
     jobs: tuple[ClusterJob, ...] = ()
+    # Node id -> {"address": its IP, "hostname": ...} as Ray lists its nodes.
+    addresses: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @classmethod
     def from_cluster_status(cls, status: dict[str, Any]) -> Inventory:
@@ -75,6 +77,7 @@ class InventoryCache:
         self._value: Inventory | None = None
         # The jobs are re-read at most every ``ttl_s`` (three calls), however fresh the nodes.
         self._jobs: tuple[ClusterJob, ...] = ()
+        self._addresses: dict[str, dict[str, str]] = {}
         self._jobs_at = float("-inf")
         # A failed read is remembered as long, so a Ray outage does not stall every caller.
         self._failure: tuple[float, RayUnavailable | RayRejected] | None = None
@@ -98,8 +101,9 @@ class InventoryCache:
                 self._jobs_at = now
                 try:
                     self._jobs = tuple(outside.read(self.ray))
+                    self._addresses = outside.addresses(self.ray)
                 except (RayUnavailable, RayRejected, KeyError, TypeError, ValueError) as exc:
                     # The nodes are still good; the jobs known last stand until the next read.
                     log.warning("reading the jobs on the cluster failed: %r", exc)
-            self._value = replace(value, jobs=self._jobs)
+            self._value = replace(value, jobs=self._jobs, addresses=self._addresses)
             return self._value

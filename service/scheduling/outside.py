@@ -151,3 +151,47 @@ def read(ray: RayJobs) -> list[ClusterJob]:
     return from_state(
         ray.all_jobs(), ray.state("actors", "ALIVE"), ray.state("placement_groups", "CREATED")
     )
+
+
+def addresses(ray: RayJobs) -> dict[str, dict[str, str]]:
+    """Node id -> its ``address`` (IP) and ``hostname``, from Ray's list of alive nodes."""
+    return {
+        str(n["node_id"]): {
+            "address": str(n.get("node_ip") or ""),
+            "hostname": str(n.get("node_name") or ""),
+        }
+        for n in ray.state("nodes", "ALIVE")
+        if n.get("node_id")
+    }
+
+
+def holders(
+    session: Session, jobs: Iterable[ClusterJob], foreign: Iterable[ClusterJob]
+) -> dict[str, list[dict[str, Any]]]:
+    """Node id -> who holds what there, as Ray's state reports it: runs of the service (by
+    id, name and team) and jobs outside it."""
+    outside_ids = {j.id for j in foreign}
+    jobs = list(jobs)
+    ids = [j.id for j in jobs if j.id not in outside_ids]
+    runs = (
+        {
+            r.id: r
+            for r in session.execute(select(Run.id, Run.name, Run.team).where(Run.id.in_(ids)))
+        }
+        if ids
+        else {}
+    )
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for job in jobs:
+        run = runs.get(job.id)
+        for node, resources in job.held.items():
+            out[node].append(
+                {
+                    "kind": "run" if run else "unmanaged",
+                    "id": job.id,
+                    "name": run.name if run else None,
+                    "team": run.team if run else None,
+                    "resources": resources,
+                }
+            )
+    return dict(out)
