@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from service.app import create_app
+from service.cluster.ray_jobs import RayUnavailable
 from service.loops.submitter import Submitter
 from service.loops.unmanaged import UnmanagedJobs
 from service.scheduling.admission import Quotas, decide
@@ -178,3 +179,14 @@ def test_each_node_shows_its_address_and_who_holds_what_there(db_url: str) -> No
         ("n2", "run", "r2", None, "nlp", 1.0),
         ("n2", "unmanaged", "raw", None, None, 4.0),
     }
+
+
+def test_a_failed_read_of_the_jobs_keeps_the_nodes_and_the_jobs_known_last() -> None:
+    ray = FakeRay(TWO_NODES)
+    ray.outside_job("raw", {"n1": {"NPU": 4.0}})
+    cache = InventoryCache(ray, 0.0)
+    assert [j.id for j in cache.get().jobs] == ["raw"]
+    ray.fail("all_jobs", RayUnavailable("state API busy"))
+    again = cache.get()
+    assert len(again.nodes) == 2 and [j.id for j in again.jobs] == ["raw"]
+    assert again.addresses["n1"]["address"] == "10.0.0.1"

@@ -83,7 +83,10 @@ class InventoryCache:
         self._failure: tuple[float, RayUnavailable | RayRejected] | None = None
 
     def get(self, max_age_s: float | None = None) -> Inventory:
-        """The cached inventory, refreshed first if older than ``max_age_s`` (default ttl)."""
+        """The cached inventory, refreshed first if older than ``max_age_s`` (default ttl).
+
+        The jobs on the cluster are re-read at most every ``ttl_s``, by the one caller that
+        finds them due, outside the lock: the others go on with the jobs known last."""
         limit = self.ttl_s if max_age_s is None else max_age_s
         with self._lock:
             now = time.time()
@@ -97,13 +100,19 @@ class InventoryCache:
                 self._failure = (now, exc)
                 raise
             self._failure = None
-            if now - self._jobs_at > self.ttl_s:
-                self._jobs_at = now
-                try:
-                    self._jobs = tuple(outside.read(self.ray))
-                    self._addresses = outside.addresses(self.ray)
-                except (RayUnavailable, RayRejected, KeyError, TypeError, ValueError) as exc:
-                    # The nodes are still good; the jobs known last stand until the next read.
-                    log.warning("reading the jobs on the cluster failed: %r", exc)
             self._value = replace(value, jobs=self._jobs, addresses=self._addresses)
-            return self._value
+            due = now - self._jobs_at > self.ttl_s
+            if not due:
+                return self._value
+            self._jobs_at = now
+        try:
+            jobs, addresses = tuple(outside.read(self.ray)), outside.addresses(self.ray)
+        except (RayUnavailable, RayRejected, KeyError, TypeError, ValueError) as exc:
+            # The nodes are still good; the jobs known last stand until the next read.
+            log.warning("reading the jobs on the cluster failed: %r", exc)
+            return value if self._value is None else self._value
+        with self._lock:
+            self._jobs, self._addresses = jobs, addresses
+            if self._value is not None:
+                self._value = replace(self._value, jobs=jobs, addresses=addresses)
+            return replace(value, jobs=jobs, addresses=addresses)
