@@ -79,6 +79,7 @@ class InventoryCache:
         self._jobs: tuple[ClusterJob, ...] = ()
         self._addresses: dict[str, dict[str, str]] = {}
         self._jobs_at = float("-inf")
+        self._jobs_failing = False
         # A failed read is remembered as long, so a Ray outage does not stall every caller.
         self._failure: tuple[float, RayUnavailable | RayRejected] | None = None
 
@@ -108,10 +109,15 @@ class InventoryCache:
         try:
             jobs, addresses = tuple(outside.read(self.ray)), outside.addresses(self.ray)
         except (RayUnavailable, RayRejected, KeyError, TypeError, ValueError) as exc:
-            # The nodes are still good; the jobs known last stand until the next read.
-            log.warning("reading the jobs on the cluster failed: %r", exc)
+            # The nodes are still good; the jobs known last stand until the next read. Said
+            # once per run of failures, not every ``ttl_s``.
+            (log.debug if self._jobs_failing else log.warning)(
+                "reading the jobs on the cluster failed (the last known stand): %r", exc
+            )
+            self._jobs_failing = True
             return value if self._value is None else self._value
         with self._lock:
+            self._jobs_failing = False
             self._jobs, self._addresses = jobs, addresses
             if self._value is not None:
                 self._value = replace(self._value, jobs=jobs, addresses=addresses)
