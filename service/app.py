@@ -49,6 +49,7 @@ from service.loops.base import Loop
 from service.loops.follower import Follower
 from service.loops.reconciler import Reconciler
 from service.loops.submitter import Submitter
+from service.loops.unmanaged import UnmanagedJobs
 from service.loops.watchdog import Watchdog
 from service.metrics import store
 from service.metrics.broker import Broker
@@ -191,6 +192,7 @@ def build_services(settings: Settings, registry: RecipeRegistry, ray_address: st
             secrets,
             grant_url=settings.service_url,
             grant_ttl_s=settings.grant_ttl_s,
+            groups=backlog.node_groups(settings),
         )
         reconciler = Reconciler(
             db,
@@ -239,6 +241,12 @@ def build_services(settings: Settings, registry: RecipeRegistry, ray_address: st
             ),
             "watchdog": Loop("watchdog", watchdog.tick, settings.watchdog_interval_s, backoff),
             "follower": Loop("follower", follower.tick, settings.follow_interval_s, backoff),
+            "unmanaged": Loop(
+                "unmanaged",
+                UnmanagedJobs(db, ray, inventory, settings.stop_unmanaged_after_s).tick,
+                settings.reconcile_interval_s,
+                backoff,
+            ),
         }
     reads = ReadCache(db, settings.read_cache_s)
     oidc = OidcVerifier(settings) if settings.oidc_enabled else None

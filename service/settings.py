@@ -179,6 +179,12 @@ class Settings(BaseSettings):
     stuck_silent_s: float = 1800.0
     stop_stuck: bool = False
     watchdog_interval_s: float = 10.0
+    # Jobs on the cluster that are no runs of the service are stopped this long after Ray started
+    # them, each with an audit row (None: never; they are shown and counted all the same).
+    stop_unmanaged_after_s: float | None = Field(default=None, ge=0)
+    # Nodes per team: team -> node group, a Ray custom resource the group's nodes carry, e.g.
+    # RLRUN_TEAM_NODES='{"vision": "group-a", "*": "shared"}' ("*": every team not named).
+    team_nodes: dict[str, str] = Field(default_factory=dict)
 
     # Webhooks: where they may call besides public addresses (host names or CIDRs, comma
     # separated, e.g. "127.0.0.1/32,hooks.internal"), how often the outbox is read, how long

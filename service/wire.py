@@ -132,3 +132,62 @@ class RecipeOut(BaseModel):
     presets: list[str]
     # The JSON Schema of the recipe's run spec: fields, types, defaults, help (a form's source).
     spec_schema: dict[str, Any] = {}
+
+
+class HolderOut(BaseModel):
+    """Who holds what on a node, as Ray's state reports it (the placement groups and actors of
+    the holder's job)."""
+
+    kind: str = Field(description="run (of the service) or unmanaged (a job outside it)")
+    id: str
+    name: str | None = Field(description="the run's name; null for another team's run")
+    team: str | None
+    resources: dict[str, float]
+
+
+class NodeOut(BaseModel):
+    id: str
+    address: str | None = Field(default=None, description="the node's IP, as Ray lists it")
+    hostname: str | None = None
+    total: dict[str, float]
+    available: dict[str, float]
+    group: str | None = Field(
+        default=None, description="the node group it belongs to (RLRUN_TEAM_NODES), if any"
+    )
+    holders: list[HolderOut] = Field(default_factory=list)
+
+
+class UnmanagedJobOut(BaseModel):
+    """A job on the cluster that is no run of the service: sent straight to Ray's Jobs API
+    (``SUBMISSION``) or a script connected to the cluster (``DRIVER``). Its accelerators count
+    as taken in admission."""
+
+    id: str = Field(description="Ray's submission id, or a driver's Ray job id")
+    type: str = Field(description="SUBMISSION or DRIVER")
+    status: str
+    entrypoint: str | None = Field(
+        description="the command's head: cut short, control characters and the values of "
+        "NAME=value words removed; admins only (null to others)"
+    )
+    start_time_ms: int | None = Field(description="when Ray started it (ms since the epoch)")
+    resources: dict[str, float] = Field(
+        description="what it holds in all: its placement groups' bundles and its live actors "
+        "outside them (a submission's entrypoint resources among them)"
+    )
+    nodes: dict[str, dict[str, float]] = Field(description="node id -> what it holds there")
+
+
+class ClusterOut(BaseModel):
+    truncated: bool
+    ray: dict[str, bool]
+    nodes: list[NodeOut]
+    active: list[dict[str, Any]]
+    teams: dict[str, dict[str, int | None]]
+    queue: list[dict[str, Any]]
+    unmanaged: list[UnmanagedJobOut] = Field(
+        description="jobs on the cluster that are no runs of the service"
+    )
+    team_nodes: dict[str, str] = Field(
+        description="team -> node group its runs are placed on ('*': every team not named); "
+        "teams not mapped share the nodes of no mapped group"
+    )

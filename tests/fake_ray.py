@@ -1,9 +1,10 @@
 """The Ray Jobs client in memory, for unit tests of the loops: no Ray, scriptable answers.
 
 It has what the loops and the inventory use of ``RayJobs`` (submit, get, list_jobs, stop, logs,
-cluster_status, version, package_uri, close). A test sets a job's status (``set_status``), its
-log (``log``), the nodes (``nodes``) and failures (``fail``: the next calls of a method raise),
-and reads back what was asked (``submitted``, ``stopped``).
+cluster_status, version, package_uri, close, all_jobs, state). A test sets a job's status
+(``set_status``), its log (``log``), the nodes (``nodes``), jobs submitted outside the service
+(``outside_job``) and failures (``fail``: the next calls of a method raise), and reads back what
+was asked (``submitted``, ``stopped``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ class FakeRay(RayJobs):
         # A stop ends the job at once (as if it exited within its grace period).
         self.stop_ends_job = True
         self._failures: dict[str, list[Exception]] = defaultdict(list)
+        # Ray's state API rows: alive actors and created placement groups.
+        self.actors: list[dict[str, Any]] = []
+        self.placement_groups: list[dict[str, Any]] = []
+        self.drivers: list[dict[str, Any]] = []
+        self.entrypoints: dict[str, str] = {}
 
     def fail(self, method: str, exc: Exception, times: int = 1) -> None:
         """The next ``times`` calls of ``method`` raise ``exc``."""
@@ -59,7 +65,10 @@ class FakeRay(RayJobs):
         fresh = submission_id not in self.jobs  # else Ray's "already exists"
         if fresh:
             job = {"submission_id": submission_id, "entrypoint": entrypoint}
-            self.submitted.append(job | {"runtime_env": runtime_env})
+            resources = __.get("entrypoint_resources")
+            self.submitted.append(
+                job | {"runtime_env": runtime_env, "entrypoint_resources": resources}
+            )
             self.set_status(submission_id, "PENDING")
         return fresh
 
@@ -88,6 +97,56 @@ class FakeRay(RayJobs):
         if running and self.stop_ends_job:
             self.set_status(submission_id, "STOPPED")
         return running
+
+    def outside_job(
+        self,
+        job_id: str,
+        held: dict[str, dict[str, float]],
+        kind: str = "SUBMISSION",
+        entrypoint: str = "python3 job.py",
+        start_time_ms: int | None = None,
+    ) -> None:
+        """A job sent straight to Ray (or a driver that connected), holding ``held`` (node ->
+        resources) in a supervisor actor per node, as Ray's state API shows it."""
+        self.entrypoints[job_id] = entrypoint
+        if kind == "SUBMISSION":
+            self.jobs[job_id] = JobInfo(job_id, "RUNNING", None, None, None, start_time_ms, None)
+            actor = f"_ray_internal_job_actor_{job_id}"
+        else:
+            self.drivers.append(
+                {"type": "DRIVER", "job_id": job_id, "status": "RUNNING", "entrypoint": entrypoint}
+            )
+            actor = "worker"
+        for node, resources in held.items():
+            self.actors.append(
+                {"name": actor, "job_id": job_id, "node_id": node, "required_resources": resources}
+            )
+        for node, resources in held.items():
+            for name, amount in resources.items():
+                self.used[node][name] = self.used[node].get(name, 0.0) + amount
+
+    def all_jobs(self) -> list[dict[str, Any]]:
+        submissions = [
+            {
+                "type": "SUBMISSION",
+                "submission_id": j.submission_id,
+                "job_id": j.submission_id,
+                "status": j.status,
+                "entrypoint": self.entrypoints.get(j.submission_id, "python3 run.py"),
+                "start_time": j.start_time_ms,
+            }
+            for j in self.jobs.values()
+        ]
+        return self._answer("all_jobs", submissions + self.drivers)
+
+    def state(self, kind: str, state: str) -> list[dict[str, Any]]:
+        nodes = [
+            {"node_id": n, "node_ip": f"10.0.0.{i + 1}", "node_name": f"host-{n}"}
+            for i, n in enumerate(self.nodes)
+        ]
+        tables = {"actors": self.actors, "placement_groups": self.placement_groups, "nodes": nodes}
+        rows = tables.get(kind, [])
+        return self._answer("state", list(rows))
 
     def logs(self, submission_id: str) -> str | None:
         return self._answer("logs", self.log.get(submission_id))

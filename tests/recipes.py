@@ -45,6 +45,18 @@ print("script run", name, "placed", len(bundles), "groups", flush=True)
     + _RUN
 )
 
+# With `stop_job_url`: the job first stops another job through Ray's Jobs REST API, as any code
+# on the cluster can (`python3 -c STOP_SCRIPT name seconds exit_code message url`).
+STOP_SCRIPT = (
+    _ARGS
+    + """
+import urllib.request
+with urllib.request.urlopen(urllib.request.Request(sys.argv[5], method="POST"), timeout=30) as r:
+    print("script run", name, "stopped another job:", r.status, r.read().decode(), flush=True)
+"""
+    + _RUN
+)
+
 
 class GroupSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -62,6 +74,8 @@ class ScriptSpec(RunSpec):
     message: str = ""
     npus: int = Field(default=0, ge=0, le=64)
     groups: list[GroupSpec] = Field(default_factory=list, max_length=8)
+    # `<dashboard>/api/jobs/<id>/stop`: a job that stops another one behind the service's back.
+    stop_job_url: str = ""
 
 
 class ScriptRecipe:
@@ -77,6 +91,8 @@ class ScriptRecipe:
         if spec.groups:
             return self._with_groups(spec, args)
         argv = ["python3", "-c", SCRIPT, *args]
+        if spec.stop_job_url:
+            argv = ["python3", "-c", STOP_SCRIPT, *args, spec.stop_job_url]
         groups = (Group("job", spec.npus, 0.0, size_field="npus"),) if spec.npus else ()
         return Launch(
             argv=argv,

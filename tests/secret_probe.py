@@ -8,8 +8,9 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from service.recipes.base import Launch, LaunchContext, ResourceShape, RunSpec
+from service.recipes.base import Launch, LaunchContext, RunSpec
 from service.recipes.registry import RecipeRegistry
+from service.scheduling.shape import ResourceShape
 
 SCRIPT = """
 import hashlib, os, sys

@@ -308,7 +308,6 @@ def test_cluster_view_shows_nodes_holders_quotas_and_the_queue_reason(
     assert reason.startswith("quota")
     assert "capped" in page.locator("#teams").inner_text()
     assert "free" in page.locator("#cluster").inner_text()  # the header's summary
-    shot(page, "dashboard-cluster.png")
     # The waiting run's page says why it waits; cancelling asks first.
     page.goto(f"{live.url}/ui/#/runs/{live.waiting}")
     page.locator("#run-queue:not([hidden])").wait_for()

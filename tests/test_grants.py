@@ -16,7 +16,8 @@ from jobs import grant as job_grant
 from jobs.verl_launch import EXIT_FAILED
 from jobs.verl_launch import __main__ as verl_launch
 from service.app import create_app
-from service.recipes.base import Launch, ResourceShape
+from service.recipes.base import Launch
+from service.scheduling.shape import ResourceShape
 from service.store import audit, grants
 from service.store.db import Database
 from service.store.status import RunStatus

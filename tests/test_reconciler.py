@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import select
 
 from service.cluster.ray_jobs import RayUnavailable
 from service.loops.reconciler import Reconciler
 from service.store.db import Database
 from service.store.lifecycle import request_stop
-from service.store.models import Run
+from service.store.models import AuditEntry, Run
 from service.store.status import RunStatus
 from tests.factories import add_run, read_run
 from tests.fake_ray import FakeRay
@@ -85,3 +86,34 @@ def test_ray_unavailable_changes_nothing(db: Database) -> None:
     with pytest.raises(RayUnavailable):
         Reconciler(db, ray).tick()
     assert status_and_reasons(db) == ("RUNNING", [])
+
+
+def audit_actions(db: Database) -> list[tuple[str, str, str | None, str | None]]:
+    with db.transaction() as s:
+        rows = s.scalars(select(AuditEntry).order_by(AuditEntry.id))
+        return [(a.user, a.action, a.run_id, a.target) for a in rows]
+
+
+def test_a_stop_the_service_never_asked_for_is_recorded_as_made_outside(db: Database) -> None:
+    ray = FakeRay()
+    add_run(db, "r1", RunStatus.RUNNING, team="vision")
+    ray.set_status("r1", "STOPPED")
+    Reconciler(db, ray).tick()
+    run, reasons = read_run(db)
+    assert run.status == "STOPPED" and run.health == "stopped_outside"
+    assert reasons[0].startswith("stopped outside rlrun: ")
+    assert "stopped outside rlrun" in (run.health_reason or "")
+    assert audit_actions(db) == [("ray-cluster", "run.stopped_outside", "r1", "vision")]
+
+
+def test_a_stop_the_service_asked_for_is_no_stop_outside(db: Database) -> None:
+    ray = FakeRay()
+    add_run(db, "r1", RunStatus.RUNNING)
+    ray.set_status("r1", "RUNNING")
+    with db.transaction() as s:
+        run = s.get(Run, "r1")
+        assert run is not None and request_stop(s, run, "cancelled")
+    Reconciler(db, ray).tick()
+    run, reasons = read_run(db)
+    assert run.status == "STOPPED" and run.health == "ok"
+    assert not any("outside" in r for r in reasons) and audit_actions(db) == []

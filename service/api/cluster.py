@@ -7,18 +7,21 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from sqlalchemy import select
 
-from service.api.auth import Viewer
+from service.api.auth import Principal, Viewer
 from service.api.deps import ServicesDep
 from service.scheduling import backlog
 from service.scheduling.admission import held_by_team, queue_order
 from service.scheduling.inventory import Inventory
+from service.scheduling.node_groups import NodeGroups
+from service.scheduling.outside import holders, unmanaged
 from service.scheduling.priority import PRIORITY_NAMES
 from service.store.models import Run, utcnow
+from service.wire import ClusterOut
 
 router = APIRouter(tags=["cluster"])
 
 
-@router.get("/cluster")
+@router.get("/cluster", response_model=ClusterOut)
 def get_cluster(
     services: ServicesDep,
     principal: Viewer,
@@ -29,7 +32,9 @@ def get_cluster(
     """The queue in admission's order; each reason is the one the submitter stored with the run
     (``queue_reason``; null until a round has considered it). Nothing is decided here.
     Another team's runs show without their names to a non-admin; ``active`` and ``queue`` are
-    cut at ``limit`` rows (at most the configured bound), ``truncated`` says when."""
+    cut at ``limit`` rows (at most the configured bound), ``truncated`` says when.
+    ``unmanaged``: the jobs on the cluster that are no runs of the service, their commands
+    shown to admins only."""
     bound = min(limit or services.settings.cluster_list_limit, services.settings.cluster_list_limit)
 
     def name(team: str, value: str) -> str | None:
@@ -38,6 +43,7 @@ def get_cluster(
     inventory = services.cluster()
     now = utcnow()
     quotas = backlog.quotas(services.settings)
+    groups = backlog.node_groups(services.settings)
     with services.db.read() as session:
         rows = backlog.queued(session, now)
         held = backlog.held(session, now, inventory.fetched_at if inventory else now.timestamp())
@@ -46,6 +52,8 @@ def get_cluster(
             .where(backlog.is_held(now))
             .order_by(Run.id)
         ).all()
+        foreign = unmanaged(session, inventory.jobs) if inventory else []
+        held_on = holders(session, inventory.jobs, foreign) if inventory else {}
     by_id = {r.run.id: r for r in rows}
     order = queue_order([r.run for r in rows], held, inventory or Inventory(()), quotas)
     teams = {
@@ -53,9 +61,9 @@ def get_cluster(
         for team, used in sorted(held_by_team(held).items())
     }
     return {
-        "truncated": len(active) > bound or len(order) > bound,
+        "truncated": len(active) > bound or len(order) > bound or len(foreign) > bound,
         "ray": {"ok": inventory is not None},
-        "nodes": [n.as_dict() for n in inventory.nodes] if inventory else [],
+        "nodes": _nodes(inventory, groups, held_on, principal) if inventory else [],
         "active": [
             {
                 "id": r.id,
@@ -81,4 +89,30 @@ def get_cluster(
             }
             for position, run in enumerate(order[:bound])
         ],
+        "unmanaged": [
+            j.as_dict() | {"entrypoint": j.entrypoint if principal.role == "admin" else None}
+            for j in foreign[:bound]
+        ],
+        "team_nodes": dict(groups.teams),
     }
+
+
+def _nodes(
+    inventory: Inventory,
+    groups: NodeGroups,
+    held_on: dict[str, list[dict[str, Any]]],
+    principal: Principal,
+) -> list[dict[str, Any]]:
+    """Each node with its address, its node group and who holds what on it (Ray's report)."""
+    return [
+        n.as_dict()
+        | inventory.addresses.get(n.id, {})
+        | {
+            "group": groups.group_of_node(inventory, n.id),
+            "holders": [
+                x | {"name": x["name"] if x["team"] and principal.sees(x["team"]) else None}
+                for x in held_on.get(n.id, [])
+            ],
+        }
+        for n in inventory.nodes
+    ]

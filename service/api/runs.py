@@ -97,14 +97,16 @@ def create_run(
     _check_secrets(services.secrets, spec.team, spec.secrets)
     _check_priority(services.settings, principal, spec.team, spec.priority)
     quotas = backlog.quotas(services.settings)
+    groups = backlog.node_groups(services.settings)
     inventory = services.cluster()
     refusal = None
     if inventory is not None:
-        refusal = never_fits(launch.shape, inventory, spec.team, quotas.of(spec.team))
+        mine = groups.view(inventory, spec.team)  # a team mapped to nodes: only those
+        refusal = never_fits(launch.shape, mine, spec.team, quotas.of(spec.team))
     if dry_run:
         candidate = QueuedRun(run_id, spec.team, PRIORITIES[spec.priority], launch.shape)
         with db.read() as session:
-            plan = backlog.plan(session, inventory, candidate, quotas, utcnow())
+            plan = backlog.plan(session, inventory, candidate, quotas, utcnow(), groups)
         if refusal:
             plan |= {
                 "feasible_ever": False,

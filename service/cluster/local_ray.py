@@ -45,8 +45,11 @@ class LocalRayCluster:
         port: int | None = None,
         dashboard_port: int | None = None,
         state_dir: str | Path | None = None,
+        custom_resources: list[dict[str, float]] | None = None,
     ) -> None:
         self.npus_per_node = npus_per_node
+        # More resources per node (e.g. a node group's, see scheduling.node_groups).
+        self.custom_resources = custom_resources or [{} for _ in npus_per_node]
         self.cpus_per_node = cpus_per_node
         # Ray's socket paths must stay short; a temp dir under /tmp keeps them so.
         self._owns_dir = base_dir is None
@@ -73,11 +76,15 @@ class LocalRayCluster:
             "--node-ip-address=127.0.0.1",
             f"--temp-dir={temp_dir}",
             f"--num-cpus={self.cpus_per_node}",
-            f"--resources={json.dumps({'NPU': self.npus_per_node[index]})}",
+            f"--resources={json.dumps(self._resources(index))}",
             f"--dashboard-agent-listen-port={self.port + 10 + index}",
             f"--object-store-memory={256 * 1024 * 1024}",
             "--disable-usage-stats",
         ]
+
+    def _resources(self, index: int) -> dict[str, float]:
+        extra = self.custom_resources[index] if index < len(self.custom_resources) else {}
+        return {"NPU": self.npus_per_node[index], **extra}
 
     def _spawn(self, args: list[str], index: int) -> None:
         ray = Path(sys.executable).with_name("ray")

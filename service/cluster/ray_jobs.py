@@ -143,6 +143,28 @@ class RayJobs:
         data = self._check(self._request("GET", "/api/jobs/")).json()
         return [JobInfo.from_json(j) for j in data if j.get("type") == "SUBMISSION"]
 
+    def all_jobs(self) -> list[dict[str, Any]]:
+        """Every job Ray knows, as it lists them (``SUBMISSION`` and ``DRIVER``)."""
+        data: list[dict[str, Any]] = self._check(self._request("GET", "/api/jobs/")).json()
+        return data
+
+    # The most rows one call of Ray's state API answers (its own upper bound).
+    STATE_LIMIT = 10_000
+
+    def state(self, kind: str, state: str) -> list[dict[str, Any]]:
+        """Ray's state API, detailed: ``kind`` ("actors", "placement_groups", "nodes") in one
+        ``state`` ("ALIVE", "CREATED")."""
+        params = {
+            "detail": "true",
+            "limit": str(self.STATE_LIMIT),
+            "filter_keys": "state",
+            "filter_predicates": "=",
+            "filter_values": state,
+        }
+        body = self._check(self._request("GET", f"/api/v0/{kind}", params=params)).json()
+        rows: list[dict[str, Any]] = body["data"]["result"]["result"]
+        return rows
+
     def stop(self, submission_id: str) -> bool:
         data = self._known("POST", f"/api/jobs/{submission_id}/stop")
         return bool(data and data.get("stopped", False))

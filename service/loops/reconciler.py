@@ -1,7 +1,10 @@
 """The reconciler: polls Ray for every active run and records what Ray says.
 
 It also delivers stop requests. A run Ray no longer knows (404) is LOST: Ray keeps no durable
-state, so after a head restart our database is the only record of it.
+state, so after a head restart our database is the only record of it. A job Ray reports STOPPED
+that the service never asked to stop (no stop request: not a cancel, not the watchdog) was
+stopped outside the service, e.g. by another job through Ray's Jobs API: the run says so in its
+event and health, and the audit trail has a row with the cluster as the actor.
 
 Each run is read on its own: a Ray error for one run (a 500, a timeout) puts that run alone on a
 backoff and, once it persists, into health ``ray_error`` saying why; the others go on. When every
@@ -23,6 +26,7 @@ from sqlalchemy.orm import Session
 
 from service.backoff import Backoff
 from service.cluster.ray_jobs import JobInfo, RayJobs, RayRejected, RayUnavailable, stop_job
+from service.store import audit
 from service.store.db import Database
 from service.store.lifecycle import set_health, transition
 from service.store.models import Run
@@ -132,7 +136,34 @@ def apply(session: Session, run: Run, info: JobInfo | None) -> None:
     target = _RAY_TO_RUN.get(info.status)
     if target is None or target == run.status:
         return
+    if target is RunStatus.STOPPED and run.stop_requested_at is None:
+        stopped_outside(session, run)
+        return
     transition(session, run, target, _reason(info))
+
+
+STOPPED_OUTSIDE = "stopped outside rlrun"
+# Who audit rows name for what the service saw happen on the cluster.
+CLUSTER_USER, CLUSTER_ROLE = "ray-cluster", "cluster"
+
+
+def stopped_outside(session: Session, run: Run) -> None:
+    """End a run whose job someone stopped on Ray without the service asking: event, health
+    and an audit row, all in the reconciler's transaction."""
+    why = "Ray reports the job STOPPED, but the service never asked to stop it"
+    transition(session, run, RunStatus.STOPPED, f"{STOPPED_OUTSIDE}: {why}")
+    set_health(session, run, "stopped_outside", f"{STOPPED_OUTSIDE} ({why})")
+    audit.record(
+        session,
+        user=CLUSTER_USER,
+        team=None,
+        role=CLUSTER_ROLE,
+        token_id=None,
+        action="run.stopped_outside",
+        client=None,
+        run_id=run.id,
+        target=run.team,
+    )
 
 
 def _reason(info: JobInfo) -> str:

@@ -23,8 +23,9 @@ from jobs import grant as job_grant
 from service.client import DEFAULT_URL
 from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable, stop_job, zip_files
 from service.scheduling import backlog
-from service.scheduling.admission import Quotas, decide
+from service.scheduling.admission import Quotas
 from service.scheduling.inventory import Inventory, InventoryCache
+from service.scheduling.node_groups import NodeGroups, decide_grouped
 from service.store import grants
 from service.store.db import Database
 from service.store.lifecycle import transition
@@ -47,6 +48,7 @@ class Submitter:
     secrets: SecretStore = field(default_factory=lambda: SecretStore(None))
     grant_url: str = DEFAULT_URL  # where the job redeems its grant
     grant_ttl_s: float = 3600.0
+    groups: NodeGroups = field(default_factory=NodeGroups)
 
     def tick(self) -> None:
         # Always a fresh read: a run that just ended must not wait for a cache to expire.
@@ -65,7 +67,10 @@ class Submitter:
         if not rows:
             return []
         held = backlog.held(session, now, inventory.fetched_at)
-        decision = decide([r.run for r in rows], held, inventory, self.quotas, self.batch)
+        outside = backlog.outside_jobs(session, inventory)
+        decision = decide_grouped(
+            self.groups, [r.run for r in rows], held, inventory, self.quotas, self.batch, outside
+        )
         admitted = set(decision.admit)
         out = []
         for row in rows:
@@ -122,7 +127,12 @@ class Submitter:
                 runtime_env=runtime_env,
                 metadata={"rlrun_run_id": run.id},
                 entrypoint_num_cpus=launch.get("entrypoint_num_cpus", 0.0),
-                entrypoint_resources=launch.get("entrypoint_resources") or None,
+                # A team mapped to a node group: its driver starts on the group's nodes.
+                entrypoint_resources={
+                    **(launch.get("entrypoint_resources") or {}),
+                    **self.groups.pin(run.team),
+                }
+                or None,
             )
         except RayRejected as exc:
             # Ray's message may quote the runtime env: the grant is not kept from it.

@@ -4,7 +4,8 @@
   once. The free resources per node are what Ray reports available (so usage outside the
   service counts too) minus the runs admitted recently enough that Ray may not show them yet
   ("unsettled"; Ray's "available" lags). On top, the service's own account must agree: the
-  cluster's totals minus everything admitted and not yet ended, whatever Ray says.
+  cluster's totals minus everything admitted and not yet ended and minus what jobs outside the
+  service hold (``outside``), whatever Ray says.
 - **Order.** Priority class first (high, normal, low); within a class, teams take turns by how
   far below their share they are (accelerators held, plus those of runs already ahead in the
   queue, divided by the team's quota or, without one, the cluster's accelerators); each team's
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict, deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from service.scheduling.fit import on_empty_cluster
@@ -74,12 +75,15 @@ def decide(
     inventory: Inventory,
     quotas: Quotas,
     limit: int | None = None,
+    outside: Mapping[str, float] | None = None,
 ) -> Decision:
-    """Decide one round. ``queued`` is first in, first out; ``held`` in admission order."""
+    """Decide one round. ``queued`` is first in, first out; ``held`` in admission order;
+    ``outside``: resources that jobs which are no runs of the service hold."""
     ever = on_empty_cluster(inventory)
     totals = ever.pool
     free = Pool.of(inventory.available())
-    account = {r: inventory.sum(r) for r in ACCOUNTED}
+    outside = outside or {}
+    account = {r: inventory.sum(r) - outside.get(r, 0.0) for r in ACCOUNTED}
     team_used = held_by_team(held)
     for h in held:
         _charge(account, h.shape)
@@ -120,7 +124,7 @@ def decide(
             continue
         if head is None:
             head = run
-            decision.reasons[run.id] = _capacity_reason(shape, free, inventory, account)
+            decision.reasons[run.id] = _capacity_reason(shape, free, inventory, account, outside)
             # Reserve the nodes the head will use (the freest first), so backfill cannot delay it.
             unreserved = Fitter(free.copy())
             freest = totals.ordered([-r.get(shape.accelerator, 0.0) for r in free.free])
@@ -130,7 +134,7 @@ def decide(
         elif in_account and unreserved is not None and unreserved.fit(shape) is not None:
             decision.reasons[run.id] = _behind(head, run)
         else:
-            decision.reasons[run.id] = _capacity_reason(shape, free, inventory, account)
+            decision.reasons[run.id] = _capacity_reason(shape, free, inventory, account, outside)
     return decision
 
 
@@ -211,15 +215,23 @@ def _behind(head: QueuedRun, run: QueuedRun) -> str:
 
 
 def _capacity_reason(
-    shape: ResourceShape, free: Pool, inventory: Inventory, account: dict[str, float]
+    shape: ResourceShape,
+    free: Pool,
+    inventory: Inventory,
+    account: dict[str, float],
+    outside: Mapping[str, float],
 ) -> str:
     acc = shape.accelerator
     need = describe_groups(sorted((g.accelerators for g in shape.groups), reverse=True), acc)
     short = [r for r, n in _demand(shape).items() if account[r] + EPS < n]
     if short:
         r = short[0]
-        held = inventory.sum(r) - account[r]
-        return f"capacity: needs {need}; admitted runs hold {held:g} of {inventory.sum(r):g} {r}"
+        held = inventory.sum(r) - account[r] - outside.get(r, 0.0)
+        others = f" and jobs outside rlrun hold {outside[r]:g}" if outside.get(r) else ""
+        return (
+            f"capacity: needs {need}; admitted runs hold {held:g}{others} "
+            f"of {inventory.sum(r):g} {r}"
+        )
     return f"capacity: needs {need}; largest free: {free.largest(acc):g} {acc} on one node"
 
 

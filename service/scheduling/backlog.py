@@ -9,9 +9,11 @@ from typing import Any
 from sqlalchemy import ColumnElement, or_, select, text
 from sqlalchemy.orm import Session
 
-from service.scheduling.admission import HeldRun, QueuedRun, Quotas, decide
+from service.scheduling.admission import HeldRun, QueuedRun, Quotas
 from service.scheduling.fit import on_empty_cluster
 from service.scheduling.inventory import Inventory
+from service.scheduling.node_groups import NodeGroups, decide_grouped
+from service.scheduling.outside import ClusterJob, unmanaged
 from service.scheduling.shape import ResourceShape
 from service.settings import Settings
 from service.store.models import Run
@@ -103,12 +105,22 @@ def held(session: Session, now: datetime, inventory_at: float) -> list[HeldRun]:
     ]
 
 
+def node_groups(settings: Settings) -> NodeGroups:
+    return NodeGroups(dict(settings.team_nodes))
+
+
+def outside_jobs(session: Session, inventory: Inventory) -> list[ClusterJob]:
+    """The jobs on the cluster that are no runs of the service."""
+    return unmanaged(session, inventory.jobs) if inventory.jobs else []
+
+
 def plan(
     session: Session,
     inventory: Inventory | None,
     candidate: QueuedRun,
     quotas: Quotas,
     now: datetime,
+    groups: NodeGroups | None = None,
 ) -> dict[str, Any]:
     """What admission would do with ``candidate`` if it joined the queue now (a dry run)."""
     rows = queued(session, now)
@@ -118,8 +130,13 @@ def plan(
     else:
         warning = []
     held_runs = held(session, now, inventory.fetched_at)
-    decision = decide([*(r.run for r in rows), candidate], held_runs, inventory, quotas)
-    ever = on_empty_cluster(inventory).fit(candidate.shape) if inventory.nodes else None
+    groups = groups or NodeGroups()
+    outside = outside_jobs(session, inventory)
+    queue = [*(r.run for r in rows), candidate]
+    decision = decide_grouped(groups, queue, held_runs, inventory, quotas, outside=outside)
+    # A team mapped to a node group plans on that group's nodes only.
+    mine = groups.view(inventory, candidate.team)
+    ever = on_empty_cluster(mine).fit(candidate.shape) if inventory.nodes else None
     placement = decision.placements.get(candidate.id) or ever
     reason = decision.reasons.get(candidate.id)
     return {
@@ -127,10 +144,11 @@ def plan(
         "feasible_now": candidate.id in decision.admit,
         "placement": placement.as_list() if placement else [],
         "totals": {
-            "cluster": {r: inventory.sum(r) for r in ("NPU", "GPU", "CPU", "memory")},
+            "cluster": {r: mine.sum(r) for r in ("NPU", "GPU", "CPU", "memory")},
             "run": candidate.shape.as_dict(),
         },
         "queue_position": decision.order.index(candidate.id),
         "reasons": [reason] if reason and inventory.nodes else [],
         "warnings": warning,
+        "node_group": groups.group_of(candidate.team) if groups else None,
     }

@@ -34,12 +34,14 @@ ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {
 
 # A run's health beside its status: Ray says RUNNING even while a placement group waits forever;
 # health is how the service says what Ray does not.
-Health = Literal["ok", "stuck", "stalled", "nan", "reward_collapse", "ray_error"]
+Health = Literal["ok", "stuck", "stalled", "nan", "reward_collapse", "ray_error", "stopped_outside"]
 # Three checks share ``runs.health``: the reconciler (``ray_error``: Ray cannot answer for the
 # run), the watchdog (``stuck``: Ray does not run it, or it prints
 # nothing) and the metric checks (``nan`` over ``reward_collapse`` over ``stalled``: it runs but
 # does not learn). Each changes a run's health only from "ok" or one of its own names, so the
-# first flag raised holds until the check that raised it clears it.
+# first flag raised holds until the check that raised it clears it. ``stopped_outside`` (the job
+# was stopped on Ray, not by the service) is the reconciler's last word on a run that has ended:
+# it replaces any other health.
 WATCHDOG_HEALTH: frozenset[Health] = frozenset({"ok", "stuck"})
 METRIC_HEALTH: frozenset[Health] = frozenset({"ok", "nan", "reward_collapse", "stalled"})
 RECONCILER_HEALTH: frozenset[Health] = frozenset({"ok", "ray_error"})
