@@ -10,8 +10,9 @@ For each N the service runs in a child process (``rlrun``'s app under uvicorn, l
 stand-in for Ray (``SyntheticRay``: N jobs RUNNING, each printing a verl-shaped metric line
 every ``--period`` s, with its print time as the value ``bench/printed_at``, among non-metric
 lines). The parent attaches one SSE client to ``/runs/{id}/events`` per run and measures over
-``--seconds`` s: the service's CPU (% of one core, from /proc), its RSS, and print → client
-latency (p50, p95, max) of every metric event received. What the service does per run is what it
+``--seconds`` s: the service's CPU (% of one core, from /proc), its RSS, print → client latency
+(p50, p95, max) of every metric event received, and the follower's time per tick (interval
+included, from /metrics). What the service does per run is what it
 does for a real job, less the tail stream's socket and thread (the stand-in has none).
 
 ``--replicas 2`` (PostgreSQL): two service processes share the runs through the follower
@@ -215,11 +216,13 @@ class Clients:
                 await asyncio.sleep(0.2)
             await asyncio.sleep(warmup_s)
             rss0, cpu0, t0 = service.rss_mb(), service.cpu_s(), time.monotonic()
+            ticks0 = (await _gauges(client, service.url))["ticks"]
             self.measuring = True
             await asyncio.sleep(seconds)
             self.measuring = False
             cpu, elapsed = service.cpu_s() - cpu0, time.monotonic() - t0
             rss = service.rss_mb()
+            ticks = (await _gauges(client, service.url))["ticks"] - ticks0
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -233,7 +236,19 @@ class Clients:
             "max_s": round(lat[-1], 2),
             "rss_mb": round(rss),
             "rss_growth_mb": round(rss - rss0),
+            "tick_s": round(elapsed / ticks, 2) if ticks else float("inf"),
         }
+
+
+async def _gauges(client: httpx.AsyncClient, url: str) -> dict[str, float]:
+    """The follower's ticks so far, from the service's /metrics."""
+    text = (await client.get(f"{url}/metrics")).text
+    ticks = next(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith('rlrun_loop_ticks_total{loop="follower"}')
+    )
+    return {"ticks": ticks}
 
 
 def one_replica(runs: int, period: float, warmup_s: float, seconds: float) -> dict[str, Any]:
@@ -269,7 +284,7 @@ def main() -> None:
         rows.append(one_replica(n, args.period, args.warmup, args.seconds))
         print(rows[-1], flush=True)
     print(f"\nruns followed by one replica, a step a run every {args.period} s, one client each")
-    header = ["runs", "cpu_pct", "p50_s", "p95_s", "max_s", "rss_mb", "events"]
+    header = ["runs", "cpu_pct", "p50_s", "p95_s", "max_s", "tick_s", "rss_mb", "events"]
     print(" | ".join(f"{h:>8}" for h in header))
     for row in rows:
         print(" | ".join(f"{row[h]:>8}" for h in header))
