@@ -95,7 +95,7 @@ def test_a_run_taken_over_between_read_and_store_is_left_and_its_batch_is_stored
     f = Follower(db, ray, "one", 30, 100_000, HealthRules(), reader=Stealing(ray))
     f.tick()
     with db.read() as s:
-        offsets = dict(s.execute(select(RunLog.run_id, RunLog.log_offset)).tuples().all())
+        offsets = dict(s.execute(select(RunLog.run_id, RunLog.log_offset)).all())
     assert offsets.pop(stolen) == 0
     assert set(offsets.values()) == {len("step:1 - a:1\n")}
 
@@ -109,9 +109,7 @@ def test_a_replica_starts_following_at_most_claim_new_unheld_runs_a_tick(db: Dat
     one.tick()
     with db.read() as s:
         owners = dict(
-            s.execute(select(RunLog.lease_owner, func.count()).group_by(RunLog.lease_owner))
-            .tuples()
-            .all()
+            s.execute(select(RunLog.lease_owner, func.count()).group_by(RunLog.lease_owner)).all()
         )
     assert owners == {"one": 15, "two": 10}
 

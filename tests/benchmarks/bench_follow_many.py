@@ -4,7 +4,7 @@ Run from the repo root:
     PYTHONPATH=$PWD python tests/benchmarks/bench_follow_many.py [--runs 50,100,250,500]
     PYTHONPATH=$PWD python tests/benchmarks/bench_follow_many.py --quick
     PYTHONPATH=$PWD python tests/benchmarks/bench_follow_many.py --replicas 2 --runs 1000 \
-        --db postgresql+psycopg://postgres@127.0.0.1:5432/some_empty_db
+        --period 10 [--lease 15] [--quick]
 
 For each N the service runs in a child process (``rlrun``'s app under uvicorn, loops on) on a
 stand-in for Ray (``SyntheticRay``: N jobs RUNNING, each printing a verl-shaped metric line
@@ -15,9 +15,11 @@ lines). The parent attaches one SSE client to ``/runs/{id}/events`` per run and 
 included, from /metrics). What the service does per run is what it
 does for a real job, less the tail stream's socket and thread (the stand-in has none).
 
-``--replicas 2`` (PostgreSQL): two service processes share the runs through the follower
-leases; each run's log is read exactly once (points stored = lines printed), then one replica is
-killed (SIGKILL) and the time until the other holds all its runs is printed (bound: the lease).
+``--replicas 2`` (a fresh database on the PostgreSQL the tests use): two service processes share
+the runs through the follower leases, with clients on both; then one is killed (SIGKILL), the
+time until the other holds all its runs is printed (bound: the lease), and every run is checked
+to have been read exactly once (its kept copy is its log up to the stored offset, with one point
+per value printed there).
 """
 
 from __future__ import annotations
@@ -263,6 +265,84 @@ def one_replica(runs: int, period: float, warmup_s: float, seconds: float) -> di
     return {"runs": runs} | figures
 
 
+def _owners(db_url: str) -> dict[str | None, int]:
+    from sqlalchemy import create_engine, func, select
+
+    from service.store.models import RunLog
+
+    engine = create_engine(db_url)
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(RunLog.lease_owner, func.count()).group_by(RunLog.lease_owner)
+        ).all()
+    engine.dispose()
+    return {owner: n for owner, n in rows}
+
+
+def _read_once(db_url: str, logs: SyntheticLogs, ids: list[str]) -> int:
+    """Runs whose stored copy and points are not exactly their log up to the stored offset."""
+    from sqlalchemy import func, select
+
+    from service.metrics import logcopy
+    from service.store.db import Database
+    from service.store.models import MetricPoint, RunLog
+
+    db = Database(db_url)
+    wrong = 0
+    with db.read() as s:
+        offsets = dict(s.execute(select(RunLog.run_id, RunLog.log_offset)).all())
+        points = dict(
+            s.execute(select(MetricPoint.run_id, func.count()).group_by(MetricPoint.run_id)).all()
+        )
+        for run_id in ids:
+            text = logs.log(run_id)[: offsets[run_id]]
+            lines = text.count("bench/printed_at:")
+            if logcopy.tail(s, run_id, None) != text or points.get(run_id, 0) != lines * 11:
+                wrong += 1
+    db.dispose()
+    return wrong
+
+
+def two_replicas(runs: int, period: float, warmup_s: float, seconds: float, lease_s: float) -> None:
+    """Two replicas on PostgreSQL share ``runs``; one is killed; its runs move to the other."""
+    from tests import postgres
+
+    with postgres.admin_url() as admin, postgres.fresh_database(admin, "bench_follow") as db_url:
+        ids = prepare(db_url, runs)
+        start = time.time()
+        os.environ["RLRUN_FOLLOWER_LEASE_S"] = str(lease_s)
+        # Unheld runs taken per tick: the replicas, started one after the other, share them.
+        os.environ["RLRUN_FOLLOWER_CLAIM_NEW"] = str(max(1, runs // 10))
+        replicas = [Service(db_url, start, period) for _ in range(2)]
+        try:
+            clients = Clients([r.url for r in replicas], ids)
+            figures = asyncio.run(clients.run(warmup_s, seconds, replicas[0]))
+            shared = _owners(db_url)
+            # The replica holding the most runs dies (a lease owner names its process id).
+            busiest = max((o for o in shared if o is not None), key=lambda o: shared[o])
+            victim = next(r for r in replicas if f":{r.proc.pid}:" in busiest)
+            victim.proc.kill()
+            killed = time.monotonic()
+            victim.proc.wait()
+            while time.monotonic() - killed < 10 * lease_s:
+                if list(_owners(db_url).values()) == [runs]:  # one owner holds every run
+                    break
+                time.sleep(0.2)
+            handed_over_s = time.monotonic() - killed
+            time.sleep(3)
+            wrong = _read_once(db_url, SyntheticLogs(start, period), ids)
+        finally:
+            for r in replicas:
+                if r.proc.poll() is None:
+                    r.stop()
+    print(
+        f"two replicas, {runs} runs: leases split {sorted(shared.values())}; one replica "
+        f"CPU {figures['cpu_pct']}%, p95 {figures['p95_s']} s (clients on both); the busiest "
+        f"killed, its runs all held by the other after {handed_over_s:.1f} s (lease {lease_s} s); "
+        f"runs not read exactly once: {wrong}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", default="50,100,250,500")
@@ -270,6 +350,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0, help="measured, per N")
     parser.add_argument("--warmup", type=float, default=10.0)
     parser.add_argument("--quick", action="store_true", help="20 runs for a few seconds")
+    parser.add_argument("--replicas", type=int, default=1, choices=[1, 2])
+    parser.add_argument("--lease", type=float, default=15.0, help="s, with --replicas 2")
     parser.add_argument("--serve")
     parser.add_argument("--port", type=int)
     parser.add_argument("--start", type=float)
@@ -278,7 +360,11 @@ def main() -> None:
         serve(args.serve, args.port, args.start, args.period)
         return
     if args.quick:
-        args.runs, args.seconds, args.warmup = "20", 3.0, 2.0
+        args.runs, args.seconds, args.warmup, args.lease = "20", 3.0, 2.0, 3.0
+    if args.replicas == 2:
+        for n in (int(x) for x in args.runs.split(",")):
+            two_replicas(n, args.period, args.warmup, args.seconds, args.lease)
+        return
     rows = []
     for n in (int(x) for x in args.runs.split(",")):
         rows.append(one_replica(n, args.period, args.warmup, args.seconds))
