@@ -242,9 +242,11 @@ class Clients:
         }
 
 
-async def _gauges(client: httpx.AsyncClient, url: str) -> dict[str, float]:
-    """The follower's ticks so far, from the service's /metrics."""
-    text = (await client.get(f"{url}/metrics")).text
+async def _gauges(_streams: httpx.AsyncClient, url: str) -> dict[str, float]:
+    """The follower's ticks so far, from the service's /metrics (on a connection of its own:
+    the streams' client may have every connection in use)."""
+    async with httpx.AsyncClient(timeout=30) as client:
+        text = (await client.get(f"{url}/metrics")).text
     ticks = next(
         float(line.split()[-1])
         for line in text.splitlines()
