@@ -112,6 +112,7 @@ class Follower:
         # A transaction per batch of runs, not per run: one commit, and the rows locked at once.
         for n in range(0, len(reads), self.batch):
             self._store(reads[n : n + self.batch])
+            time.sleep(0)  # a writer waiting for its turn (a request, another loop) takes it now
         if failed and len(failed) == len(held):
             raise failed[0]
 
