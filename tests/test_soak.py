@@ -1,6 +1,6 @@
 """No slow leaks: a thousand run lifecycles through one replica leave threads, file descriptors
 and sockets where they were, hold nothing per run, and grow memory only within a bound
-(tests/soak.py; the figures at 10,000: tests/benchmarks/bench_soak.py)."""
+(tests/soak.py; 10,000 lifecycles: tests/benchmarks/bench_soak.py)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import pytest
 from tests.soak import soak
 
 LIFECYCLES = 1000
-# RSS may grow by what SQLite's page caches fill to as the database grows (bounded: the open
-# connections x PRAGMA cache_size, computed by the soak) and by this much besides. Measured at
-# 1,000 lifecycles on a loaded 2-core machine: 34 MB in all, of which 17.6 MB page cache and
-# 16 MB besides; Python's own heap grows by under 1 MB (tracemalloc).
-RSS_BESIDES_CACHE_MB = 25.0
+# Measured at 1,000 lifecycles on a loaded 2-core machine: RSS +34 MB. Python's own heap grows by
+# under 1 MB (tracemalloc) and SQLite's page cache is not it (the same growth with 100 KiB of
+# cache per connection): the rest is native memory, not yet explained. The bound fails a leak of
+# 45 KB or more per run; the goal (5 MB per 1,000) is not met yet.
+RSS_GROWTH_MB = 45.0
 
 
 @pytest.mark.slow
@@ -31,5 +31,4 @@ def test_a_thousand_lifecycles_leave_no_threads_descriptors_sockets_or_per_run_s
     # Nothing is held per run once every run has ended and every client has left.
     assert figures["upstreams"] == 0
     assert figures["followed"] == 0
-    growth = after.rss_mb - before.rss_mb
-    assert growth <= figures["sqlite_cache_mb"] + RSS_BESIDES_CACHE_MB, figures
+    assert after.rss_mb - before.rss_mb <= RSS_GROWTH_MB, figures
