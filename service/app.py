@@ -222,6 +222,7 @@ def build_services(settings: Settings, registry: RecipeRegistry, ray_address: st
             ),
             broker.notify,
             limits=store.Limits(settings.metric_keys_per_run, settings.metric_points_per_run),
+            claim_new=settings.follower_claim_new,
         )
         notifier = Notifier(
             db,

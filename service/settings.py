@@ -83,6 +83,9 @@ class Settings(BaseSettings):
     # Metrics: the log follower, its lease, the kept log copy, health from metrics, live stream.
     follow_interval_s: float = 1.0
     follower_lease_s: float = 15.0
+    # Runs no replica follows yet that one replica starts following per tick (replicas started
+    # together share them); runs of a replica whose lease lapsed are all taken at once.
+    follower_claim_new: int = Field(default=100, ge=1)
     log_keep_chars: int = 8_000_000
     stall_after_s: float = Field(
         default=600.0, description="Health stalled: a RUNNING run logs no new step this long"

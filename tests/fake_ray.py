@@ -1,7 +1,7 @@
 """The Ray Jobs client in memory, for unit tests of the loops: no Ray, scriptable answers.
 
 It has what the loops and the inventory use of ``RayJobs`` (submit, get, list_jobs, stop, logs,
-cluster_status, version, package_uri, close, all_jobs, state). A test sets a job's status
+tail, cluster_status, version, package_uri, close, all_jobs, state). A test sets a job's status
 (``set_status``), its log (``log``), the nodes (``nodes``), jobs submitted outside the service
 (``outside_job``) and failures (``fail``: the next calls of a method raise), and reads back what
 was asked (``submitted``, ``stopped``).
@@ -10,9 +10,11 @@ was asked (``submitted``, ``stopped``).
 from __future__ import annotations
 
 from collections import defaultdict
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from service.cluster.log_tail import LogTail
 from service.cluster.ray_jobs import JobInfo, RayJobs
 
 ENDED = {"SUCCEEDED", "FAILED", "STOPPED"}
@@ -150,3 +152,33 @@ class FakeRay(RayJobs):
 
     def logs(self, submission_id: str) -> str | None:
         return self._answer("logs", self.log.get(submission_id))
+
+    def tail(self, submission_id: str, offset: int) -> LogTail:
+        return FakeTail(self, submission_id, offset)
+
+
+class FakeTail(LogTail):
+    """A log tail stream without a socket or a thread: each take is the job's log (``logs``)
+    past what was taken before; it is complete once the job has ended (its log is then whole)."""
+
+    def __init__(self, ray: FakeRay, run_id: str, offset: int) -> None:
+        # Not LogTail.__init__: no connection, no thread.
+        self.run_id = run_id
+        self._ray = ray
+        self._received = offset
+        self.missing = False
+        self.closed = False
+
+    def take(self) -> str:
+        text = self._ray.logs(self.run_id)
+        self.missing = text is None
+        new = (text or "")[self._received :]
+        self._received += len(new)
+        return new
+
+    def complete_since(self, seen_ended_at: datetime) -> bool:
+        job = self._ray.jobs.get(self.run_id)
+        return self.missing or (job is not None and job.status in ENDED)
+
+    def close(self) -> None:
+        self.closed = True

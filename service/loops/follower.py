@@ -1,10 +1,11 @@
 """The log follower: reads each active run's Ray job log from its own offset.
 
 It reads through a ``LogReader``: Ray's log tail stream, kept open per run, so a read costs what
-the new lines cost however long the log grows. It takes only complete lines. In one
-transaction per read it stores the text (the service's copy), the metric points, the new offset
-(``run_logs.log_offset``) and ``runs.last_output_at``: a restart resumes exactly where the last
-commit ended, with no gap and no duplicate. Each run's follower is held by one replica through a
+the new lines cost however long the log grows. It takes only complete lines. Each tick reads
+every held run first, then stores, in one transaction per batch of runs (their rows locked in one
+query), each run's text (the service's copy), metric points, new offset (``run_logs.log_offset``)
+and ``runs.last_output_at``: a restart resumes exactly where the last commit ended, with no gap
+and no duplicate. Each run's follower is held by one replica through a
 lease in ``run_logs`` that another replica takes over when it lapses. After a run ends and the
 reader has the whole log, one final read takes the rest (even an unterminated last line) and
 the run's follower is finished.
@@ -17,8 +18,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from sqlalchemy import exists, or_, select
+from sqlalchemy import and_, exists, or_, select, update
 from sqlalchemy.orm import Session
 
 from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable
@@ -47,6 +49,15 @@ class Held:
     ended_at: datetime | None = None
 
 
+@dataclass(frozen=True)
+class _Read:
+    held: Held
+    new: str  # the text to store
+    parsed: list[tuple[int, MetricLine]]
+    reports: list[dict[str, Any]]
+    final: bool
+
+
 def split_lines(text: str, start: int, final: bool) -> tuple[str, list[tuple[int, str]]]:
     """The consumable part of ``text`` (read at ``start``) and its lines with end offsets."""
     if not final:
@@ -72,6 +83,9 @@ class Follower:
     reader: LogReader | None = None
     # What one run may store (keys and points); the rest is dropped with a note.
     limits: store.Limits = field(default_factory=store.Limits)
+    # Runs stored per transaction; runs that no replica holds taken per tick.
+    batch: int = 50
+    claim_new: int = 100
     # For /metrics: points this replica stored, and when each run it holds was last read.
     points_ingested: int = field(default=0, init=False)
     last_read: dict[str, float] = field(default_factory=dict, init=False)
@@ -85,13 +99,21 @@ class Follower:
         now = time.time()
         self.last_read = {r.run_id: self.last_read.get(r.run_id, now) for r in held}
         failed: list[Exception] = []
+        reads: list[_Read] = []
         for run in held:
             try:
-                self.follow(run)
+                read = self._read(run)
             except (RayUnavailable, RayRejected) as exc:
                 # One run's log that Ray fails to give holds up no other run's.
                 log.warning("follower: reading the log of run %s failed: %s", run.run_id, exc)
                 failed.append(exc)
+                continue
+            if read is not None:
+                reads.append(read)
+        # A transaction per batch of runs, not per run: one commit, and the rows locked at once.
+        for n in range(0, len(reads), self.batch):
+            self._store(reads[n : n + self.batch])
+            time.sleep(0)  # a writer waiting for its turn (a request, another loop) takes it now
         if failed and len(failed) == len(held):
             raise failed[0]
 
@@ -110,23 +132,40 @@ class Follower:
                     store.dialect_insert(session)(RunLog).on_conflict_do_nothing(),
                     [{"run_id": run_id, "log_offset": 0} for run_id in untracked],
                 )
-            free = or_(
-                RunLog.lease_owner == self.owner,
-                RunLog.lease_expires_at.is_(None),
-                RunLog.lease_expires_at < now,
+            # Runs this replica holds or whose holder's lease lapsed are all taken at once (a
+            # replica that died hands its runs over within the lease); runs no replica holds
+            # (new, or released) at most ``claim_new`` a tick, so replicas started together
+            # share them.
+            held_or_lapsed = and_(
+                RunLog.lease_owner.is_not(None),
+                or_(
+                    RunLog.lease_owner == self.owner,
+                    RunLog.lease_expires_at.is_(None),
+                    RunLog.lease_expires_at < now,
+                ),
             )
-            rows = session.execute(
-                select(RunLog, Run.status, Run.ended_at)
+            query = (
+                select(RunLog.run_id, RunLog.log_offset, Run.status, Run.ended_at)
                 .join(Run, Run.id == RunLog.run_id)
-                .where(RunLog.finished_at.is_(None), free)
                 .order_by(RunLog.run_id)
                 .with_for_update(of=RunLog, skip_locked=True)
-            ).all()
-            held = []
-            for runlog, status, ended_at in rows:
-                runlog.lease_owner = self.owner
-                runlog.lease_expires_at = now + timedelta(seconds=self.lease_s)
-                held.append(Held(runlog.run_id, RunStatus(status), runlog.log_offset, ended_at))
+            )
+            unfinished = RunLog.finished_at.is_(None)
+            rows = [
+                *session.execute(query.where(unfinished, held_or_lapsed)),
+                *session.execute(
+                    query.where(unfinished, RunLog.lease_owner.is_(None)).limit(self.claim_new)
+                ),
+            ]
+            held = [Held(r, RunStatus(status), off, ended) for r, off, status, ended in rows]
+            # The leases taken or renewed in one statement per batch, not one per run.
+            expires = now + timedelta(seconds=self.lease_s)
+            for n in range(0, len(held), 1000):
+                session.execute(
+                    update(RunLog)
+                    .where(RunLog.run_id.in_([h.run_id for h in held[n : n + 1000]]))
+                    .values(lease_owner=self.owner, lease_expires_at=expires)
+                )
         return held
 
     def release(self) -> None:
@@ -137,43 +176,64 @@ class Follower:
                 runlog.lease_owner = None
                 runlog.lease_expires_at = None
 
-    def follow(self, held: Held) -> None:
+    def _read(self, held: Held) -> _Read | None:
         """One read of one run's log; the final one when the run has ended (``held.status``
-        was read before the log) and the reader has all of it."""
+        was read before the log) and the reader has all of it. None: nothing to store."""
         ended_at = (held.ended_at or _LONG_AGO) if held.status in TERMINAL else None
         settled = ended_at is not None and utcnow() - ended_at >= FINAL_READ_AFTER
         text, complete = self._reader.read(held.run_id, held.offset, ended_at if settled else None)
         final = settled and complete
         if text is None and not final:
-            return  # Ray does not know the job (yet, or any more): the reconciler decides.
+            return None  # Ray does not know the job (yet, or any more): the reconciler decides.
         new, lines = split_lines(text or "", held.offset, final)
         parsed = [(end, m) for end, line in lines if (m := parse_line(line)) is not None]
         reports = [r for _, line in lines if (r := parse_preflight(line)) is not None]
+        return _Read(held, new, parsed, reports, final)
+
+    def _store(self, reads: list[_Read]) -> None:
+        """Store what was read of these runs in one transaction, each run's part only while
+        this replica still holds its lease at the offset it read from."""
+        stored: list[_Read] = []
         with self.db.transaction() as session:
-            runlog = session.get(RunLog, held.run_id, with_for_update=True)
-            if (
-                runlog is None
-                or runlog.lease_owner != self.owner
-                or runlog.log_offset != held.offset
-            ):
-                return  # another replica took over meanwhile
-            run = session.get(Run, held.run_id, with_for_update=True)
-            assert run is not None
+            rows = session.execute(
+                select(RunLog, Run)
+                .join(Run, Run.id == RunLog.run_id)
+                .where(RunLog.run_id.in_([r.held.run_id for r in reads]))
+                .order_by(RunLog.run_id)
+                .with_for_update()
+            ).all()
+            locked = {runlog.run_id: (runlog, run) for runlog, run in rows}
             now = utcnow()
-            self._ingest(session, run, runlog, new, parsed, now)
-            if reports:
-                run.preflight = reports[-1]
-            if final:
-                runlog.finished_at = now
-                runlog.lease_owner = None
-                runlog.lease_expires_at = None
-                explain.settle(session, run)  # the whole log is read: why it ended
-        self._reader.consumed(held.run_id, held.offset + len(new))
-        if final:
-            self._reader.retain(self.last_read.keys() - {held.run_id})
-        self.last_read[held.run_id] = time.time()
-        if new or final:
-            self.notify(held.run_id)
+            # Each run's row changes are flushed together at commit, not before every query.
+            session.autoflush = False
+            for read in reads:
+                runlog, run = locked.get(read.held.run_id, (None, None))
+                if (
+                    runlog is None
+                    or run is None
+                    or runlog.lease_owner != self.owner
+                    or runlog.log_offset != read.held.offset
+                ):
+                    continue  # another replica took over meanwhile
+                self._ingest(session, run, runlog, read.new, read.parsed, now)
+                if read.reports:
+                    run.preflight = read.reports[-1]
+                if read.final:
+                    runlog.finished_at = now
+                    runlog.lease_owner = None
+                    runlog.lease_expires_at = None
+                    explain.settle(session, run)  # the whole log is read: why it ended
+                stored.append(read)
+        for read in stored:
+            run_id = read.held.run_id
+            self._reader.consumed(run_id, read.held.offset + len(read.new))
+            if read.final:
+                self._reader.retain(self.last_read.keys() - {run_id})
+                self.last_read.pop(run_id, None)
+            else:
+                self.last_read[run_id] = time.time()
+            if read.new or read.final:
+                self.notify(run_id)
 
     def _ingest(
         self,
@@ -204,4 +264,3 @@ class Follower:
                 runlog.last_step = top
                 runlog.last_step_at = now
         evaluate(session, run, runlog, [m for _, m in parsed], now, self.rules)
-        session.flush()

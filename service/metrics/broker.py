@@ -2,8 +2,11 @@
 
 The upstream reads the database (status events past an event id, metric lines past a log
 offset), so it sees what any replica's follower or reconciler wrote; the local follower wakes it
-at once after each commit. A subscriber's position is a ``Cursor`` of both: the SSE event id
-``"<event id>-<log offset>"``, so resuming with ``Last-Event-ID`` is exact for both kinds.
+at once after each commit. For the writes of other replicas one poller serves every topic: each
+``poll_s`` it reads where all of them stand in one query and wakes only those that moved, so an
+idle stream costs no read of its own however many are open. A subscriber's position is a
+``Cursor`` of both: the SSE event id ``"<event id>-<log offset>"``, so resuming with
+``Last-Event-ID`` is exact for both kinds.
 
 When the upstream's read fails (the database is away), the topic is dropped and every subscriber
 gets a ``reconnect`` item and its stream closes; a client that reconnects with ``Last-Event-ID``
@@ -13,7 +16,6 @@ gets a fresh upstream and resumes exactly where it was.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -25,7 +27,7 @@ from sqlalchemy.orm import Session
 from service.metrics import logcopy, store
 from service.schemas import event_doc
 from service.store.db import Database
-from service.store.models import MetricPoint, RunEvent
+from service.store.models import MetricPoint, Run, RunEvent, RunLog
 
 log = logging.getLogger(__name__)
 _INT64_MAX = 2**63 - 1
@@ -116,6 +118,23 @@ def _more_lines(session: Session, run_id: str, last: int) -> bool:
     return more is not None and more > last
 
 
+def standings(session: Session, run_ids: list[str]) -> dict[str, tuple[Any, ...]]:
+    """Where each run's stream stands (newest event id, newest metric line, status, whether
+    its log is read to the end): it changes whenever something is added to the stream."""
+    newest_event = select(func.max(RunEvent.id)).where(RunEvent.run_id == Run.id).scalar_subquery()
+    newest_line = (
+        select(func.max(MetricPoint.log_offset))
+        .where(MetricPoint.run_id == Run.id)
+        .scalar_subquery()
+    )
+    rows = session.execute(
+        select(Run.id, newest_event, newest_line, Run.status, RunLog.finished_at)
+        .outerjoin(RunLog, RunLog.run_id == Run.id)
+        .where(Run.id.in_(run_ids))
+    ).all()
+    return {run_id: tuple(rest) for run_id, *rest in rows}
+
+
 def head(session: Session, run_id: str) -> Cursor:
     event_id = session.scalar(select(func.max(RunEvent.id)).where(RunEvent.run_id == run_id))
     offset = session.scalar(
@@ -137,6 +156,7 @@ class _Topic:
     queues: set[asyncio.Queue[Item]] = field(default_factory=set)
     task: asyncio.Task[None] | None = None
     failed: Item | None = None  # set when the upstream's read failed: the topic is dead
+    seen: tuple[Any, ...] | None = None  # where the poller last saw the run stand
 
 
 class Broker:
@@ -146,6 +166,7 @@ class Broker:
         self._topics: dict[str, _Topic] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
+        self._poller: asyncio.Task[None] | None = None
 
     @property
     def upstreams(self) -> int:
@@ -179,6 +200,8 @@ class Broker:
         if self._closing:
             return
         self._loop = asyncio.get_running_loop()
+        if self._poller is None or self._poller.done():
+            self._poller = asyncio.create_task(self._poll())
         queue: asyncio.Queue[Item] = asyncio.Queue()
         topic = self._topics.get(run_id)
         if topic is None:
@@ -254,10 +277,42 @@ class Broker:
                     queue.put_nowait(Item("end", 0, {}))
                 return
             if not read.more:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(topic.wake.wait(), self.poll_s)
+                await topic.wake.wait()
+
+    # Runs per query of the poller.
+    POLL_BATCH = 500
+
+    def _standings(self, run_ids: list[str]) -> dict[str, tuple[Any, ...]]:
+        with self.db.read() as session:
+            out: dict[str, tuple[Any, ...]] = {}
+            for n in range(0, len(run_ids), self.POLL_BATCH):
+                out |= standings(session, run_ids[n : n + self.POLL_BATCH])
+            return out
+
+    async def _poll(self) -> None:
+        """Every ``poll_s``: wake the topics whose run moved (another replica wrote)."""
+        while True:
+            await asyncio.sleep(self.poll_s)
+            topics = dict(self._topics)
+            if not topics:
+                continue
+            try:
+                now = await asyncio.to_thread(self._standings, list(topics))
+            except Exception as exc:
+                # Every upstream reads on its own, and a failed read closes its streams.
+                log.warning("live streams: polling failed (%r)", exc)
+                now = {}
+            for run_id, topic in topics.items():
+                stand = now.get(run_id)
+                if stand is None or stand != topic.seen:
+                    topic.seen = stand
+                    topic.wake.set()
 
     async def close(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            await asyncio.gather(self._poller, return_exceptions=True)
+            self._poller = None
         tasks = [t.task for t in self._topics.values() if t.task is not None]
         for task in tasks:
             task.cancel()

@@ -75,7 +75,9 @@ def evaluate(
     health: Health = "ok"
     reason: str | None = None
     nan_reason, loss_logged = _nan_loss(lines)
-    collapse = _collapse(session, run.id, rules) if lines else None
+    # The reward's history changes only with new rewards: without one the verdict stands.
+    rewarded = any(REWARD_KEY in line.values for line in lines)
+    collapse = _collapse(session, run.id, rules) if rewarded else None
     since = runlog.last_step_at or run.started_at
     if nan_reason:
         health, reason = "nan", nan_reason
@@ -83,7 +85,7 @@ def evaluate(
         health, reason = "nan", run.health_reason
     elif collapse:
         health, reason = "reward_collapse", collapse
-    elif run.health == "reward_collapse" and not lines:
+    elif run.health == "reward_collapse" and not rewarded:
         health, reason = "reward_collapse", run.health_reason
     elif (
         run.status == RunStatus.RUNNING

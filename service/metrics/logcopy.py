@@ -15,6 +15,8 @@ def append(session: Session, run_id: str, start: int, text: str, keep_chars: int
         return
     session.add(LogChunk(run_id=run_id, start_offset=start, text=text))
     end = start + len(text)
+    if end <= keep_chars:
+        return  # the whole log is within the kept tail: nothing to drop
     session.execute(
         delete(LogChunk).where(
             LogChunk.run_id == run_id,

@@ -53,6 +53,7 @@ def failure_of(session: Session, run: Run) -> Failure | None:
 def settle(session: Session, run: Run) -> None:
     """Record ``run``'s failure (once its log is all read) and tell ``run.failed``
     subscribers, with the class."""
+    session.flush()  # the log's last lines, added in this transaction, are read back
     failure = failure_of(session, run)
     run.failure = None if failure is None else as_doc(failure)
     ending = _ending_event(session, run) if run.status == RunStatus.FAILED else None

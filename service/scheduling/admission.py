@@ -83,33 +83,41 @@ def decide(
     totals = ever.pool
     free = Pool.of(inventory.available())
     outside = outside or {}
-    account = {r: inventory.sum(r) - outside.get(r, 0.0) for r in ACCOUNTED}
+    sums = _Sums(inventory)
+    account = {r: sums[r] - outside.get(r, 0.0) for r in ACCOUNTED}
     team_used = held_by_team(held)
     for h in held:
         _charge(account, h.shape)
         if not h.settled:
             _take_somewhere(free, h.shape)
 
-    order = queue_order(queued, held, inventory, quotas)
+    shapes = _Shapes()
+    order = _fair_order(queued, team_used.copy(), quotas, _share(inventory), shapes)
     decision = Decision([r.id for r in order], [], {}, {})
     now = Fitter(free)
     head: QueuedRun | None = None
     unreserved: Fitter | None = None
+    # A capacity reason depends on the shape and on what is free and accounted, which change
+    # only when something is taken: kept per shape until then.
+    waiting: dict[int, str] = {}
     for run in order:
         shape = run.shape
-        if ever.fit(shape) is None:
+        info = shapes.of(shape)
+        if info.ever is None:
+            info.ever = ever.fit(shape, info.key) is not None
+        if not info.ever:
             decision.reasons[run.id] = "capacity: can never fit this cluster's nodes"
             continue
         quota = quotas.of(run.team)
         used = team_used[run.team]
-        if quota is not None and used + shape.accelerators > quota:
+        if quota is not None and used + info.accelerators > quota:
             decision.reasons[run.id] = (
                 f"quota: team {run.team} holds {used} of its {quota} accelerators; "
-                f"this run needs {shape.accelerators}"
+                f"this run needs {info.accelerators}"
             )
             continue
-        placed = now.fit(shape)
-        in_account = all(account[r] + EPS >= n for r, n in _demand(shape).items())
+        placed = now.fit(shape, info.key)
+        in_account = all(account[r] + EPS >= n for r, n in info.demand.items())
         if placed is not None and in_account:
             if limit is not None and len(decision.admit) >= limit:
                 decision.reasons[run.id] = "next in line"
@@ -118,32 +126,84 @@ def decide(
             if unreserved is not None:
                 unreserved.take(placed)
             _charge(account, shape)
-            team_used[run.team] += shape.accelerators
+            waiting.clear()
+            team_used[run.team] += info.accelerators
             decision.admit.append(run.id)
             decision.placements[run.id] = placed
             continue
         if head is None:
             head = run
-            decision.reasons[run.id] = _capacity_reason(shape, free, inventory, account, outside)
+            decision.reasons[run.id] = _capacity_reason(shape, free, sums, account, outside)
             # Reserve the nodes the head will use (the freest first), so backfill cannot delay it.
             unreserved = Fitter(free.copy())
             freest = totals.ordered([-r.get(shape.accelerator, 0.0) for r in free.free])
             reservation = pack(shape, freest)
             if reservation is not None:
                 now.take(reservation)
-        elif in_account and unreserved is not None and unreserved.fit(shape) is not None:
+                waiting.clear()
+        elif in_account and unreserved is not None and unreserved.fit(shape, info.key) is not None:
             decision.reasons[run.id] = _behind(head, run)
         else:
-            decision.reasons[run.id] = _capacity_reason(shape, free, inventory, account, outside)
+            reason = waiting.get(info.key)
+            if reason is None:
+                reason = waiting[info.key] = _capacity_reason(shape, free, sums, account, outside)
+            decision.reasons[run.id] = reason
     return decision
+
+
+@dataclass
+class _Shape:
+    """What one round works out once per distinct shape."""
+
+    key: int
+    accelerators: int
+    demand: dict[str, float]
+    ever: bool | None = None  # whether it fits the empty cluster, once asked
+
+
+class _Shapes:
+    """The distinct shapes of one round, each named by a small int. Runs read from the database
+    carry equal shapes as distinct objects: each object is looked up by identity first, so the
+    shape's value is hashed once per run, not once per question."""
+
+    def __init__(self) -> None:
+        self._by_value: dict[ResourceShape, _Shape] = {}
+        self._by_id: dict[int, tuple[ResourceShape, _Shape]] = {}
+
+    def of(self, shape: ResourceShape) -> _Shape:
+        seen = self._by_id.get(id(shape))
+        if seen is not None and seen[0] is shape:
+            return seen[1]
+        info = self._by_value.get(shape)
+        if info is None:
+            info = _Shape(len(self._by_value), shape.accelerators, _demand(shape))
+            self._by_value[shape] = info
+        self._by_id[id(shape)] = (shape, info)  # holding the shape keeps its id unique
+        return info
+
+
+class _Sums:
+    """The cluster's total of each resource, summed over the nodes once."""
+
+    def __init__(self, inventory: Inventory) -> None:
+        self._inventory = inventory
+        self._sums: dict[str, float] = {}
+
+    def __getitem__(self, resource: str) -> float:
+        if resource not in self._sums:
+            self._sums[resource] = self._inventory.sum(resource)
+        return self._sums[resource]
+
+
+def _share(inventory: Inventory) -> float:
+    return max(1.0, inventory.sum("NPU") + inventory.sum("GPU"))
 
 
 def queue_order(
     queued: Sequence[QueuedRun], held: Sequence[HeldRun], inventory: Inventory, quotas: Quotas
 ) -> list[QueuedRun]:
     """The order in which ``decide`` considers the queue (it depends on no free resources)."""
-    share = max(1.0, inventory.sum("NPU") + inventory.sum("GPU"))
-    return _fair_order(queued, held_by_team(held), quotas, share)
+    return _fair_order(queued, held_by_team(held), quotas, _share(inventory), _Shapes())
 
 
 def held_by_team(held: Sequence[HeldRun]) -> dict[str, int]:
@@ -179,7 +239,7 @@ _BIG = {"NPU": 1e12, "GPU": 1e12, "CPU": 1e12}
 
 
 def _fair_order(
-    queued: Sequence[QueuedRun], used: dict[str, int], quotas: Quotas, share: float
+    queued: Sequence[QueuedRun], used: dict[str, int], quotas: Quotas, share: float, shapes: _Shapes
 ) -> list[QueuedRun]:
     """Priority classes, then teams by projected share used, each team first in, first out."""
     classes: dict[int, dict[str, deque[tuple[int, QueuedRun]]]] = defaultdict(
@@ -202,7 +262,7 @@ def _fair_order(
             team = heapq.heappop(heap)[2]
             _, run = teams[team].popleft()
             order.append(run)
-            projected[team] = projected.get(team, 0) + run.shape.accelerators
+            projected[team] = projected.get(team, 0) + shapes.of(run.shape).accelerators
             if teams[team]:
                 heapq.heappush(heap, key(team, teams[team]))
     return order
@@ -217,7 +277,7 @@ def _behind(head: QueuedRun, run: QueuedRun) -> str:
 def _capacity_reason(
     shape: ResourceShape,
     free: Pool,
-    inventory: Inventory,
+    sums: _Sums,
     account: dict[str, float],
     outside: Mapping[str, float],
 ) -> str:
@@ -226,12 +286,9 @@ def _capacity_reason(
     short = [r for r, n in _demand(shape).items() if account[r] + EPS < n]
     if short:
         r = short[0]
-        held = inventory.sum(r) - account[r] - outside.get(r, 0.0)
+        held = sums[r] - account[r] - outside.get(r, 0.0)
         others = f" and jobs outside rlrun hold {outside[r]:g}" if outside.get(r) else ""
-        return (
-            f"capacity: needs {need}; admitted runs hold {held:g}{others} "
-            f"of {inventory.sum(r):g} {r}"
-        )
+        return f"capacity: needs {need}; admitted runs hold {held:g}{others} of {sums[r]:g} {r}"
     return f"capacity: needs {need}; largest free: {free.largest(acc):g} {acc} on one node"
 
 

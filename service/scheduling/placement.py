@@ -8,7 +8,7 @@ are many small actors, so they may be split over any nodes: only their sum has t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +25,10 @@ class Pool:
 
     node_ids: list[str]
     free: list[dict[str, float]]
+    # Per accelerator: (free accelerators, free CPUs) per node and their sums, until a take.
+    _pairs: dict[str, tuple[list[tuple[float, float]], float, float]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @classmethod
     def of(cls, nodes: dict[str, dict[str, float]]) -> Pool:
@@ -41,8 +45,19 @@ class Pool:
     def largest(self, resource: str) -> float:
         return max((r.get(resource, 0.0) for r in self.free), default=0.0)
 
+    def pairs(self, accelerator: str) -> tuple[list[tuple[float, float]], float, float]:
+        """(free ``accelerator``, free CPUs) per node, and the sum of each: what ``pack`` asks
+        of the pool, worked out once per accelerator until the next ``take``."""
+        known = self._pairs.get(accelerator)
+        if known is None:
+            pairs = [(r.get(accelerator, 0.0), r.get("CPU", 0.0)) for r in self.free]
+            known = (pairs, sum(a for a, _ in pairs), sum(c for _, c in pairs))
+            self._pairs[accelerator] = known
+        return known
+
     def take(self, placement: Placement) -> None:
         """Subtract a placement (never below zero: a pool may be a conservative estimate)."""
+        self._pairs.clear()
         index = {node: i for i, node in enumerate(self.node_ids)}
         for slot in placement.slots:
             if slot.node not in index:
@@ -75,10 +90,10 @@ def pack(shape: ResourceShape, pool: Pool) -> Placement | None:
     """A placement of ``shape`` on ``pool``'s free resources, or None when it does not fit."""
     acc = shape.accelerator
     groups = shape.groups
-    free = [(r.get(acc, 0.0), r.get("CPU", 0.0)) for r in pool.free]
+    free, free_acc, free_cpu = pool.pairs(acc)
     need_acc = sum(g.accelerators for g in groups)
     need_cpu = sum(g.cpus for g in groups) + shape.driver_cpus
-    if need_acc > sum(a for a, _ in free) + EPS or need_cpu > sum(c for _, c in free) + EPS:
+    if need_acc > free_acc + EPS or need_cpu > free_cpu + EPS:
         return None
     order = sorted(range(len(groups)), key=lambda i: (-groups[i].accelerators, -groups[i].cpus))
     nodes = _search([(groups[i].accelerators, groups[i].cpus) for i in order], free)
@@ -104,24 +119,21 @@ def _search(
     chosen: list[int] = []
     steps = 0
 
-    def fits(node: int, g: tuple[int, float]) -> bool:
-        a, c = left[node]
-        return a + EPS >= g[0] and c + EPS >= g[1]
-
     def visit(k: int) -> bool:
         nonlocal steps
         if k == len(groups):
             return True
         g = groups[k]
-        tried: set[tuple[float, float]] = set()
         # Identical consecutive groups take nodes in non-decreasing order (no symmetric retries).
         start = chosen[-1] if k and groups[k - 1] == g else 0
-        candidates = [n for n in range(start, len(left)) if fits(n, g)]
-        candidates.sort(key=lambda n: (left[n][0] - g[0], left[n][1] - g[1]))
-        for node in candidates:
-            if left[node] in tried:
-                continue
-            tried.add(left[node])
+        # Nodes in the same state are interchangeable: only the first of each is tried, best
+        # fit first (ties in node order, as a stable sort of every node would give).
+        first: dict[tuple[float, float], int] = {}
+        for n in range(start, len(left)):
+            state = left[n]
+            if state not in first and state[0] + EPS >= g[0] and state[1] + EPS >= g[1]:
+                first[state] = n
+        for _, node in sorted(first.items(), key=lambda s: (s[0][0] - g[0], s[0][1] - g[1])):
             steps += 1
             if steps > SEARCH_BUDGET:
                 return False
@@ -159,19 +171,23 @@ class Fitter:
 
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
-        self._misses: set[ResourceShape] = set()
-        self._hits: dict[ResourceShape, Placement] = {}
+        self._misses: set[Hashable] = set()
+        self._hits: dict[Hashable, Placement] = {}
 
-    def fit(self, shape: ResourceShape) -> Placement | None:
-        if shape in self._misses:
+    def fit(self, shape: ResourceShape, key: Hashable | None = None) -> Placement | None:
+        """``pack(shape, pool)``, remembered under ``key`` (default: the shape itself; a caller
+        that asks for many equal shapes may name them by a cheaper key, one per shape)."""
+        k = shape if key is None else key
+        if k in self._misses:
             return None
-        if shape not in self._hits:
+        placed = self._hits.get(k)
+        if placed is None:
             placed = pack(shape, self.pool)
             if placed is None:
-                self._misses.add(shape)
+                self._misses.add(k)
                 return None
-            self._hits[shape] = placed
-        return self._hits[shape]
+            self._hits[k] = placed
+        return placed
 
     def take(self, placement: Placement) -> None:
         self.pool.take(placement)

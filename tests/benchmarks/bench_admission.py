@@ -1,7 +1,12 @@
-"""Admission speed with 1,000 queued runs on 100 nodes, and run end -> next run submitted.
+"""Admission speed with 10,000 queued runs on 1,000 nodes and with 1,000 on 100, and run end ->
+next run submitted.
 
-    python -m tests.benchmarks.bench_admission [--rounds 20] [--chain 6] [--port 52679]
+    python -m tests.benchmarks.bench_admission [--scale-rounds 10] [--rounds 20] [--chain 6]
+        [--port 52679]
 
+0. ``decide`` at scale: 10,000 queued runs (mixed shapes, 20 teams, every other one with a
+   quota, three priorities) on 1,000 nodes of 8 and 16 NPUs, the cluster mostly busy; one round
+   with every run's queue reason, against the straightforward round on the same input.
 1. ``decide`` alone on a simulated inventory (100 nodes x 8 NPUs, 1,000 queued runs of mixed
    shapes, teams and priorities, the cluster mostly busy): rounds per second, and queued runs
    decided per second.
@@ -15,6 +20,7 @@
 from __future__ import annotations
 
 import argparse
+import collections
 import itertools
 import random
 import statistics
@@ -76,6 +82,55 @@ def bench_decide(rounds: int) -> None:
         f"decide, 1000 queued on 100 nodes: {rounds / elapsed:.1f} rounds/s, "
         f"{rounds * len(queued) / elapsed:,.0f} queued runs decided/s "
         f"({elapsed / rounds * 1000:.1f} ms per round; {len(decision.admit)} admitted)"
+    )
+
+
+def at_scale(
+    n_nodes: int = 1000, n_queued: int = 10_000, n_teams: int = 20
+) -> tuple[Inventory, list[QueuedRun], list[HeldRun], Quotas]:
+    """Mixed nodes (8 and 16 NPUs), the cluster mostly busy, every other team with a quota;
+    each queued run's shape its own object, as when read from the database."""
+    rng = random.Random(11)
+    nodes = []
+    for i in range(n_nodes):
+        size = rng.choice([8.0, 8.0, 16.0])
+        busy = rng.choice([size, size, size, size - 2, size / 2, 0.0])
+        total = {"NPU": size, "CPU": 24 * size, "memory": 1.5e12}
+        nodes.append(Node(f"node{i:04d}", total, {"NPU": size - busy, "CPU": 24 * (size - busy)}))
+    teams = [f"team{t:02d}" for t in range(n_teams)]
+    held = [HeldRun(f"h{i}", teams[i % n_teams], SHAPES[i % 2], settled=True) for i in range(400)]
+    queued = []
+    for i in range(n_queued):
+        s = rng.choice(SHAPES)
+        shape = ResourceShape(s.accelerator, tuple(s.groups), s.driver_cpus)
+        queued.append(QueuedRun(f"q{i:05d}", rng.choice(teams), rng.choice([0, 1, 1, 1, 2]), shape))
+    quotas = Quotas({t: rng.choice([64, 256, 1024, 4096]) for t in teams[::2]})
+    return Inventory(tuple(nodes)), queued, held, quotas
+
+
+def bench_decide_at_scale(rounds: int) -> None:
+    """One round with 10,000 queued on 1,000 nodes, every run's queue reason included; the
+    straightforward round (tests/admission_reference.py) beside it, same input."""
+    from tests import admission_reference
+
+    inventory, queued, held, quotas = at_scale()
+    figures = {}
+    for name, round_of in (("fast", decide), ("straightforward", admission_reference.decide)):
+        wall, cpu = [], []
+        for _ in range(rounds):
+            start, cpu_start = time.perf_counter(), time.process_time()
+            decision = round_of(queued, held, inventory, quotas, 16)
+            wall.append((time.perf_counter() - start) * 1000)
+            cpu.append((time.process_time() - cpu_start) * 1000)
+        figures[name] = (statistics.median(wall), statistics.median(cpu), decision)
+    fast, plain = figures["fast"], figures["straightforward"]
+    assert fast[2] == plain[2]
+    kinds = collections.Counter(r.split(":")[0].split(" run")[0] for r in fast[2].reasons.values())
+    print(
+        f"admission round, 10,000 queued x 1,000 nodes, 20 teams, median of {rounds}: "
+        f"{fast[0]:.0f} ms ({fast[1]:.0f} ms CPU) vs straightforward {plain[0]:.0f} ms "
+        f"({plain[1]:.0f} ms CPU), same decision; {len(fast[2].admit)} admitted, reasons for "
+        f"{len(fast[2].reasons)}: {dict(kinds)}"
     )
 
 
@@ -184,7 +239,9 @@ def main() -> None:
     parser.add_argument("--fast-only", action="store_true", help="only the 0.3 s loop figures")
     parser.add_argument("--chain", type=int, default=6)
     parser.add_argument("--port", type=int, default=52679)
+    parser.add_argument("--scale-rounds", type=int, default=10, help="of 10,000 x 1,000")
     args = parser.parse_args()
+    bench_decide_at_scale(args.scale_rounds)
     bench_decide(args.rounds)
     bench_submitter_round(args.rounds)
     if not args.fast_only:
