@@ -27,6 +27,11 @@ if message:
 sys.exit(code)
 """
 SCRIPT = _ARGS + 'print("script run", name, flush=True)' + _RUN
+# With `show_env`: the job prints its whole environment as one line, `ENV {...}`.
+_ENV = """
+import os
+print("ENV", json.dumps(dict(os.environ)), flush=True)
+"""
 
 # With `groups`: the job also holds one placement group with a bundle per group until it ends
 # (`python3 -c PG_SCRIPT name seconds exit_code message bundles_json`).
@@ -61,6 +66,7 @@ class ScriptSpec(RunSpec):
     message: str = ""
     npus: int = Field(default=0, ge=0, le=64)
     groups: list[GroupSpec] = Field(default_factory=list, max_length=8)
+    show_env: bool = False
 
 
 class ScriptRecipe:
@@ -74,16 +80,25 @@ class ScriptRecipe:
         name = spec.name or ctx.run_id
         args = [name, str(spec.seconds), str(spec.exit_code), spec.message]
         if spec.groups:
-            return self._with_groups(spec, args)
+            return self._with_env(spec, self._with_groups(spec, args))
         argv = ["python3", "-c", SCRIPT, *args]
         groups = (Group("job", spec.npus, 0.0, size_field="npus"),) if spec.npus else ()
-        return Launch(
+        launch = Launch(
             argv=argv,
             runtime_env={"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "2"}},
             shape=ResourceShape(accelerator="NPU", groups=groups, driver_cpus=0.1),
             entrypoint_num_cpus=0.1,
             entrypoint_resources={"NPU": float(spec.npus)} if spec.npus else {},
         )
+        return self._with_env(spec, launch)
+
+    @staticmethod
+    def _with_env(spec: ScriptSpec, launch: Launch) -> Launch:
+        if not spec.show_env:
+            return launch
+        argv = list(launch.argv)
+        argv[2] = argv[2].replace(_RUN, _ENV + _RUN)
+        return replace(launch, argv=argv)
 
     @staticmethod
     def _with_groups(spec: ScriptSpec, args: list[str]) -> Launch:

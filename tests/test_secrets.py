@@ -228,6 +228,8 @@ def test_a_secret_reaches_the_job_on_ray_and_no_answer(
         run = wait_status(client, run_id, {"SUCCEEDED", "FAILED"})
         assert run["status"] == "SUCCEEDED", run
         answers = [client.get(f"/runs/{run_id}").text, client.get(f"/runs/{run_id}/script").text]
-    job = httpx.get(f"{ray_cluster.address}/api/jobs/{run_id}", timeout=10).json()
+    job = httpx.get(
+        f"{ray_cluster.address}/api/jobs/{run_id}", headers=ray_cluster.auth_headers, timeout=10
+    ).json()
     assert job["runtime_env"]["env_vars"]["WANDB_API_KEY"] == WANDB
     assert all(WANDB not in answer for answer in answers)
