@@ -112,5 +112,5 @@ def test_the_runs_files_travel_with_the_script_as_its_working_dir(
     cut = args.index("--")
     options = dict(zip(args[2:cut:2], args[3:cut:2], strict=True))
     working_dir = Path(json.loads(options["--runtime-env-json"])["working_dir"])
-    assert (working_dir / "reward.py").read_text() == reward
+    assert (working_dir / "run-files" / "reward.py").read_text() == reward
     assert args[cut + 1 :] == run["command"]
