@@ -15,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.app import create_app
-from service.cluster.local_ray import INHERITED_ENV, LocalRayCluster
+from service.cluster.local_ray import INHERITED_ENV, LocalRayCluster, _is_free
 from tests.conftest import RAY_PORT, make_settings, submit, wait_for, wait_status
 from tests.listeners import listeners, session_members
 
@@ -63,6 +63,15 @@ class Embedded:
     state: Path
 
 
+def _free_ports() -> int:
+    """A base port near this session's own whose block is free now (another process's
+    outgoing connections may hold a port of the first a while)."""
+    for base in range(RAY_PORT + 300, RAY_PORT + 1000, 100):
+        if all(_is_free(base + o) for o in (0, 1, 10, 11, 2000)):
+            return base
+    pytest.fail("no free block of ports for the embedded cluster")
+
+
 @pytest.fixture(scope="module")
 def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embedded]:
     """The service as `rlrun serve` runs it by default: its own local Ray (two nodes), started
@@ -72,7 +81,7 @@ def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embedded]:
         _poison(monkeypatch)
         db_url = f"sqlite:///{tmp}/{DB_URL_MARK}.db"
         monkeypatch.setenv("RLRUN_DATABASE_URL", db_url)
-        port = RAY_PORT + 300
+        port = _free_ports()
         settings = make_settings(
             db_url,
             "local",
