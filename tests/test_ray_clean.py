@@ -19,8 +19,6 @@ from service.cluster.local_ray import INHERITED_ENV, LocalRayCluster, _is_free
 from tests.conftest import RAY_PORT, make_settings, submit, wait_for, wait_status
 from tests.listeners import listeners, session_members
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
-
 DB_URL_MARK = "rlrun-clean-db"
 SECRET = "s3cret-of-team-nlp-0123456789"
 RAY_ENV = {
@@ -54,6 +52,11 @@ def test_a_nodes_environment_is_the_allow_list_and_ray_settings_only(
     assert env["RAY_AUTH_TOKEN_PATH"] == str(cluster.token_path)
     assert cluster.token_path.parent == tmp_path / "state"
     assert LocalRayCluster([1]).token != cluster.token  # one token per handle
+    cluster._write_token()
+    assert stat.S_IMODE(cluster.token_path.stat().st_mode) == 0o600
+    assert cluster.token_path.read_text() == cluster.token
+    cluster.stop()
+    assert not cluster.token_path.exists()
 
 
 @dataclass
@@ -106,6 +109,8 @@ def _cluster_pids(state: Path) -> set[int]:
     return session_members({int(g) for g in json.loads(record.read_text())["pgids"]})
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_a_job_finds_no_credential_of_the_service_in_its_environment(embedded: Embedded) -> None:
     token_file = _token_file(embedded.state)
     assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
@@ -125,6 +130,8 @@ def test_a_job_finds_no_credential_of_the_service_in_its_environment(embedded: E
     assert env["PYTHONPATH"] != "/nowhere" and "/nowhere" not in env["PYTHONPATH"].split(":")
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_every_process_of_the_cluster_listens_on_loopback_only(embedded: Embedded) -> None:
     # While a job holds a placement group: its driver and workers are processes of the nodes.
     run_id = submit(embedded.client, seconds=60, groups=[{"accelerators": 1, "cpus": 0}])
@@ -148,6 +155,8 @@ def wait_for_log(client: TestClient, run_id: str, text: str) -> str:
     return logs
 
 
+@pytest.mark.ray
+@pytest.mark.slow
 def test_rays_api_refuses_a_caller_without_the_token(embedded: Embedded) -> None:
     token = _token_file(embedded.state).read_text()
     dashboard = f"http://127.0.0.1:{embedded.settings.local_dashboard_port}"

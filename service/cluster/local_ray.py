@@ -8,8 +8,9 @@ at start, and a port given but in use is a one-line ``PortInUse`` error before a
 The nodes start clean and closed. Their environment is an allow-list (``INHERITED_ENV`` and
 the Ray settings this module sets), so no job inherits the service's database URL, tokens or
 secrets. Every process binds 127.0.0.1 only. Ray's token authentication is on, with a token made
-per start and kept in a file of mode 0600 (``token_path``); the nodes get its path, never its
-value, and the service's client sends it (``token``).
+per handle (each start of the service) and kept in a file of mode 0600 (``token_path``) while
+the nodes run; the nodes get its path, never its value, and the service's client sends it
+(``token``).
 
 With a ``state_dir``, the handle records its nodes' process groups there while they run. A
 process that dies without stopping them (SIGKILL) leaves that record behind, and the next handle
