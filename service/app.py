@@ -84,7 +84,7 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
         if settings.migrate_on_start:
             await asyncio.to_thread(dbmod.upgrade, settings.database_url)
         cluster: LocalRayCluster | None = None
-        address = settings.ray_address
+        address, token = settings.ray_address, settings.ray_token
         if settings.uses_local_ray:
             cluster = LocalRayCluster(
                 settings.local_npus_per_node,
@@ -100,14 +100,14 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
             except PortInUse as exc:
                 log.error("cannot start the local Ray cluster: %s", exc)
                 raise
-            address = cluster.address
-        services = app.state.services = build_services(settings, registry, address)
+            address, token = cluster.address, cluster.token
+        services = app.state.services = build_services(settings, registry, address, token)
         app.state.telemetry.watch(services)
         stop = asyncio.Event()
         tasks = [asyncio.create_task(loop.run(stop)) for loop in services.loops.values()]
         probe: ProbeProcess | None = None
         try:
-            probe = _probe_process(settings, address)
+            probe = _probe_process(settings, address, token)
             if probe is not None:
                 tasks.append(asyncio.create_task(probe.heartbeat(stop)))
             with on_shutdown_signal(services.broker.close_streams):
@@ -164,7 +164,9 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
     return app
 
 
-def build_services(settings: Settings, registry: RecipeRegistry, ray_address: str) -> Services:
+def build_services(
+    settings: Settings, registry: RecipeRegistry, ray_address: str, ray_token: str | None = None
+) -> Services:
     """Everything one replica runs on, built once: the database, the Ray client, the inventory,
     the event broker and (with ``run_loops``) the background loops, wired to wake each other."""
     db = dbmod.Database(
@@ -173,7 +175,7 @@ def build_services(settings: Settings, registry: RecipeRegistry, ray_address: st
         pool_size=settings.db_pool_size,
         max_overflow=settings.db_max_overflow,
     )
-    ray = RayJobs(ray_address, settings.ray_token, settings.ray_timeout_s)
+    ray = RayJobs(ray_address, ray_token or settings.ray_token, settings.ray_timeout_s)
     inventory = InventoryCache(ray, settings.inventory_ttl_s)
     broker = Broker(db, settings.events_poll_s)
     secrets = SecretStore(settings.secrets_dir)
@@ -256,14 +258,16 @@ def build_services(settings: Settings, registry: RecipeRegistry, ray_address: st
     )
 
 
-def _probe_process(settings: Settings, ray_address: str) -> ProbeProcess | None:
+def _probe_process(
+    settings: Settings, ray_address: str, ray_token: str | None
+) -> ProbeProcess | None:
     """The probe listener on ``RLRUN_PROBE_PORT``, if one is set."""
     if settings.probe_port is None:
         return None
     config = {
         "database_url": settings.database_url,
         "ray_address": ray_address,
-        "ray_token": settings.ray_token,
+        "ray_token": ray_token,
         "stall_s": settings.probe_stall_s,
     }
     return ProbeProcess(settings.probe_host or settings.listen_host, settings.probe_port, config)

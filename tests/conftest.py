@@ -25,6 +25,9 @@ from tests import postgres
 os.environ.setdefault("RLRUN_OPEN_MODE_HOSTS", '["testserver"]')
 # Ports for the session's Ray cluster; outside 10002-19999, which Ray keeps for its workers.
 RAY_PORT = int(os.environ.get("RLRUN_TEST_RAY_PORT", "46379"))
+# Ray's auth token of each cluster handle the tests started, by dashboard address: settings and
+# clients made for that address take it from there.
+RAY_TOKENS: dict[str, str] = {}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -44,13 +47,15 @@ def ray_cluster() -> Iterator[LocalRayCluster]:
         [8, 8], cpus_per_node=8, port=RAY_PORT, dashboard_port=RAY_PORT + 2000
     )
     cluster.start()
+    RAY_TOKENS[cluster.address] = cluster.token
     yield cluster
+    RAY_TOKENS.pop(cluster.address, None)
     cluster.cleanup()
 
 
 @pytest.fixture
 def ray(ray_cluster: LocalRayCluster) -> Iterator[RayJobs]:
-    client = RayJobs(ray_cluster.address)
+    client = RayJobs(ray_cluster.address, ray_cluster.token)
     yield client
     # Leave the shared cluster idle for the next test.
     for job in client.list_jobs():
@@ -113,6 +118,7 @@ def make_settings(db_url: str, ray_address: str, **overrides: Any) -> Settings:
         "reconcile_interval_s": 0.3,
         "max_backoff_s": 2.0,
         "recipe_plugins": "tests.recipes:register",
+        "ray_token": RAY_TOKENS.get(ray_address),
     }
     return Settings(**(defaults | overrides))
 

@@ -28,6 +28,11 @@ if message:
 sys.exit(code)
 """
 SCRIPT = _ARGS + 'print("script run", name, flush=True)' + _RUN
+# With `show_env`: the job prints its whole environment as one line, `ENV {...}`.
+_ENV = """
+import os
+print("ENV", json.dumps(dict(os.environ)), flush=True)
+"""
 
 # With `groups`: the job also holds one placement group with a bundle per group until it ends
 # (`python3 -c PG_SCRIPT name seconds exit_code message bundles_json`).
@@ -46,12 +51,16 @@ print("script run", name, "placed", len(bundles), "groups", flush=True)
 )
 
 # With `stop_job_url`: the job first stops another job through Ray's Jobs REST API, as any code
-# on the cluster can (`python3 -c STOP_SCRIPT name seconds exit_code message url`).
+# on the cluster can (`python3 -c STOP_SCRIPT name seconds exit_code message url`): with token
+# auth, by reading the token file its node was started with (same Unix user).
 STOP_SCRIPT = (
     _ARGS
     + """
-import urllib.request
-with urllib.request.urlopen(urllib.request.Request(sys.argv[5], method="POST"), timeout=30) as r:
+import os, urllib.request
+path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+headers = {"Authorization": "Bearer " + open(path).read().strip()} if path else {}
+stop = urllib.request.Request(sys.argv[5], method="POST", headers=headers)
+with urllib.request.urlopen(stop, timeout=30) as r:
     print("script run", name, "stopped another job:", r.status, r.read().decode(), flush=True)
 """
     + _RUN
@@ -76,6 +85,7 @@ class ScriptSpec(RunSpec):
     groups: list[GroupSpec] = Field(default_factory=list, max_length=8)
     # `<dashboard>/api/jobs/<id>/stop`: a job that stops another one behind the service's back.
     stop_job_url: str = ""
+    show_env: bool = False
 
 
 class ScriptRecipe:
@@ -89,18 +99,27 @@ class ScriptRecipe:
         name = spec.name or ctx.run_id
         args = [name, str(spec.seconds), str(spec.exit_code), spec.message]
         if spec.groups:
-            return self._with_groups(spec, args)
+            return self._with_env(spec, self._with_groups(spec, args))
         argv = ["python3", "-c", SCRIPT, *args]
         if spec.stop_job_url:
             argv = ["python3", "-c", STOP_SCRIPT, *args, spec.stop_job_url]
         groups = (Group("job", spec.npus, 0.0, size_field="npus"),) if spec.npus else ()
-        return Launch(
+        launch = Launch(
             argv=argv,
             runtime_env={"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "2"}},
             shape=ResourceShape(accelerator="NPU", groups=groups, driver_cpus=0.1),
             entrypoint_num_cpus=0.1,
             entrypoint_resources={"NPU": float(spec.npus)} if spec.npus else {},
         )
+        return self._with_env(spec, launch)
+
+    @staticmethod
+    def _with_env(spec: ScriptSpec, launch: Launch) -> Launch:
+        if not spec.show_env:
+            return launch
+        argv = list(launch.argv)
+        argv[2] = argv[2].replace(_RUN, _ENV + _RUN)
+        return replace(launch, argv=argv)
 
     @staticmethod
     def _with_groups(spec: ScriptSpec, args: list[str]) -> Launch:

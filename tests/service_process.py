@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import wait_for
+from tests.conftest import RAY_TOKENS, wait_for
 from tests.live import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,6 +36,8 @@ class ServiceProcess:
             "RLRUN_SUBMIT_BATCH": "4",
             "RLRUN_PROBE_PORT": self.probe_url.rsplit(":", 1)[1],
         }
+        if ray_address in RAY_TOKENS:
+            self.env["RLRUN_RAY_TOKEN"] = RAY_TOKENS[ray_address]
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
         self.kills = 0

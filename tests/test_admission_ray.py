@@ -72,7 +72,9 @@ def test_the_reference_verl_preset_is_refused_on_eight_npu_nodes_with_the_fix(
         [8, 8, 8, 8], cpus_per_node=64, port=RAY_PORT + 200, dashboard_port=RAY_PORT + 2200
     ).start()
     preset = {"recipe": "verl-fully-async", "preset": "geo3k-qwen3vl-8b-npu"}
-    settings = make_settings(f"sqlite:///{tmp_path}/db.sqlite", cluster.address, run_loops=False)
+    settings = make_settings(
+        f"sqlite:///{tmp_path}/db.sqlite", cluster.address, ray_token=cluster.token, run_loops=False
+    )
     try:
         with TestClient(create_app(settings)) as client:
             refused = client.post("/runs", json=preset)

@@ -42,6 +42,7 @@ def test_the_cluster_view_shows_addresses_holders_jobs_outside_and_the_node_map(
         cluster.address,
         team_nodes={"vision": "group-a"},
         inventory_ttl_s=0.5,
+        ray_token=cluster.token,
     )
     try:
         cluster.start(timeout_s=240)  # a loaded machine starts Ray slowly
@@ -61,7 +62,7 @@ def test_the_cluster_view_shows_addresses_holders_jobs_outside_and_the_node_map(
             nlp = post({"team": "nlp", "name": "nlp holder", "groups": [{"accelerators": 2}]})
             for run_id in (vision, nlp):
                 wait_status(http, run_id, {"RUNNING"}, timeout=90)
-            ray = RayJobs(cluster.address)
+            ray = RayJobs(cluster.address, cluster.token)
             entrypoint = "RAW_TOKEN=hunter2 python3 -c 'import time; time.sleep(300)'"
             ray.submit("raw-job", entrypoint, {}, {}, entrypoint_resources={"NPU": 2.0})
             waiting = post({"team": "nlp", "name": "nlp waits", "npus": 8})

@@ -30,7 +30,9 @@ def test_a_restarted_head_loses_running_runs_and_runs_the_queued_and_new_ones(
 ) -> None:
     port = RAY_PORT + 200
     cluster = LocalRayCluster([4], cpus_per_node=4, port=port, dashboard_port=port + 2000)
-    settings = make_settings(f"sqlite:///{tmp_path}/db.sqlite", cluster.address)
+    settings = make_settings(
+        f"sqlite:///{tmp_path}/db.sqlite", cluster.address, ray_token=cluster.token
+    )
     try:
         cluster.start()
         with TestClient(create_app(settings)) as client:

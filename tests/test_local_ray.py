@@ -100,17 +100,18 @@ def test_nodes_left_by_a_sigkilled_service_are_cleared_by_the_next_serve(tmp_pat
     try:
         first.start(timeout=120)
         left = _record(state)
+        (left_token,) = state.glob("local-ray-*.token")
         first.kill()
         assert all(_alive(g) for g in left["pgids"])  # the nodes outlive the killed service
         started = time.monotonic()
         second.start(timeout=120)
         print(f"next serve up (clearing the left nodes) in {time.monotonic() - started:.1f}s")
         assert not any(_alive(g) for g in left["pgids"])
-        assert not Path(left["base_dir"]).exists()
+        assert not Path(left["base_dir"]).exists() and not left_token.exists()
         own = _record(state)
         assert own["owner_pid"] == second.proc.pid  # type: ignore[union-attr]
     finally:
         second.stop()
         first.stop()
-    wait_for(lambda: list(state.glob("*.json")), lambda files: files == [], timeout=30)
+    wait_for(lambda: list(state.glob("local-ray-*")), lambda files: files == [], timeout=30)
     assert not any(_alive(g) for g in own["pgids"])

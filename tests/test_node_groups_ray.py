@@ -32,6 +32,7 @@ def test_a_mapped_team_runs_on_its_node_and_another_team_waits_rather_than_use_i
         cluster.address,
         team_nodes={"vision": "group-a"},
         inventory_ttl_s=0.5,
+        ray_token=cluster.token,
     )
     try:
         cluster.start(timeout_s=240)  # a loaded machine starts Ray slowly
@@ -41,7 +42,9 @@ def test_a_mapped_team_runs_on_its_node_and_another_team_waits_rather_than_use_i
             assert len(group_a) == 1 and len(nodes) == 2
 
             def driver_node(run_id: str) -> str:
-                job = httpx.get(f"{cluster.address}/api/jobs/{run_id}", timeout=10).json()
+                job = httpx.get(
+                    f"{cluster.address}/api/jobs/{run_id}", headers=cluster.auth_headers, timeout=10
+                ).json()
                 return str(job["driver_node_id"])
 
             vision = submit(client, team="vision", seconds=120, npus=2)

@@ -120,7 +120,9 @@ def test_a_restarted_ray_head_makes_a_running_run_lost_with_a_reason(tmp_path: A
     ).start()
     from service.app import create_app
 
-    settings = make_settings(f"sqlite:///{tmp_path}/db.sqlite", cluster.address)
+    settings = make_settings(
+        f"sqlite:///{tmp_path}/db.sqlite", cluster.address, ray_token=cluster.token
+    )
     try:
         with TestClient(create_app(settings)) as client:
             run_id = submit(client, seconds=300, npus=2)

@@ -72,7 +72,7 @@ def test_shell_metacharacters_in_the_spec_run_nothing(api: TestClient, tmp_path:
         **PRESET,
         "name": evil.strip(),  # a name is one line
         "trainer": {"experiment_name": evil, "project_name": evil},
-        "data": {"train_files": "/" + evil},
+        "data": {"train_files": "/data/" + evil},  # under a data root: only its text is odd
         "runtime_env": {"env_vars": {"EVIL": evil}},
     }
     run, script = script_of(api, body)
@@ -112,5 +112,5 @@ def test_the_runs_files_travel_with_the_script_as_its_working_dir(
     cut = args.index("--")
     options = dict(zip(args[2:cut:2], args[3:cut:2], strict=True))
     working_dir = Path(json.loads(options["--runtime-env-json"])["working_dir"])
-    assert (working_dir / "reward.py").read_text() == reward
+    assert (working_dir / "run-files" / "reward.py").read_text() == reward
     assert args[cut + 1 :] == run["command"]

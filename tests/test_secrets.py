@@ -456,12 +456,16 @@ def test_a_secret_reaches_the_jobs_processes_and_never_rays_job_table(
         ]
         answers.append(logs)
         ray_says = [
-            httpx.get(f"{ray_cluster.address}{path}", timeout=30).text
+            httpx.get(
+                f"{ray_cluster.address}{path}", headers=ray_cluster.auth_headers, timeout=30
+            ).text
             for path in ("/api/jobs/", f"/api/jobs/{run_id}", "/api/v0/jobs")
         ]
         assert all(WANDB not in text for text in answers + ray_says)
         # What Ray does hold is the grant: redeemed, and its run over, it answers nothing.
-        job = httpx.get(f"{ray_cluster.address}/api/jobs/{run_id}", timeout=30).json()
+        job = httpx.get(
+            f"{ray_cluster.address}/api/jobs/{run_id}", headers=ray_cluster.auth_headers, timeout=30
+        ).json()
         token = job["runtime_env"]["env_vars"][GRANT_ENV]
         again = client.post("/grants/redeem", headers={"Authorization": f"Bearer {token}"})
         assert again.status_code == 401 and WANDB not in again.text
@@ -522,5 +526,7 @@ def test_tiny_grpo_redeems_its_grant_once_and_trains(
         assert run["status"] == "SUCCEEDED", client.get(f"/runs/{run_id}/logs").text
         audited = client.get("/audit", params={"run_id": run_id}).json()["items"]
         assert [e["action"] for e in audited if e["action"].startswith("grant")] == ["grant.redeem"]
-        job = httpx.get(f"{ray_cluster.address}/api/jobs/{run_id}", timeout=30).text
+        job = httpx.get(
+            f"{ray_cluster.address}/api/jobs/{run_id}", headers=ray_cluster.auth_headers, timeout=30
+        ).text
         assert WANDB not in job and WANDB not in client.get(f"/runs/{run_id}/logs").text

@@ -101,7 +101,7 @@ def test_a_passing_preflight_hands_over_to_verl_with_the_exact_argv(
         "files": {"reward.py": "def compute_score(*args, **kwargs):\n    return 0.0\n"},
         "overrides": [
             "trainer.project_name='a b; $(touch /tmp/x)'",
-            "custom_reward_function.path=reward.py",  # shipped: the job's working directory
+            "custom_reward_function.path=reward.py",  # shipped: run-files/ of its working dir
         ],
     }
     with service(service_factory, f"sqlite:///{tmp_path}/db.sqlite", tmp_path) as client:
@@ -118,7 +118,7 @@ def test_a_passing_preflight_hands_over_to_verl_with_the_exact_argv(
     # The shipped file was in the working directory of a task on every node.
     for node in run["preflight"]["nodes"]:
         (shipped,) = [c for c in node["checks"] if c["key"] == "custom_reward_function.path"]
-        assert shipped["target"] == "reward.py" and shipped["ok"] is True
+        assert shipped["target"] == "run-files/reward.py" and shipped["ok"] is True
         handed = [line for line in log.splitlines() if line.startswith(HANDOVER)]
     assert len(handed) == 1
     assert json.loads(handed[0].removeprefix(HANDOVER)) == verl_argv(run["command"])

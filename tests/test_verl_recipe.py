@@ -43,7 +43,7 @@ def build(body: dict[str, Any], settings: Settings = SETTINGS, run_id: str = "ru
 def verl_argv(argv: list[str] | Launch) -> list[str]:
     """verl's own command: what the launcher execs after its preflight (after ``--``)."""
     argv = argv.argv if isinstance(argv, Launch) else argv
-    assert argv[:3] == ["python3", "-m", "jobs.verl_launch"] and argv[3] == "--plan"
+    assert argv[:5] == ["python3", "-P", "-s", "-m", "jobs.verl_launch"] and argv[5] == "--plan"
     return argv[argv.index("--") + 1 :]
 
 
@@ -321,7 +321,7 @@ def test_warning_top_level_rollout_n_is_unused() -> None:
 
 def test_the_launcher_plan_names_every_path_the_nodes_must_have() -> None:
     argv = build(PRESET, run_id="run-p").argv
-    plan = json.loads(argv[4])
+    plan = json.loads(argv[argv.index("--plan") + 1])
     assert {(p["key"], p["path"]) for p in plan["files"]} == {
         ("data.train_files", "/mnt/data/geo3k/train.parquet"),
         ("data.val_files", "/mnt/data/geo3k/test.parquet"),
@@ -343,7 +343,8 @@ def test_the_plan_names_files_the_config_refers_to() -> None:
         "data.custom_cls.path=hdfs://cluster/ds.py",  # not a local path: verl's business
     ]
     settings = SETTINGS.model_copy(update={"data_roots": ["hdfs://cluster"]})
-    plan = json.loads(build({**PRESET, "overrides": overrides}, settings).argv[4])
+    argv = build({**PRESET, "overrides": overrides}, settings).argv
+    plan = json.loads(argv[argv.index("--plan") + 1])
     paths = {p["path"] for p in plan["files"]}
     assert {"/mnt/data/code/reward.py", "/mnt/data/code/tools.yaml"} <= paths
 

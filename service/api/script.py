@@ -4,8 +4,8 @@ Built from the run's stored launch (any recipe): the same argv, runtime env, ent
 resources and submission id (the run id) that the service sends to Ray. The service also ships
 the ``jobs`` package with every job (runtime env ``py_modules``); the script adds the directory
 of the ``jobs`` package installed where it runs, found with Python, not a fixed path. A run's own
-files (its working directory) are written to a fresh temporary directory that ``ray job submit``
-uploads.
+files are written to ``run-files/`` of a fresh temporary directory that ``ray job submit``
+uploads as the working directory, as the service ships them.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from fastapi.responses import PlainTextResponse
 
 from service.api.auth import Viewer, visible_run
 from service.api.deps import ServicesDep
+from service.recipes.base import RUN_FILES_DIR
 from service.team_secrets import MASK, masked_runtime_env
 
 router = APIRouter(prefix="/runs", tags=["runs"])
@@ -27,7 +28,9 @@ ADD_JOBS_MODULE = (
     "import json, os, sys, tempfile, jobs; env = json.loads(sys.argv[1]); "
     "env.setdefault('py_modules', []).append(os.path.dirname(jobs.__file__)); "
     "files = json.loads(sys.argv[2]); d = tempfile.mkdtemp(prefix='rlrun-files-'); "
-    "[open(os.path.join(d, n), 'w', encoding='utf-8').write(t) for n, t in files.items()]; "
+    f"os.mkdir(os.path.join(d, {RUN_FILES_DIR!r})); "
+    f"[open(os.path.join(d, {RUN_FILES_DIR!r}, n), 'w', encoding='utf-8').write(t) "
+    "for n, t in files.items()]; "
     "env.update({'working_dir': d} if files else {}); "
     "env.setdefault('env_vars', {}).update({n: os.environ[n] for n in sys.argv[3:]}); "
     "print(json.dumps(env))"

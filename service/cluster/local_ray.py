@@ -5,6 +5,13 @@ handle stops exactly those nodes (``ray stop`` would kill every Ray process on t
 Ports stay outside 10002-19999, which Ray reserves for its workers; unset, free ones are chosen
 at start, and a port given but in use is a one-line ``PortInUse`` error before anything starts.
 
+The nodes start clean and closed. Their environment is an allow-list (``INHERITED_ENV`` and
+the Ray settings this module sets), so no job inherits the service's database URL, tokens or
+secrets. Every process binds 127.0.0.1 only. Ray's token authentication is on, with a token made
+per handle (each start of the service) and kept in a file of mode 0600 (``token_path``) while
+the nodes run; the nodes get its path, never its value, and the service's client sends it
+(``token``).
+
 With a ``state_dir``, the handle records its nodes' process groups there while they run. A
 process that dies without stopping them (SIGKILL) leaves that record behind, and the next handle
 started with the same ``state_dir`` kills those groups (only processes still running in that
@@ -17,6 +24,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -30,6 +38,25 @@ import httpx
 
 log = logging.getLogger(__name__)
 RAY_WORKER_PORTS = range(10002, 20000)
+
+# What the nodes' processes (and so every job's driver and workers) take from the environment
+# that starts them; anything else (RLRUN_*, secrets, credentials of any tool) stays behind.
+INHERITED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR")
+
+# Ray turns 127.0.0.1 into the host's address ("ray start --node-ip-address", "--address")
+# unless in its loopback mode (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0). With a loopback node
+# address, every component binds loopback. In that mode `ray start --address` refuses to join
+# a second node, a guard meant for macOS and Windows: this starter lifts that one check for the
+# `ray start` process only (its children, which resolve addresses, keep the loopback mode).
+_JOIN = (
+    "import sys, types\n"
+    "import ray._private.ray_constants as constants\n"
+    "import ray.scripts.scripts as scripts\n"
+    "joinable = {**vars(constants), 'ENABLE_RAY_CLUSTER': True}\n"
+    "scripts.ray_constants = types.SimpleNamespace(**joinable)\n"
+    "sys.argv[0] = 'ray'\n"
+    "scripts.main()\n"
+)
 
 
 class PortInUse(RuntimeError):
@@ -59,6 +86,20 @@ class LocalRayCluster:
         self.dashboard_port = dashboard_port or 0
         self.state_dir = Path(state_dir) if state_dir else None
         self._procs: list[subprocess.Popen[bytes]] = []
+        # Ray's auth token, made once per handle (each start of the service makes its own):
+        # a head restarted by the same handle takes the same token, and its clients keep working.
+        self.token = secrets.token_hex(32)
+
+    @property
+    def token_path(self) -> Path:
+        """The file holding ``token`` (mode 0600): in the state dir, else in the base dir."""
+        if self._record_path is not None:
+            return self._record_path.with_suffix(".token")
+        return self.base_dir / "ray-token"
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
 
     @property
     def address(self) -> str:
@@ -86,21 +127,42 @@ class LocalRayCluster:
         extra = self.custom_resources[index] if index < len(self.custom_resources) else {}
         return {"NPU": self.npus_per_node[index], **extra}
 
-    def _spawn(self, args: list[str], index: int) -> None:
-        ray = Path(sys.executable).with_name("ray")
-        env = dict(os.environ)
+    def node_env(self) -> dict[str, str]:
+        """The whole environment of a node's ``ray start``, inherited by all its processes."""
+        env = {name: os.environ[name] for name in INHERITED_ENV if name in os.environ}
         # Job drivers inherit this PATH, so `python3` in an entrypoint is this environment's.
-        env["PATH"] = f"{ray.parent}{os.pathsep}{env.get('PATH', '')}"
-        env.setdefault("RAY_DEDUP_LOGS", "0")
-        # Per-node usage in /api/cluster_status (what admission reads) refreshes at this period
-        # (Ray's default: 5 s); a freed node is then seen within about a second.
-        env.setdefault("AUTOSCALER_UPDATE_INTERVAL_S", "1")
+        bin_dir = Path(sys.executable).parent
+        env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', os.defpath)}"
+        return env | {
+            "RAY_DEDUP_LOGS": "0",
+            # Per-node usage in /api/cluster_status (what admission reads) refreshes at this
+            # period (Ray's default: 5 s); a freed node is then seen within about a second.
+            "AUTOSCALER_UPDATE_INTERVAL_S": "1",
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # loopback addresses stay loopback
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": str(self.token_path),
+        }
+
+    def _write_token(self) -> None:
+        """Put the token where the nodes read it and only this user can."""
+        path = self.token_path
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path.unlink(missing_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.token)
+
+    def _spawn(self, args: list[str], index: int) -> None:
+        if index == 0:
+            argv = [str(Path(sys.executable).with_name("ray")), "start", *args]
+        else:
+            argv = [sys.executable, "-c", _JOIN, "start", *args]
         log = open(self.base_dir / f"node{index}.log", "wb")  # noqa: SIM115 - owned by the child
         proc = subprocess.Popen(
-            [str(ray), "start", *args],
+            argv,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=env,
+            env=self.node_env(),
             start_new_session=True,
         )
         log.close()
@@ -151,6 +213,7 @@ class LocalRayCluster:
             clear_orphans(self.state_dir)
         self.resolve_ports()
         self.base_dir.mkdir(parents=True, exist_ok=True)
+        self._write_token()
         head = [
             "--head",
             f"--port={self.port}",
@@ -176,7 +239,10 @@ class LocalRayCluster:
         while time.monotonic() < deadline:
             self._check_alive()
             try:
-                if httpx.get(f"{self.address}/api/version", timeout=2).status_code == 200:
+                resp = httpx.get(
+                    f"{self.address}/api/version", headers=self.auth_headers, timeout=2
+                )
+                if resp.status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -190,7 +256,9 @@ class LocalRayCluster:
         while time.monotonic() < deadline:
             self._check_alive()
             try:
-                status = httpx.get(f"{self.address}/api/cluster_status", timeout=5).json()
+                status = httpx.get(
+                    f"{self.address}/api/cluster_status", headers=self.auth_headers, timeout=5
+                ).json()
                 usage = status["data"]["clusterStatus"]["loadMetricsReport"]["usageByNode"]
                 have = sum(r.get("NPU", [0, 0])[1] for r in usage.values())
                 if len(usage) == len(self.npus_per_node) and have == want:
@@ -210,6 +278,7 @@ class LocalRayCluster:
         for proc in reversed(self._procs):
             _stop_group(proc, timeout_s)
         self._procs.clear()
+        self.token_path.unlink(missing_ok=True)
         if self._record_path is not None:
             self._record_path.unlink(missing_ok=True)
 
@@ -321,4 +390,5 @@ def clear_orphans(state_dir: Path) -> None:
             )
         if record.get("owns_dir"):
             shutil.rmtree(base_dir, ignore_errors=True)
+        path.with_suffix(".token").unlink(missing_ok=True)
         path.unlink(missing_ok=True)

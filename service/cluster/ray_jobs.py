@@ -233,9 +233,10 @@ def zip_module(module_dir: Path) -> bytes:
     )
 
 
-def zip_files(files: dict[str, str]) -> bytes:
-    """A deterministic zip of a run's files at its top level (a ``working_dir`` package)."""
-    return _zip((name, text.encode()) for name, text in sorted(files.items()))
+def zip_files(files: dict[str, str], under: str) -> bytes:
+    """A deterministic zip of a run's files in its directory ``under`` (a ``working_dir``
+    package whose top holds nothing else)."""
+    return _zip((f"{under}/{name}", text.encode()) for name, text in sorted(files.items()))
 
 
 def _zip(entries: Iterable[tuple[str, bytes]]) -> bytes:

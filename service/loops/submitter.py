@@ -22,6 +22,7 @@ import jobs
 from jobs import grant as job_grant
 from service.client import DEFAULT_URL
 from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable, stop_job, zip_files
+from service.recipes.base import RUN_FILES_DIR
 from service.scheduling import backlog
 from service.scheduling.admission import Quotas
 from service.scheduling.inventory import Inventory, InventoryCache
@@ -120,7 +121,8 @@ class Submitter:
                 self.ray.package_uri(JOBS_DIR),
             ]
             if launch.get("files"):  # the run's own files: its working directory on every node
-                runtime_env["working_dir"] = self.ray.upload(zip_files(launch["files"]))
+                package = zip_files(launch["files"], RUN_FILES_DIR)
+                runtime_env["working_dir"] = self.ray.upload(package)
             fresh = self.ray.submit(
                 submission_id=run.id,
                 entrypoint=launch["entrypoint"],

@@ -49,6 +49,12 @@ class LaunchContext:
     stop_grace_s: int = 120
 
 
+# Where a run's files are unpacked in the job's working directory: a directory on no import
+# path and no Python identifier, so no shipped file can stand in for a module
+# (see service.recipes.verl.shipped).
+RUN_FILES_DIR = "run-files"
+
+
 @dataclass(frozen=True)
 class Launch:
     """The job as Ray will see it. ``argv`` is joined with shell quoting, never formatted."""
@@ -61,7 +67,8 @@ class Launch:
     warnings: list[str] = field(default_factory=list)
     # How many parameter syncs the run plans (progress is the current parameter version of it).
     total_steps: int | None = None
-    # Small text files shipped as the job's working directory (name -> text).
+    # Small text files shipped with the job (name -> text), unpacked in RUN_FILES_DIR of its
+    # working directory.
     files: dict[str, str] = field(default_factory=dict)
     # Env var -> secret name: values are filled in by the service when it submits, never stored.
     secrets: dict[str, str] = field(default_factory=dict)

@@ -192,10 +192,11 @@ def bench_handover(chain: int, port: int, fast: bool) -> list[float]:
     settings = Settings(
         database_url=f"sqlite:///{tempfile.mkdtemp()}/bench.db",
         ray_address=cluster.address,
+        ray_token=cluster.token,
         recipe_plugins="tests.recipes:register",
         **overrides,
     )
-    ray = RayJobs(cluster.address)
+    ray = RayJobs(cluster.address, cluster.token)
     gaps: list[float] = []
     noticed: list[float] = []
     try:

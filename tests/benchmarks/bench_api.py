@@ -83,6 +83,7 @@ def bench_accept(name: str, db_url: str, per_client: int, workdir: Path) -> None
 def bench_post_to_running(workdir: Path, runs: int = 10) -> None:
     cluster = LocalRayCluster([8], cpus_per_node=8, port=47379, dashboard_port=49379).start()
     service = ServiceProcess(f"sqlite:///{workdir}/ray.db", cluster.address, workdir / "ray.log")
+    service.env["RLRUN_RAY_TOKEN"] = cluster.token
     service.env["RLRUN_SUBMIT_INTERVAL_S"] = "1"
     service.env["RLRUN_RECONCILE_INTERVAL_S"] = "0.5"
     try:

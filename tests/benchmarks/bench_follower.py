@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -78,7 +79,7 @@ def child(mode: str, address: str, mb: int, seconds: float) -> dict[str, Any]:
     url = f"sqlite:///{tmp}/db.sqlite"
     upgrade(url)
     db = Database(url)
-    ray = RayJobs(address, timeout_s=300)
+    ray = RayJobs(address, os.environ["RLRUN_RAY_TOKEN"], timeout_s=300)
     run_id = f"bench-{uuid.uuid4().hex[:12]}"  # the same length for both: the log holds it
     add_run(db, run_id)
     reader = WholeLogReader(ray) if mode == "whole" else TailReader(ray)
@@ -157,6 +158,7 @@ def main() -> None:
                 capture_output=True,
                 text=True,
                 check=True,
+                env=os.environ | {"RLRUN_RAY_TOKEN": cluster.token},
             ).stdout
             results.append(json.loads(out.strip().splitlines()[-1]))
             print(results[-1], flush=True)

@@ -165,6 +165,7 @@ def bench_latency(tmp: Path) -> None:
             settings = Settings(
                 database_url=f"sqlite:///{tmp}/lat-{follow_s}.db",
                 ray_address=cluster.address,
+                ray_token=cluster.token,
                 follow_interval_s=follow_s,
                 submit_interval_s=0.3,
                 reconcile_interval_s=0.5,
@@ -205,6 +206,7 @@ def bench_tiny_grpo(tmp: Path) -> None:
         settings = Settings(
             database_url=f"sqlite:///{tmp}/tiny.db",
             ray_address=cluster.address,
+            ray_token=cluster.token,
             submit_interval_s=0.3,
             reconcile_interval_s=0.5,
         )

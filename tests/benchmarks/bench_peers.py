@@ -32,7 +32,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +62,7 @@ class Target:
     path: str
     body: dict[str, Any] | None = None
     ok: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,9 @@ async def _drive(target: Target, clients: int, seconds: float, warmup: float = 0
     errors = 0
     timeout = aiohttp.ClientTimeout(total=300)
     connector = aiohttp.TCPConnector(limit=clients)
-    async with aiohttp.ClientSession(target.base_url, timeout=timeout, connector=connector) as s:
+    async with aiohttp.ClientSession(
+        target.base_url, timeout=timeout, connector=connector, headers=target.headers
+    ) as s:
         start = time.perf_counter()
         measure_from, stop_at = start + warmup, start + warmup + seconds
 
@@ -173,21 +176,23 @@ def _measure_row(row: Row, clients: int, seconds: float) -> str:
 # --- rlrun against Ray's job API ---------------------------------------------------------------
 
 
-def ray_head(stack: ExitStack, args: argparse.Namespace) -> tuple[str, str]:
-    """A local Ray head holding 100 pending jobs; its address and one job's id (made once)."""
+def ray_head(stack: ExitStack, args: argparse.Namespace) -> tuple[str, str, dict[str, str]]:
+    """A local Ray head holding 100 pending jobs; its address, one job's id and the headers
+    that authenticate to it (made once)."""
     if not hasattr(args, "ray"):
         cluster = LocalRayCluster(
             [8], cpus_per_node=4, port=RAY_PORT, dashboard_port=RAY_PORT + 2000
         )
         cluster.start()
         stack.callback(cluster.cleanup)
-        with httpx.Client(base_url=cluster.address, timeout=30) as http:
+        headers = cluster.auth_headers
+        with httpx.Client(base_url=cluster.address, headers=headers, timeout=30) as http:
             ids = [
                 http.post("/api/jobs/", json=RAY_JOB).json()["submission_id"] for _ in range(100)
             ]
-        args.ray = (cluster.address, ids[0])
-    address_and_id: tuple[str, str] = args.ray
-    return address_and_id
+        args.ray = (cluster.address, ids[0], headers)
+    head: tuple[str, str, dict[str, str]] = args.ray
+    return head
 
 
 def service_on(
@@ -217,7 +222,7 @@ def service_on(
 
 def ray_section(db: str) -> Callable[[ExitStack, argparse.Namespace], Section]:
     def make(stack: ExitStack, args: argparse.Namespace) -> Section:
-        ray_url, job_id = ray_head(stack, args)
+        ray_url, job_id, auth = ray_head(stack, args)
         url, run_id, big_id = service_on(
             stack, dict(args.db_urls)[db], args.workdir, args.read_cache_s
         )
@@ -228,27 +233,27 @@ def ray_section(db: str) -> Callable[[ExitStack, argparse.Namespace], Section]:
                 Row(
                     "no-op (the HTTP stack alone)",
                     Target(url, "GET", "/healthz"),
-                    Target(ray_url, "GET", "/api/version"),
+                    Target(ray_url, "GET", "/api/version", headers=auth),
                 ),
                 Row(
                     "read one run",
                     Target(url, "GET", f"/runs/{run_id}"),
-                    Target(ray_url, "GET", f"/api/jobs/{job_id}"),
+                    Target(ray_url, "GET", f"/api/jobs/{job_id}", headers=auth),
                 ),
                 Row(
                     "read one run, 1,000,000 points",
                     Target(url, "GET", f"/runs/{big_id}"),
-                    Target(ray_url, "GET", f"/api/jobs/{job_id}"),
+                    Target(ray_url, "GET", f"/api/jobs/{job_id}", headers=auth),
                 ),
                 Row(
                     "list 100",
                     Target(url, "GET", "/runs?limit=100"),
-                    Target(ray_url, "GET", "/api/jobs/"),
+                    Target(ray_url, "GET", "/api/jobs/", headers=auth),
                 ),
                 Row(
                     "accept a run",
                     Target(url, "POST", "/runs", RUN_SPEC, ok=201),
-                    Target(ray_url, "POST", "/api/jobs/", RAY_JOB),
+                    Target(ray_url, "POST", "/api/jobs/", RAY_JOB, headers=auth),
                 ),
             ],
         )

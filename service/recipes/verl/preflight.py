@@ -5,7 +5,8 @@ and interaction configs, dataset class, agent loop config), the model directorie
 model, distillation teachers), the checkpoint directory the run will create; the packages the
 nodes must carry; whether Ray's accelerators must be device files. Absolute paths are checked on
 the nodes' filesystems, relative ones in the run's working directory (the files the spec ships,
-unpacked by Ray on every node); ``hdfs://``-style URIs and hub ids are left to verl.
+unpacked by Ray on every node in its ``run-files`` directory); ``hdfs://``-style URIs and hub
+ids are left to verl.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 import jobs.verl_launch
 from jobs.verl_launch import PathCheck, Plan
-from service.recipes.verl import pools
+from service.recipes.verl import pools, shipped
 from service.recipes.verl.hydra_check import select
 from service.settings import Settings
 
@@ -53,13 +54,15 @@ def _paths(cfg: dict[str, Any], key: str, absolute: bool = False) -> list[PathCh
 
 def unshipped(cfg: dict[str, Any], files: dict[str, str]) -> list[tuple[str, str, str]]:
     """``(key, path, why)`` for each relative file path the config names that the spec does not
-    ship: verl would look for it in a working directory that does not have it."""
+    ship: verl would look for it in a working directory that does not have it. (Names of shipped
+    files are rewritten to their place first, ``shipped.rewrite``.)"""
+    placed = shipped.places(files)
     return [
         (p["key"], p["path"], "is relative but not one of the run's files; ship it in `files` "
          "or give an absolute path on the nodes")
         for key in FILES
         for p in _paths(cfg, key)
-        if not p["path"].startswith("/") and "://" not in p["path"] and p["path"] not in files
+        if not p["path"].startswith("/") and "://" not in p["path"] and p["path"] not in placed
     ]  # fmt: skip
 
 
@@ -125,7 +128,13 @@ def plan(
     }
 
 
+# How the launcher starts: ``-P``, the working directory is not put first on its import path;
+# ``-s``, no user site-packages (a ``usercustomize`` an earlier job of the same Unix user left
+# there never runs). ``jobs`` comes from the job's ``py_modules``.
+LAUNCHER = ["python3", "-P", "-s", "-m", jobs.verl_launch.__name__]
+
+
 def launcher_argv(the_plan: Plan, verl_argv: list[str]) -> list[str]:
     """The job's command: the launcher with its plan, then verl's argv after ``--``, unchanged."""
     text = json.dumps(the_plan, sort_keys=True, separators=(",", ":"))
-    return ["python3", "-m", jobs.verl_launch.__name__, "--plan", text, "--", *verl_argv]
+    return [*LAUNCHER, "--plan", text, "--", *verl_argv]

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from service.errors import InvalidSpec, field_error, invalid_from_pydantic
 from service.recipes.base import Launch, LaunchContext, RunSpec
-from service.recipes.verl import command, guard, preflight, rules, typed_keys, versions
+from service.recipes.verl import command, guard, preflight, rules, shipped, typed_keys, versions
 from service.recipes.verl.hydra_check import OverrideError, base_config, compose, parse
 from service.recipes.verl.preset import PRESETS, deep_merge
 from service.recipes.verl.spec import VerlFullyAsyncSpec
@@ -58,7 +58,9 @@ class VerlFullyAsyncRecipe:
         if refused:
             raise InvalidSpec(f"{len(refused)} field(s) refused: {refused[0]['msg']}", refused)
         try:
-            items = command.overrides(full, self.checkpoint_dir(ctx.run_id))
+            items = shipped.rewrite(
+                command.overrides(full, self.checkpoint_dir(ctx.run_id)), full.files
+            )
         except command.Unexpressible as exc:
             raise InvalidSpec(str(exc), [field_error(exc.loc, str(exc))]) from exc
         name = command.config_name(full)

@@ -333,8 +333,9 @@ class VerlFullyAsyncSpec(RunSpec, OnlySet):
     files: dict[str, str] = Field(
         default_factory=dict,
         max_length=MAX_FILES,
-        description="small text files shipped as the run's working directory (name -> text), "
-        "e.g. a reward function; refer to them by name, e.g. custom_reward_function.path=reward.py",
+        description="small text files shipped with the run (name -> text), e.g. a reward "
+        "function, unpacked in run-files/ of the job's working directory (on no import path); "
+        "refer to them by name, e.g. custom_reward_function.path=reward.py",
     )
     overrides: list[str] = Field(
         default_factory=list,

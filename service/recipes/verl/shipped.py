@@ -1,0 +1,62 @@
+"""Where a run's files land on the cluster, and the overrides that name them.
+
+A spec's ``files`` are unpacked in ``RUN_FILES_DIR`` of the job's working directory, never at
+its top: the working directory is the job's current directory and Ray puts it on every
+process's ``PYTHONPATH``, so a file at its top named ``sitecustomize.py``, ``jobs.py``,
+``ray.py`` or ``verl.py`` would run before (or instead of) the launcher and verl. The
+subdirectory is on no path, and its name is no Python identifier, so nothing imports it as a
+package. An override that names a shipped file by its name (a key named like a path, dir or
+file, e.g. ``custom_reward_function.path=reward.py``) is rewritten to the file's place there.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Mapping
+from typing import Any
+
+from service.recipes.base import RUN_FILES_DIR
+from service.recipes.verl.command import Item, hydra_value
+from service.recipes.verl.guard import PATH_NAME
+from service.recipes.verl.hydra_check import parse
+
+
+def place(name: str) -> str:
+    """Where the shipped file ``name`` is, relative to the job's working directory."""
+    return f"{RUN_FILES_DIR}/{name}"
+
+
+def _moved(value: Any, files: Mapping[str, str]) -> Any:
+    if isinstance(value, str) and posixpath.normpath(value) in files:
+        return place(posixpath.normpath(value))
+    if isinstance(value, list):
+        return [_moved(v, files) for v in value]
+    return value
+
+
+def rewrite(items: list[Item], files: Mapping[str, str]) -> list[Item]:
+    """``items`` with each path value naming a shipped file pointed at its place."""
+    if not files:
+        return items
+    out = []
+    for item in items:
+        try:
+            parsed = parse(item.text)
+        except ValueError:  # composing reports it, naming the field
+            out.append(item)
+            continue
+        name = parsed.key.rsplit(".", 1)[-1]
+        if parsed.group or parsed.kind == "~" or not PATH_NAME.search(name):
+            out.append(item)
+            continue
+        value = _moved(parsed.value, files)
+        if value == parsed.value:
+            out.append(item)
+        else:
+            out.append(Item(f"{parsed.kind}{parsed.key}={hydra_value(value, item.loc)}", item.loc))
+    return out
+
+
+def places(files: Mapping[str, str]) -> set[str]:
+    """Where the shipped files are, relative to the job's working directory."""
+    return {place(name) for name in files}
