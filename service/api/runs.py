@@ -11,6 +11,7 @@ import hashlib
 import json
 import math
 from contextlib import nullcontext
+from dataclasses import replace
 from datetime import timedelta
 from typing import Annotated, Any
 
@@ -23,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from service.api.auth import Member, Principal, Viewer, audited, ensure_sees, visible_run
 from service.api.deps import ServicesDep
-from service.api.read_cache import Answer, respond
+from service.api.read_cache import Answer, OneRun, Page, respond
 from service.errors import Conflict, Forbidden, InvalidSpec, TooManyRequests, field_error
 from service.ids import new_run_id
 from service.metrics import store
@@ -249,17 +250,23 @@ async def list_runs(
     query = page_query(bool(status), bool(team), bool(cursor))
     params = {"limit": limit + 1, "status": status, "team": team, "cursor": cursor}
 
+    scope = Page(frozenset(status) if status else None, team, cursor)
+
     def read() -> Answer:
         with services.db.read() as session:
             rows = session.connection().execute(query, params).all()
             page = rows[:limit]
             latest = store.latest_of_runs(session, [r.id for r in page], SUMMARY_KEYS)
         items = [summary_doc(r, latest.get(r.id)) for r in page]
-        next_cursor = page[-1].id if len(rows) > limit else None
-        return Answer(to_json({"items": items, "next_cursor": next_cursor}))
+        more = len(rows) > limit
+        next_cursor = page[-1].id if more else None
+        read_scope = replace(
+            scope, read=frozenset(r.id for r in rows), oldest=rows[-1].id if more else None
+        )
+        return Answer(to_json({"items": items, "next_cursor": next_cursor}), scope=read_scope)
 
     # The key is everything the page depends on, the team it is limited to included.
-    answer = await services.reads.answer(f"runs:{to_json(params).decode()}", read)
+    answer = await services.reads.answer(f"runs:{to_json(params).decode()}", scope, read)
     return respond(answer, if_none_match)
 
 
@@ -279,7 +286,7 @@ async def get_run(
             doc = run_doc(run, events_of(session, run_id), store.latest(session, run_id))
         return Answer(to_json(doc), run.team)
 
-    answer = await services.reads.answer(f"run:{run_id}", read)
+    answer = await services.reads.answer(f"run:{run_id}", OneRun(run_id), read)
     ensure_sees(principal, answer.team, run_id)
     return respond(answer, if_none_match)
 

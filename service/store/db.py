@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 import migrations
 from service.errors import DatabaseBusy
+from service.store.changes import Changes
 
 MIGRATIONS_DIR = Path(migrations.__file__).parent
 # Marks the engine of read transactions (same pool): SQLite opens them with a deferred BEGIN.
@@ -113,10 +114,16 @@ class Database:
         # faster than letting them sleep in SQLite's busy handler (other processes still meet
         # busy_timeout). Taken and released by the same thread, within one call.
         self._write_turn = threading.Lock() if self.engine.dialect.name == "sqlite" else None
-        # Counts this process's committed write transactions: what was read before it moved
-        # may be out of date (``service/api/read_cache.py``).
-        self.generation = 0
-        self._generation_lock = threading.Lock()
+        # What the write transaction open on each thread changed, told after its commit to
+        # whoever listens (``service/api/read_cache.py``).
+        self._changes = threading.local()
+        self._on_commit: list[Callable[[Changes], None]] = []
+        event.listen(self.engine, "before_cursor_execute", self._record)
+
+    def on_commit(self, listener: Callable[[Changes], None]) -> None:
+        """Call ``listener`` with what each write transaction of this process changed of the
+        runs, after its commit (on the thread that committed, before ``transaction`` returns)."""
+        self._on_commit.append(listener)
 
     @contextmanager
     def read(self) -> Iterator[Session]:
@@ -128,11 +135,24 @@ class Database:
     def transaction(self) -> Iterator[Session]:
         """A write transaction: commit on success, roll back on any error. Keep it short: no
         validation, no Ray call inside it."""
-        with _bounded(self.wait_s), self._turn(), self._writers() as session, session.begin():
-            yield session
-        # After the commit, never before: a read that saw the old generation is then stale.
-        with self._generation_lock:
-            self.generation += 1
+        changes, outer = Changes(), getattr(self._changes, "open", None)
+        self._changes.open = changes
+        try:
+            with _bounded(self.wait_s), self._turn(), self._writers() as session, session.begin():
+                yield session
+        finally:
+            self._changes.open = outer
+        # After the commit, never before: a read that began before is then out of date.
+        if changes:
+            for listener in self._on_commit:
+                listener(changes)
+
+    def _record(
+        self, _conn: Any, _cursor: Any, _sql: str, _params: Any, context: Any, _many: bool
+    ) -> None:
+        changes: Changes | None = getattr(self._changes, "open", None)
+        if changes is not None and (context.isinsert or context.isupdate or context.isdelete):
+            changes.record(context.invoked_statement, context.compiled_parameters)
 
     @contextmanager
     def _turn(self) -> Iterator[None]:
