@@ -131,6 +131,7 @@ def test_a_request_after_a_write_does_not_join_a_read_that_began_before(
 ) -> None:
     cache, read = ReadCache(database, ttl_s=60), Reads()
     add_run(database, "k")
+    add_run(database, "other")
 
     async def main() -> None:
         read.gate.clear()
@@ -141,11 +142,23 @@ def test_a_request_after_a_write_does_not_join_a_read_that_began_before(
         await asyncio.sleep(0.05)
         read.gate.set()
         await asyncio.gather(before, after)
-        # The second read was kept, with the generation after the write: a hit.
+        assert read.calls == 2  # the second request read on its own
+        # The second read was kept (it began after the write): a hit.
         await cache.answer("k", ONE, read)
+        assert read.calls == 2
+        # A write to another run leaves a read under way good to join.
+        read.gate.clear()
+        _rename(database, "k", "newer")
+        first = asyncio.create_task(cache.answer("k", ONE, read))
+        await asyncio.sleep(0.05)
+        _rename(database, "other", "new")
+        joined = asyncio.create_task(cache.answer("k", ONE, read))
+        await asyncio.sleep(0.05)
+        read.gate.set()
+        await asyncio.gather(first, joined)
+        assert read.calls == 3
 
     asyncio.run(main())
-    assert read.calls == 2
 
 
 def test_a_failed_read_fails_its_waiters_and_is_not_kept(database: Database) -> None:
