@@ -37,7 +37,7 @@ from service.secrets import SecretStore, masked_runtime_env, masked_spec
 from service.settings import Settings
 from service.store.lifecycle import accept, request_stop, transition
 from service.store.models import Run, utcnow
-from service.store.runs import RUN_COLUMNS, events_of, page_query, run_row
+from service.store.runs import RUN_COLUMNS, events_of, page_query, run_page
 from service.store.status import TERMINAL, RunStatus
 from service.wire import RunOut, RunPage
 
@@ -281,10 +281,8 @@ async def get_run(
     none while the run has not changed since the last caller read it)."""
 
     def read() -> Answer:
-        with services.db.read() as session:
-            run = run_row(session, run_id)
-            doc = run_doc(run, events_of(session, run_id), store.latest(session, run_id))
-        return Answer(to_json(doc), run.team)
+        run, events, latest = run_page(services.db, run_id)
+        return Answer(to_json(run_doc(run, events, latest)), run.team)
 
     answer = await services.reads.answer(f"run:{run_id}", OneRun(run_id), read)
     ensure_sees(principal, answer.team, run_id)

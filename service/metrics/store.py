@@ -340,7 +340,8 @@ def _keep_buckets(session: Session, run_id: str, new: Sequence[Any]) -> None:
 # Built once, run on the session's connection: a run's read binds its parameters only (building
 # and keying a statement costs more than running it).
 # The keys as bound values, not an expanding IN (which is rendered again at each execution).
-_LATEST = select(MetricLatest.key, MetricLatest.step, MetricLatest.value).where(
+# Parameter ``run_id``; columns key, step, value (NULL: NaN).
+LATEST_OF_RUN = select(MetricLatest.key, MetricLatest.step, MetricLatest.value).where(
     MetricLatest.run_id == bindparam("run_id"),
     or_(
         MetricLatest.key.in_([bindparam(f"latest_{i}", k) for i, k in enumerate(LATEST_KEYS)]),
@@ -357,7 +358,7 @@ _LATEST_OF_RUNS = select(
 
 def latest(session: Session, run_id: str) -> dict[str, tuple[int, float]]:
     """Key -> (step, value) at the newest step that key was logged, for the keys users watch."""
-    rows = session.connection().execute(_LATEST, {"run_id": run_id})
+    rows = session.connection().execute(LATEST_OF_RUN, {"run_id": run_id})
     return {key: (step, _read(value)) for key, step, value in rows}
 
 

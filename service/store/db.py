@@ -108,9 +108,9 @@ class Database:
         self.wait_s = wait_s
         self.engine = make_engine(url, wait_s, pool_size, max_overflow)
         self._writers = sessionmaker(self.engine, expire_on_commit=False)
-        self._readers = sessionmaker(
-            self.engine.execution_options(**{READ_ONLY: True}), expire_on_commit=False
-        )
+        self._read_engine = self.engine.execution_options(**{READ_ONLY: True})
+        self._readers = sessionmaker(self._read_engine, expire_on_commit=False)
+        self._one_statement = self._read_engine.execution_options(isolation_level="AUTOCOMMIT")
         event.listen(self._readers, "before_flush", _refuse_writes)
         # SQLite has one writer at a time; queueing this process's writers here is fairer and
         # faster than letting them sleep in SQLite's busy handler (other processes still meet
@@ -132,6 +132,20 @@ class Database:
         """A read transaction (one snapshot); it takes no write lock and must not write."""
         with _bounded(self.wait_s), self._readers() as session, session.begin():
             yield session
+
+    @contextmanager
+    def read_rows(self) -> Iterator[Connection]:
+        """``read`` without the ORM: a connection in a read transaction, for the hottest reads
+        (a session costs more than a small query)."""
+        with _bounded(self.wait_s), self._read_engine.connect() as conn, conn.begin():
+            yield conn
+
+    @contextmanager
+    def read_one(self) -> Iterator[Connection]:
+        """A connection for a read of one statement, which is its own snapshot: no transaction
+        around it (on PostgreSQL, no BEGIN and COMMIT round trips)."""
+        with _bounded(self.wait_s), self._one_statement.connect() as conn:
+            yield conn
 
     @contextmanager
     def transaction(self) -> Iterator[Session]:
