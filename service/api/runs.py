@@ -136,10 +136,10 @@ def create_run(
                 raise
             return replayed
         audited(session, request, principal, "run.create", run_id=run_id, target=run.team)
-        doc = run_doc(run, [accepted])
-    # Committed: the submitter sees the row.
+    # Committed: the submitter sees the row. The answer is made after: on SQLite the
+    # transaction holds the one write lock, so nothing that needs no database happens in it.
     services.wake("submitter")
-    return json_response(doc, 201, {"Location": f"/runs/{run_id}"})
+    return json_response(run_doc(run, [accepted]), 201, {"Location": f"/runs/{run_id}"})
 
 
 def launch_view(launch: dict[str, Any]) -> dict[str, Any]:
