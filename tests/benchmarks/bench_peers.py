@@ -404,8 +404,8 @@ def main() -> None:
     parser.add_argument("--read-cache-s", type=float, default=1.0)
     parser.add_argument("--passes", type=int, default=5, help="of 100 distinct runs")
     parser.add_argument("--quick", action="store_true", help="every row, briefly (seconds)")
+    parser.add_argument("--points-steps", type=int, default=POINTS_STEPS, help="x 100 keys")
     args = parser.parse_args()
-    args.points_steps = POINTS_STEPS
     if args.quick:
         args.seconds, args.clients, args.db, args.passes = 0.3, "16", "sqlite", 1
         args.points_steps = 100
