@@ -1,4 +1,5 @@
-"""Engine, sessions, the two transaction boundaries (read and write), and migrations to head.
+"""Engine, sessions, the transaction boundaries (reads, with or without the ORM, and the write
+one, which tells what it changed after its commit), and migrations to head.
 
 Every wait for the database is bounded by ``wait_s``: this process's turn to write (SQLite),
 a pooled connection, SQLite's busy handler, a PostgreSQL row lock. Past it, ``DatabaseBusy``
