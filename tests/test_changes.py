@@ -91,3 +91,16 @@ def test_a_write_that_fails_or_changes_no_run_is_not_told(
     with db.transaction() as s:
         s.add(RunLog(run_id="r1", log_offset=0))
     assert len(told) == before
+
+
+def test_a_statement_the_reader_cannot_read_fails_no_write_and_changes_every_run(
+    db: Database, told: list[Changes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unreadable(*_: object) -> None:
+        raise KeyError("a shape not foreseen")
+
+    monkeypatch.setattr(Changes, "record", unreadable)
+    add_run(db, "r1")
+    assert told[-1].everything
+    with db.read() as s:
+        assert s.get(Run, "r1") is not None

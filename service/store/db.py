@@ -11,6 +11,7 @@ release needs another worker thread.
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -28,6 +29,7 @@ import migrations
 from service.errors import DatabaseBusy
 from service.store.changes import Changes
 
+log = logging.getLogger(__name__)
 MIGRATIONS_DIR = Path(migrations.__file__).parent
 # Marks the engine of read transactions (same pool): SQLite opens them with a deferred BEGIN.
 READ_ONLY = "rlrun_read_only"
@@ -169,7 +171,11 @@ class Database:
     ) -> None:
         changes: Changes | None = getattr(self._changes, "open", None)
         if changes is not None and (context.isinsert or context.isupdate or context.isdelete):
-            changes.record(context.invoked_statement, context.compiled_parameters)
+            try:
+                changes.record(context.invoked_statement, context.compiled_parameters)
+            except Exception:  # a statement of a shape not foreseen fails no write
+                log.exception("telling what a statement changed failed; every run counts")
+                changes.everything = True
 
     @contextmanager
     def _turn(self) -> Iterator[None]:
