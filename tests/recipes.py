@@ -145,8 +145,47 @@ class ScriptRecipe:
         )
 
 
+# `python3 -c METRICS_SCRIPT seconds every_s`: a verl-shaped metric line every ``every_s``.
+METRICS_SCRIPT = """
+import sys, time
+seconds, every = float(sys.argv[1]), float(sys.argv[2])
+step, deadline = 0, time.time() + seconds
+while time.time() < deadline:
+    step += 1
+    print(
+        f"step:{step} - training/global_step:{step} - fully_async/count/current_param_version:"
+        f"{step} - critic/score/mean:{1 - 1 / (step + 1):.6f} - actor/pg_loss:{0.1 / step:.6f}",
+        flush=True,
+    )
+    time.sleep(every)
+"""
+
+
+class MetricsSpec(RunSpec):
+    recipe: Literal["test-metrics"] = "test-metrics"
+    seconds: float = Field(default=60.0, ge=0, le=3600)
+    every_s: float = Field(default=1.0, gt=0, le=60)
+
+
+class MetricsRecipe:
+    """A job that trains in name only: a metric line every ``every_s`` for ``seconds``."""
+
+    name: ClassVar[str] = "test-metrics"
+    spec_model: ClassVar[type[RunSpec]] = MetricsSpec
+
+    def build(self, spec: Any, ctx: LaunchContext) -> Launch:
+        assert isinstance(spec, MetricsSpec)
+        return Launch(
+            argv=["python3", "-c", METRICS_SCRIPT, str(spec.seconds), str(spec.every_s)],
+            runtime_env={"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "2"}},
+            shape=ResourceShape(accelerator="NPU", groups=(), driver_cpus=0.0),
+            entrypoint_num_cpus=0.0,
+        )
+
+
 def register(registry: RecipeRegistry) -> None:
     registry.register(ScriptRecipe())
+    registry.register(MetricsRecipe())
 
 
 class SmallClusterVerlRecipe(VerlFullyAsyncRecipe):

@@ -172,7 +172,9 @@ def test_reads_send_as_many_queries_for_a_big_run_and_a_long_list_as_for_small_o
     big = post(api).json()["id"]
     for _ in range(20):
         api.post(f"/runs/{post(api).json()['id']}/cancel")
-    assert _queries(api, f"/runs/{big}") == _queries(api, f"/runs/{small}") == 3
+    # The run, its events, its latest values: in one statement on PostgreSQL.
+    one_run = 1 if api.app.state.services.db.engine.dialect.name == "postgresql" else 3  # type: ignore[attr-defined]
+    assert _queries(api, f"/runs/{big}") == _queries(api, f"/runs/{small}") == one_run
     # The page, then the summary metrics (progress, reward) of all its runs at once.
     assert _queries(api, "/runs?limit=2") == _queries(api, "/runs?limit=100") == 2
 

@@ -12,12 +12,14 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from service.api.read_cache import Answer, ReadCache
+from service.api import read_cache
+from service.api.read_cache import Answer, OneRun, ReadCache
 from service.app import create_app
 from service.errors import NotFound
 from service.store.db import Database, upgrade
 from service.store.models import Run
 from tests.conftest import make_settings, submit
+from tests.factories import add_run
 
 
 def _rename(db: Database, run_id: str, name: str) -> None:
@@ -82,6 +84,9 @@ def test_a_poller_that_sends_back_the_etag_gets_304_until_the_run_changes(db_url
         assert client.get("/runs", headers=held).status_code == 200
 
 
+ONE = OneRun("k")
+
+
 class Reads:
     """A read that counts its calls and waits for ``gate`` (set: no wait)."""
 
@@ -111,10 +116,10 @@ def test_concurrent_misses_share_one_read_and_later_hits_read_nothing(database: 
 
     async def main() -> list[Answer]:
         read.gate.clear()
-        waiting = [asyncio.create_task(cache.answer("k", read)) for _ in range(300)]
+        waiting = [asyncio.create_task(cache.answer("k", ONE, read)) for _ in range(300)]
         await asyncio.sleep(0.05)
         read.gate.set()
-        return [*await asyncio.gather(*waiting), await cache.answer("k", read)]
+        return [*await asyncio.gather(*waiting), await cache.answer("k", ONE, read)]
 
     answers = asyncio.run(main())
     assert read.calls == 1
@@ -125,22 +130,35 @@ def test_a_request_after_a_write_does_not_join_a_read_that_began_before(
     database: Database,
 ) -> None:
     cache, read = ReadCache(database, ttl_s=60), Reads()
+    add_run(database, "k")
+    add_run(database, "other")
 
     async def main() -> None:
         read.gate.clear()
-        before = asyncio.create_task(cache.answer("k", read))
+        before = asyncio.create_task(cache.answer("k", ONE, read))
         await asyncio.sleep(0.05)
-        with database.transaction():
-            pass  # a committed write: the read under way may not have seen it
-        after = asyncio.create_task(cache.answer("k", read))
+        _rename(database, "k", "new")  # a committed write: the read under way may not see it
+        after = asyncio.create_task(cache.answer("k", ONE, read))
         await asyncio.sleep(0.05)
         read.gate.set()
         await asyncio.gather(before, after)
-        # The second read was kept, with the generation after the write: a hit.
-        await cache.answer("k", read)
+        assert read.calls == 2  # the second request read on its own
+        # The second read was kept (it began after the write): a hit.
+        await cache.answer("k", ONE, read)
+        assert read.calls == 2
+        # A write to another run leaves a read under way good to join.
+        read.gate.clear()
+        _rename(database, "k", "newer")
+        first = asyncio.create_task(cache.answer("k", ONE, read))
+        await asyncio.sleep(0.05)
+        _rename(database, "other", "new")
+        joined = asyncio.create_task(cache.answer("k", ONE, read))
+        await asyncio.sleep(0.05)
+        read.gate.set()
+        await asyncio.gather(first, joined)
+        assert read.calls == 3
 
     asyncio.run(main())
-    assert read.calls == 2
 
 
 def test_a_failed_read_fails_its_waiters_and_is_not_kept(database: Database) -> None:
@@ -155,7 +173,8 @@ def test_a_failed_read_fails_its_waiters_and_is_not_kept(database: Database) -> 
     async def main() -> None:
         for _ in range(2):
             results = await asyncio.gather(
-                *(cache.answer("x", missing) for _ in range(20)), return_exceptions=True
+                *(cache.answer("x", OneRun("x"), missing) for _ in range(20)),
+                return_exceptions=True,
             )
             assert all(isinstance(r, NotFound) for r in results)
 
@@ -168,18 +187,66 @@ def test_the_cache_keeps_at_most_its_bytes_letting_the_oldest_go(database: Datab
 
     async def main() -> None:
         for key in ("a", "b", "c", "d"):
-            await cache.answer(key, read)
+            await cache.answer(key, OneRun(key), read)
         assert read.calls == 4
         for key in ("b", "c", "d"):  # kept: 30 bytes
-            await cache.answer(key, read)
+            await cache.answer(key, OneRun(key), read)
         assert read.calls == 4
-        await cache.answer("a", read)  # the oldest was let go
+        await cache.answer("a", OneRun("a"), read)  # the oldest was let go
         assert read.calls == 5
         huge = Reads(b"x" * 31)  # more than the whole budget: never kept
-        await cache.answer("huge", huge)
-        await cache.answer("huge", huge)
+        await cache.answer("huge", OneRun("huge"), huge)
+        await cache.answer("huge", OneRun("huge"), huge)
         assert huge.calls == 2
-        await cache.answer("a", read)  # and it pushed nothing out
+        await cache.answer("a", OneRun("a"), read)  # and it pushed nothing out
         assert read.calls == 5
 
     asyncio.run(main())
+
+
+def test_an_answer_read_while_its_run_was_written_is_not_kept(database: Database) -> None:
+    cache, read = ReadCache(database, ttl_s=60), Reads()
+    add_run(database, "k")
+    add_run(database, "other")
+
+    async def main() -> None:
+        read.gate.clear()
+        under_way = asyncio.create_task(cache.answer("k", ONE, read))
+        await asyncio.sleep(0.05)
+        _rename(database, "other", "new")  # another run: the answer under way stays good
+        read.gate.set()
+        await under_way
+        await cache.answer("k", ONE, read)
+        assert read.calls == 1
+        read.gate.clear()
+        under_way = asyncio.create_task(cache.answer("k again", ONE, read))
+        await asyncio.sleep(0.05)
+        _rename(database, "k", "new")  # its own run: it may not have seen the write
+        read.gate.set()
+        await under_way
+        await cache.answer("k again", ONE, read)
+        assert read.calls == 3
+
+    asyncio.run(main())
+
+
+def test_a_read_that_outlived_the_writes_remembered_is_not_kept(
+    database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(read_cache, "_REMEMBERED", 2)
+    cache, read = ReadCache(database, ttl_s=60), Reads()
+    for run_id in ("a", "b", "c"):
+        add_run(database, run_id)
+
+    async def main() -> None:
+        read.gate.clear()
+        under_way = asyncio.create_task(cache.answer("k", ONE, read))
+        await asyncio.sleep(0.05)
+        for run_id in ("a", "b", "c"):  # none is "k", but the first is forgotten
+            _rename(database, run_id, "new")
+        read.gate.set()
+        await under_way
+        await cache.answer("k", ONE, read)
+
+    asyncio.run(main())
+    assert read.calls == 2

@@ -1,10 +1,15 @@
 """Answers of hot reads kept between writes: many clients polling one run cost one read of the
 database per change, not one per request.
 
-An answer is served while no write transaction of this process has committed since it was read
-(``Database.generation``), and for at most ``ttl_s``: the bound on how long a write by another
-replica (which this process does not see) can go unseen. Concurrent misses of one key share
-one read, and a request never joins a read that began before the last write it could know of.
+A kept answer has a scope: the runs it shows (``GET /runs/{id}``), or the runs a page shows and
+those that could enter it (``GET /runs``). It is dropped when a write transaction of this
+process that changed its scope commits (``Database.on_commit``, before the write's own request
+answers: its caller reads its write), and it is served for at most ``ttl_s`` in any case. What
+counts as a change is what the answer shows besides metrics: a new run, a status, an event, any
+column shown. A running run's metrics (written by the follower every second) drop nothing: its
+answer shows them at most ``ttl_s`` old, which is also the bound on how long another replica's
+write goes unseen. Concurrent misses of one key share one read, and a request never joins a
+read, nor is an answer kept, that began before a write to its scope.
 """
 
 from __future__ import annotations
@@ -13,22 +18,107 @@ import asyncio
 import hashlib
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Protocol
 
 from fastapi import Response
 from fastapi.concurrency import run_in_threadpool
+from sqlalchemy import Column, select
+from sqlalchemy.sql.visitors import iterate
 
+from service.store.changes import Changes, RunChange
 from service.store.db import Database
+from service.store.runs import RUN_COLUMNS
+
+# The columns of ``runs`` a run's answer (and a page, a part of it) shows: a change to another
+# (the follower's ``last_output_at``, a claim) drops nothing.
+SHOWN = frozenset(
+    c.name
+    for expr in select(*RUN_COLUMNS).selected_columns
+    for c in iterate(expr)
+    if isinstance(c, Column)
+)
+# Writes remembered for the reads under way: a read that began before the oldest is not kept.
+_REMEMBERED = 1024
+
+
+def shown_change(change: RunChange) -> bool:
+    """Whether the change alters what the run's answer shows (metrics aside)."""
+    return change.inserted or change.deleted or change.events or bool(change.columns & SHOWN)
+
+
+class Scope(Protocol):
+    # The runs whose change may drop the answer; None: any run's (checked for every write).
+    @property
+    def runs(self) -> frozenset[str] | None: ...
+
+    def changed_by(self, changes: Changes) -> bool: ...
+
+
+@dataclass(frozen=True)
+class OneRun:
+    """The scope of an answer showing one run."""
+
+    run_id: str
+
+    @property
+    def runs(self) -> frozenset[str]:
+        return frozenset((self.run_id,))
+
+    def changed_by(self, changes: Changes) -> bool:
+        change = changes.runs.get(self.run_id)
+        return changes.everything or (change is not None and shown_change(change))
+
+
+@dataclass(frozen=True)
+class Page:
+    """The scope of a page of runs (newest first, ``limit`` and one more read): the runs it
+    read (None before it is read: any), and the filters a run must pass to enter it."""
+
+    statuses: frozenset[str] | None
+    team: str | None
+    cursor: str | None
+    read: frozenset[str] | None = None
+    # The oldest run read when the page had more than it shows (a newer run entering pushes
+    # it out); None when all that pass the filters were read (any new one changes the page).
+    oldest: str | None = None
+
+    @property
+    def runs(self) -> None:
+        return None
+
+    def changed_by(self, changes: Changes) -> bool:
+        if changes.everything:
+            return True
+        return any(self._changed(run_id, c) for run_id, c in changes.runs.items())
+
+    def _changed(self, run_id: str, change: RunChange) -> bool:
+        if not shown_change(change):
+            return False
+        if self.read is None or run_id in self.read:
+            return True
+        # Another run changes the page only by entering it: new, or moved into its statuses.
+        if not change.inserted and "status" not in change.columns:
+            return False
+        return (
+            (self.statuses is None or change.status is None or change.status in self.statuses)
+            and (self.team is None or change.team is None or change.team == self.team)
+            and (self.cursor is None or run_id < self.cursor)
+            and (self.oldest is None or run_id > self.oldest)
+        )
 
 
 @dataclass(frozen=True)
 class Answer:
-    """A serialised answer and the team of the run it shows ("" if it shows no one run)."""
+    """A serialised answer, the team of the run it shows ("" if it shows no one run), and
+    its scope when the read found it (a page: the runs it read)."""
 
     body: bytes
     team: str = ""
+    scope: Scope | None = None
 
     @cached_property
     def etag(self) -> str:
@@ -46,55 +136,120 @@ def respond(answer: Answer, if_none_match: str | None) -> Response:
     return Response(answer.body, media_type="application/json", headers=headers)
 
 
+@dataclass(frozen=True)
+class _Kept:
+    at: float
+    answer: Answer
+    scope: Scope
+
+
 class ReadCache:
     """At most ``max_bytes`` of answers; past it the oldest kept go first."""
 
     def __init__(self, db: Database, ttl_s: float, max_bytes: int = 32 << 20) -> None:
-        self._db = db
         self._ttl_s = ttl_s
         self._max_bytes = max_bytes
         self._bytes = 0
-        self._entries: dict[str, tuple[int, float, Answer]] = {}
+        self._entries: dict[str, _Kept] = {}
+        # Keys kept by run, for the scopes that name their runs; the others are checked always.
+        self._by_run: dict[str, set[str]] = {}
+        self._any_run: set[str] = set()
+        # Writes that changed something shown, numbered: (number, changes), the newest last.
+        self._writes = 0
+        self._recent: deque[tuple[int, Changes]] = deque(maxlen=_REMEMBERED)
         self._lock = threading.Lock()  # held for dict updates only, never across a hand-over
         # Reads under way, by key: touched on the event loop's thread only.
-        self._flights: dict[str, tuple[int, asyncio.Future[Answer]]] = {}
+        self._flights: dict[str, tuple[int, Scope, asyncio.Future[Answer]]] = {}
+        db.on_commit(self._committed)
 
-    async def answer(self, key: str, read: Callable[[], Answer]) -> Answer:
-        """The kept answer for ``key`` if still good, else ``read()`` on a worker thread."""
-        entry = self._entries.get(key)
-        generation = self._db.generation
-        if entry and entry[0] == generation and time.monotonic() - entry[1] < self._ttl_s:
-            return entry[2]
+    async def answer(self, key: str, scope: Scope, read: Callable[[], Answer]) -> Answer:
+        """The kept answer for ``key`` if still good, else ``read()`` on a worker thread;
+        ``scope`` is what the answer can show before it is read."""
+        kept = self._entries.get(key)
+        if kept is not None and time.monotonic() - kept.at < self._ttl_s:
+            return kept.answer
         flight = self._flights.get(key)
-        if flight is None or flight[0] != generation:
-            future = asyncio.ensure_future(run_in_threadpool(self._read, key, read))
-            self._flights[key] = flight = (generation, future)
+        with self._lock:
+            stale = flight is None or self._changed_since(flight[0], flight[1])
+        if flight is None or stale:
+            began = self._writes
+            future = asyncio.ensure_future(run_in_threadpool(self._read, key, scope, read, began))
+            self._flights[key] = flight = (began, scope, future)
             future.add_done_callback(lambda done: self._landed(key, done))
         # Shielded: a client that goes away does not cancel the read others wait for.
-        return await asyncio.shield(flight[1])
+        return await asyncio.shield(flight[2])
 
-    def _read(self, key: str, read: Callable[[], Answer]) -> Answer:
-        # The generation is taken before the read's snapshot: a write that commits while it
-        # runs leaves the answer already out of date, never kept as current.
-        generation, at = self._db.generation, time.monotonic()
+    def _read(self, key: str, scope: Scope, read: Callable[[], Answer], began: int) -> Answer:
+        # ``began`` and ``at`` are taken before the read's snapshot: a write that commits while
+        # it runs leaves the answer already out of date, never kept as current.
+        at = time.monotonic()
         answer = read()
-        if self._ttl_s > 0 and len(answer.body) <= self._max_bytes:
-            with self._lock:
-                kept = self._entries.pop(key, None)
-                if kept:
-                    self._bytes -= len(kept[2].body)
-                # A read that began after this one and landed first stays.
-                entry = kept if kept and kept[0] > generation else (generation, at, answer)
-                while self._entries and self._bytes + len(entry[2].body) > self._max_bytes:
-                    oldest = self._entries.pop(next(iter(self._entries)))
-                    self._bytes -= len(oldest[2].body)
-                self._entries[key] = entry
-                self._bytes += len(entry[2].body)
+        scope = answer.scope or scope
+        if self._ttl_s <= 0 or len(answer.body) > self._max_bytes:
+            return answer
+        with self._lock:
+            if self._changed_since(began, scope):
+                return answer
+            kept = self._entries.get(key)
+            if kept is not None and kept.at > at:
+                return answer  # a read that began after this one landed first: it stays
+            self._drop(key)
+            while self._entries and self._bytes + len(answer.body) > self._max_bytes:
+                self._drop(next(iter(self._entries)))
+            self._entries[key] = _Kept(at, answer, scope)
+            self._bytes += len(answer.body)
+            runs = scope.runs
+            if runs is None:
+                self._any_run.add(key)
+            for run_id in runs or ():
+                self._by_run.setdefault(run_id, set()).add(key)
         return answer
+
+    def _changed_since(self, began: int, scope: Scope) -> bool:
+        """Whether a write numbered after ``began`` changed ``scope`` (or may have: one too
+        old to be remembered). Under the lock."""
+        if self._writes - began > len(self._recent):
+            return True
+        return any(
+            scope.changed_by(changes)
+            for number, changes in reversed(self._recent)
+            if number > began
+        )
+
+    def _committed(self, changes: Changes) -> None:
+        """Drop what a write of this process changed (on the writer's thread, after commit)."""
+        if not changes.everything and not any(map(shown_change, changes.runs.values())):
+            return
+        with self._lock:
+            self._writes += 1
+            self._recent.append((self._writes, changes))
+            if changes.everything:
+                keys: set[str] = set(self._entries)
+            else:
+                keys = set(self._any_run)
+                for run_id in changes.runs:
+                    keys |= self._by_run.get(run_id, set())
+            for key in keys:
+                kept = self._entries.get(key)
+                if kept is not None and kept.scope.changed_by(changes):
+                    self._drop(key)
+
+    def _drop(self, key: str) -> None:
+        kept = self._entries.pop(key, None)
+        if kept is None:
+            return
+        self._bytes -= len(kept.answer.body)
+        self._any_run.discard(key)
+        for run_id in kept.scope.runs or ():
+            keys = self._by_run.get(run_id)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._by_run[run_id]
 
     def _landed(self, key: str, done: asyncio.Future[Answer]) -> None:
         flight = self._flights.get(key)
-        if flight is not None and flight[1] is done:
+        if flight is not None and flight[2] is done:
             del self._flights[key]
         if not done.cancelled():
             done.exception()  # retrieved: a failed read is its waiters' error, not the loop's

@@ -12,6 +12,7 @@ import json
 import math
 from collections.abc import AsyncIterator
 from contextlib import nullcontext
+from dataclasses import replace
 from datetime import timedelta
 from typing import Annotated, Any
 
@@ -24,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from service.api.auth import Member, Principal, Viewer, audited, ensure_sees, visible_run
 from service.api.deps import ServicesDep
-from service.api.read_cache import Answer, respond
+from service.api.read_cache import Answer, OneRun, Page, respond
 from service.errors import Conflict, Forbidden, InvalidSpec, TooManyRequests, field_error
 from service.ids import new_run_id
 from service.metrics import store
@@ -37,7 +38,7 @@ from service.schemas import SUMMARY_KEYS, encode, json_response, run_doc, summar
 from service.settings import Settings
 from service.store.lifecycle import accept, request_stop, transition
 from service.store.models import Run, utcnow
-from service.store.runs import RUN_COLUMNS, events_of, page_query, run_row
+from service.store.runs import RUN_COLUMNS, events_of, page_query, run_page
 from service.store.status import TERMINAL, RunStatus
 from service.store.team_lock import lock_team
 from service.team_secrets import SecretStore, masked_runtime_env, masked_spec, missing_message
@@ -148,10 +149,10 @@ def create_run(
                 raise
             return replayed
         audited(session, request, principal, "run.create", run_id=run_id, target=run.team)
-        doc = run_doc(run, [accepted])
-    # Committed: the submitter sees the row.
+    # Committed: the submitter sees the row. The answer is made after: on SQLite the
+    # transaction holds the one write lock, so nothing that needs no database happens in it.
     services.wake("submitter")
-    return json_response(doc, 201, {"Location": f"/runs/{run_id}"})
+    return json_response(run_doc(run, [accepted]), 201, {"Location": f"/runs/{run_id}"})
 
 
 async def validation_slot(services: ServicesDep, principal: Member) -> AsyncIterator[None]:
@@ -289,17 +290,23 @@ async def list_runs(
     query = page_query(bool(status), bool(team), bool(cursor))
     params = {"limit": limit + 1, "status": status, "team": team, "cursor": cursor}
 
+    scope = Page(frozenset(status) if status else None, team, cursor)
+
     def read() -> Answer:
         with services.db.read() as session:
             rows = session.connection().execute(query, params).all()
             page = rows[:limit]
             latest = store.latest_of_runs(session, [r.id for r in page], SUMMARY_KEYS)
         items = [summary_doc(r, latest.get(r.id)) for r in page]
-        next_cursor = page[-1].id if len(rows) > limit else None
-        return Answer(encode({"items": items, "next_cursor": next_cursor}))
+        more = len(rows) > limit
+        next_cursor = page[-1].id if more else None
+        read_scope = replace(
+            scope, read=frozenset(r.id for r in rows), oldest=rows[-1].id if more else None
+        )
+        return Answer(encode({"items": items, "next_cursor": next_cursor}), scope=read_scope)
 
     # The key is everything the page depends on, the team it is limited to included.
-    answer = await services.reads.answer(f"runs:{to_json(params).decode()}", read)
+    answer = await services.reads.answer(f"runs:{to_json(params).decode()}", scope, read)
     return respond(answer, if_none_match)
 
 
@@ -314,12 +321,10 @@ async def get_run(
     none while the run has not changed since the last caller read it)."""
 
     def read() -> Answer:
-        with services.db.read() as session:
-            run = run_row(session, run_id)
-            doc = run_doc(run, events_of(session, run_id), store.latest(session, run_id))
-        return Answer(encode(doc), run.team)
+        run, events, latest = run_page(services.db, run_id)
+        return Answer(encode(run_doc(run, events, latest)), run.team)
 
-    answer = await services.reads.answer(f"run:{run_id}", read)
+    answer = await services.reads.answer(f"run:{run_id}", OneRun(run_id), read)
     ensure_sees(principal, answer.team, run_id)
     return respond(answer, if_none_match)
 

@@ -345,17 +345,28 @@ def _keep_buckets(session: Session, run_id: str, new: Sequence[Any]) -> None:
     )
 
 
+# Built once, run on the session's connection: a run's read binds its parameters only (building
+# and keying a statement costs more than running it).
+# The keys as bound values, not an expanding IN (which is rendered again at each execution).
+# Parameter ``run_id``; columns key, step, value (NULL: NaN).
+LATEST_OF_RUN = select(MetricLatest.key, MetricLatest.step, MetricLatest.value).where(
+    MetricLatest.run_id == bindparam("run_id"),
+    or_(
+        MetricLatest.key.in_([bindparam(f"latest_{i}", k) for i, k in enumerate(LATEST_KEYS)]),
+        *(MetricLatest.key.like(p) for p in LATEST_PATTERNS),
+    ),
+)
+_LATEST_OF_RUNS = select(
+    MetricLatest.run_id, MetricLatest.key, MetricLatest.step, MetricLatest.value
+).where(
+    MetricLatest.run_id.in_(bindparam("run_ids", expanding=True)),
+    MetricLatest.key.in_(bindparam("keys", expanding=True)),
+)
+
+
 def latest(session: Session, run_id: str) -> dict[str, tuple[int, float]]:
     """Key -> (step, value) at the newest step that key was logged, for the keys users watch."""
-    rows = session.execute(
-        select(MetricLatest.key, MetricLatest.step, MetricLatest.value).where(
-            MetricLatest.run_id == run_id,
-            or_(
-                MetricLatest.key.in_(LATEST_KEYS),
-                *(MetricLatest.key.like(p) for p in LATEST_PATTERNS),
-            ),
-        )
-    )
+    rows = session.connection().execute(LATEST_OF_RUN, {"run_id": run_id})
     return {key: (step, _read(value)) for key, step, value in rows}
 
 
@@ -375,13 +386,9 @@ def latest_of_runs(
     """Run -> key -> (step, value) at the newest step, for a page of runs in one query."""
     if not run_ids:
         return {}
-    rows = session.execute(
-        select(MetricLatest.run_id, MetricLatest.key, MetricLatest.step, MetricLatest.value).where(
-            MetricLatest.run_id.in_(run_ids), MetricLatest.key.in_(keys)
-        )
-    )
+    params = {"run_ids": list(run_ids), "keys": list(keys)}
     out: dict[str, dict[str, tuple[int, float]]] = {}
-    for run_id, key, step, value in rows:
+    for run_id, key, step, value in session.connection().execute(_LATEST_OF_RUNS, params):
         out.setdefault(run_id, {})[key] = (step, _read(value))
     return out
 

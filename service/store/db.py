@@ -1,4 +1,5 @@
-"""Engine, sessions, the two transaction boundaries (read and write), and migrations to head.
+"""Engine, sessions, the transaction boundaries (reads, with or without the ORM, and the write
+one, which tells what it changed after its commit), and migrations to head.
 
 Every wait for the database is bounded by ``wait_s``: this process's turn to write (SQLite),
 a pooled connection, SQLite's busy handler, a PostgreSQL row lock. Past it, ``DatabaseBusy``
@@ -10,9 +11,10 @@ release needs another worker thread.
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 import migrations
 from service.errors import DatabaseBusy
+from service.store.changes import Changes
 
+log = logging.getLogger(__name__)
 MIGRATIONS_DIR = Path(migrations.__file__).parent
 # Marks the engine of read transactions (same pool): SQLite opens them with a deferred BEGIN.
 READ_ONLY = "rlrun_read_only"
@@ -76,7 +80,9 @@ def _sqlite_pragmas(wait_s: float) -> Any:
 
 def _sqlite_begin(conn: Connection) -> None:
     read_only = conn.get_execution_options().get(READ_ONLY, False)
-    conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+    # On the driver's connection: a statement through the engine costs each read more than
+    # the BEGIN itself.
+    conn.connection.driver_connection.execute("BEGIN" if read_only else "BEGIN IMMEDIATE")  # type: ignore[union-attr]
 
 
 def alembic_config(url: str) -> Config:
@@ -105,18 +111,24 @@ class Database:
         self.wait_s = wait_s
         self.engine = make_engine(url, wait_s, pool_size, max_overflow)
         self._writers = sessionmaker(self.engine, expire_on_commit=False)
-        self._readers = sessionmaker(
-            self.engine.execution_options(**{READ_ONLY: True}), expire_on_commit=False
-        )
+        self._read_engine = self.engine.execution_options(**{READ_ONLY: True})
+        self._readers = sessionmaker(self._read_engine, expire_on_commit=False)
+        self._one_statement = self._read_engine.execution_options(isolation_level="AUTOCOMMIT")
         event.listen(self._readers, "before_flush", _refuse_writes)
         # SQLite has one writer at a time; queueing this process's writers here is fairer and
         # faster than letting them sleep in SQLite's busy handler (other processes still meet
         # busy_timeout). Taken and released by the same thread, within one call.
         self._write_turn = threading.Lock() if self.engine.dialect.name == "sqlite" else None
-        # Counts this process's committed write transactions: what was read before it moved
-        # may be out of date (``service/api/read_cache.py``).
-        self.generation = 0
-        self._generation_lock = threading.Lock()
+        # What the write transaction open on each thread changed, told after its commit to
+        # whoever listens (``service/api/read_cache.py``).
+        self._changes = threading.local()
+        self._on_commit: list[Callable[[Changes], None]] = []
+        event.listen(self.engine, "before_cursor_execute", self._record)
+
+    def on_commit(self, listener: Callable[[Changes], None]) -> None:
+        """Call ``listener`` with what each write transaction of this process changed of the
+        runs, after its commit (on the thread that committed, before ``transaction`` returns)."""
+        self._on_commit.append(listener)
 
     @contextmanager
     def read(self) -> Iterator[Session]:
@@ -125,14 +137,45 @@ class Database:
             yield session
 
     @contextmanager
+    def read_rows(self) -> Iterator[Connection]:
+        """``read`` without the ORM: a connection in a read transaction, for the hottest reads
+        (a session costs more than a small query)."""
+        with _bounded(self.wait_s), self._read_engine.connect() as conn, conn.begin():
+            yield conn
+
+    @contextmanager
+    def read_one(self) -> Iterator[Connection]:
+        """A connection for a read of one statement, which is its own snapshot: no transaction
+        around it (on PostgreSQL, no BEGIN and COMMIT round trips)."""
+        with _bounded(self.wait_s), self._one_statement.connect() as conn:
+            yield conn
+
+    @contextmanager
     def transaction(self) -> Iterator[Session]:
         """A write transaction: commit on success, roll back on any error. Keep it short: no
         validation, no Ray call inside it."""
-        with _bounded(self.wait_s), self._turn(), self._writers() as session, session.begin():
-            yield session
-        # After the commit, never before: a read that saw the old generation is then stale.
-        with self._generation_lock:
-            self.generation += 1
+        changes, outer = Changes(), getattr(self._changes, "open", None)
+        self._changes.open = changes
+        try:
+            with _bounded(self.wait_s), self._turn(), self._writers() as session, session.begin():
+                yield session
+        finally:
+            self._changes.open = outer
+        # After the commit, never before: a read that began before is then out of date.
+        if changes:
+            for listener in self._on_commit:
+                listener(changes)
+
+    def _record(
+        self, _conn: Any, _cursor: Any, _sql: str, _params: Any, context: Any, _many: bool
+    ) -> None:
+        changes: Changes | None = getattr(self._changes, "open", None)
+        if changes is not None and (context.isinsert or context.isupdate or context.isdelete):
+            try:
+                changes.record(context.invoked_statement, context.compiled_parameters)
+            except Exception:  # a statement of a shape not foreseen fails no write
+                log.exception("telling what a statement changed failed; every run counts")
+                changes.everything = True
 
     @contextmanager
     def _turn(self) -> Iterator[None]:

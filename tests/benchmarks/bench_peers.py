@@ -1,7 +1,7 @@
 """rlrun's API side by side with a peer's own API (Ray's job REST API), in one run.
 
     python -m tests.benchmarks.bench_peers [--seconds 3] [--clients 1,16,64] [--db sqlite,postgres]
-        [--read-cache-s 1]
+        [--read-cache-s 1] [--quick]
 
 The service runs as deployed (uvicorn child process, one worker, background loops off) with Ray
 unreachable, so only its own path counts; the peer is the dashboard of a local Ray head started
@@ -12,9 +12,15 @@ Rows (a section per database): a no-op (``GET /healthz`` / ``GET /api/version``:
 server's HTTP stack costs alone), accept a run (``POST /runs`` / ``POST /api/jobs/``, Ray's jobs
 wait for a resource no node has, so no process is started), read one run (``GET /runs/{id}``,
 also for a run with 1,000,000 stored metric points, / ``GET /api/jobs/{id}``), list 100
-(``GET /runs?limit=100`` / ``GET /api/jobs/`` holding 100 jobs). Accepting runs last keeps the
-peer's listing at 100 jobs. Repeated reads of one run or page are answered from the service's
-read cache; with ``--read-cache-s 0`` nothing is kept (requests that arrive while a read is
+(``GET /runs?limit=100`` / ``GET /api/jobs/`` holding 100 jobs), read 100 distinct runs once each
+(a pass over 100 runs / 100 jobs, repeated after the kept answers lapse, so every read is a
+miss), read 4 followed runs (``GET /runs/{id}`` round 4 runs that run on the Ray head, printing a
+metric line every second that the service's follower stores / ``GET /api/jobs/{id}`` of the same 4
+jobs; that service runs its loops on a database of its own). Accepting runs last keeps the
+peer's listing at 100 jobs. ``--quick``: a fraction of a second per cell, 16 clients, SQLite,
+10,000 points instead of 1,000,000: it shows that every row runs, not what it measures.
+Repeated reads of one run or page are answered from the service's read cache; with
+``--read-cache-s 0`` nothing is kept (requests that arrive while a read is
 under way still share it).
 
 Another peer adds a section: a function ``(ExitStack, args) -> Section`` (set-up registered
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import statistics
 import tempfile
@@ -43,7 +50,9 @@ from service.cluster.local_ray import LocalRayCluster
 from service.metrics import store
 from service.metrics.parse import MetricLine
 from service.store.db import Database
+from tests import postgres
 from tests.benchmarks.bench_metrics import databases
+from tests.conftest import RAY_TOKENS, wait_for
 from tests.service_process import ServiceProcess
 
 RAY_PORT = int(os.environ.get("RLRUN_TEST_RAY_PORT", "46379")) + 300
@@ -51,6 +60,9 @@ RUN_SPEC = {"recipe": "tiny-grpo", "name": "bench", "team": "bench"}
 # A resource no node has: Ray accepts the job and keeps it PENDING without starting anything.
 RAY_JOB = {"entrypoint": "true", "entrypoint_resources": {"bench_never": 1}}
 POINTS_KEYS, POINTS_STEPS = 100, 10_000  # 1,000,000 points
+# Runs that print a metric line every second while the service follows them (tests/recipes.py).
+FOLLOWED_SPEC = {"recipe": "test-metrics", "seconds": 3600, "every_s": 1.0}
+FOLLOWED = 4
 
 
 @dataclass(frozen=True)
@@ -63,6 +75,14 @@ class Target:
     body: dict[str, Any] | None = None
     ok: int = 200
     headers: dict[str, str] = field(default_factory=dict)
+    # More paths: the requests go round ``path`` and these.
+    more: tuple[str, ...] = ()
+    # What opens the connections before a pass of each path once (``Row.passes``).
+    warm: str = "/"
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return (self.path, *self.more)
 
 
 @dataclass(frozen=True)
@@ -70,6 +90,9 @@ class Row:
     what: str
     ours: Target
     peer: Target
+    # Each path once per pass (not for a time), ``passes`` times ``pause_s`` apart.
+    passes: int = 0
+    pause_s: float = 0.0
 
 
 @dataclass
@@ -102,6 +125,7 @@ async def _drive(target: Target, clients: int, seconds: float, warmup: float = 0
     errors = 0
     timeout = aiohttp.ClientTimeout(total=300)
     connector = aiohttp.TCPConnector(limit=clients)
+    paths = itertools.cycle(target.paths)
     async with aiohttp.ClientSession(
         target.base_url, timeout=timeout, connector=connector, headers=target.headers
     ) as s:
@@ -111,8 +135,9 @@ async def _drive(target: Target, clients: int, seconds: float, warmup: float = 0
         async def client() -> None:
             nonlocal errors
             while (t0 := time.perf_counter()) < stop_at:
+                path = next(paths)
                 try:
-                    async with s.request(target.method, target.path, json=target.body) as resp:
+                    async with s.request(target.method, path, json=target.body) as resp:
                         await resp.read()
                         good = resp.status == target.ok
                 except (aiohttp.ClientError, TimeoutError):
@@ -141,6 +166,59 @@ def measure(target: Target, clients: int, seconds: float) -> Result:
     return asyncio.run(_drive(target, clients, seconds))
 
 
+async def _drive_once(target: Target, clients: int) -> tuple[list[float], int, float]:
+    """Each path requested once by ``clients`` connections; latencies, errors, wall time."""
+    latencies: list[float] = []
+    errors = 0
+    paths = iter(target.paths)
+    connector = aiohttp.TCPConnector(limit=clients)
+    async with aiohttp.ClientSession(target.base_url, connector=connector) as s:
+        # Connections opened before the clock starts, as in a timed cell after its warm-up.
+        await asyncio.gather(*(s.get(target.warm) for _ in range(clients)))
+        start = time.perf_counter()
+
+        async def client() -> None:
+            nonlocal errors
+            for path in paths:
+                t0 = time.perf_counter()
+                try:
+                    async with s.request(target.method, path, json=target.body) as resp:
+                        await resp.read()
+                        good = resp.status == target.ok
+                except aiohttp.ClientError:
+                    good = False
+                if good:
+                    latencies.append(time.perf_counter() - t0)
+                else:
+                    errors += 1
+
+        await asyncio.gather(*(client() for _ in range(clients)))
+        return latencies, errors, time.perf_counter() - start
+
+
+def measure_once(target: Target, clients: int, passes: int, pause_s: float) -> Result:
+    """``passes`` passes of each path once, ``pause_s`` apart (not counted)."""
+    latencies: list[float] = []
+    errors, elapsed = 0, 0.0
+    for n in range(passes):
+        if n:
+            time.sleep(pause_s)
+        got, bad, took = asyncio.run(_drive_once(target, clients))
+        latencies += got
+        errors += bad
+        elapsed += took
+    latencies.sort()
+    if not latencies:
+        return Result(0, errors, 0.0, 0.0, 0.0)
+    return Result(
+        len(latencies),
+        errors,
+        len(latencies) / elapsed,
+        statistics.median(latencies) * 1000,
+        latencies[int(len(latencies) * 0.99)] * 1000,
+    )
+
+
 def run(
     sections: Sequence[Callable[[ExitStack, argparse.Namespace], Section]],
     args: argparse.Namespace,
@@ -167,8 +245,12 @@ def run(
 
 
 def _measure_row(row: Row, clients: int, seconds: float) -> str:
-    ours = measure(row.ours, clients, seconds)
-    peer = measure(row.peer, clients, seconds)
+    if row.passes:
+        ours = measure_once(row.ours, clients, row.passes, row.pause_s)
+        peer = measure_once(row.peer, clients, row.passes, row.pause_s)
+    else:
+        ours = measure(row.ours, clients, seconds)
+        peer = measure(row.peer, clients, seconds)
     ratio = f"{ours.req_s / peer.req_s:.1f}x" if peer.req_s and ours.req_s else "—"
     return f"| {row.what} | {clients} | {ours.cell()} | {peer.cell()} | {ratio} |"
 
@@ -176,8 +258,8 @@ def _measure_row(row: Row, clients: int, seconds: float) -> str:
 # --- rlrun against Ray's job API ---------------------------------------------------------------
 
 
-def ray_head(stack: ExitStack, args: argparse.Namespace) -> tuple[str, str, dict[str, str]]:
-    """A local Ray head holding 100 pending jobs; its address, one job's id and the headers
+def ray_head(stack: ExitStack, args: argparse.Namespace) -> tuple[str, list[str], dict[str, str]]:
+    """A local Ray head holding 100 pending jobs; its address, the jobs' ids and the headers
     that authenticate to it (made once)."""
     if not hasattr(args, "ray"):
         cluster = LocalRayCluster(
@@ -186,19 +268,25 @@ def ray_head(stack: ExitStack, args: argparse.Namespace) -> tuple[str, str, dict
         cluster.start()
         stack.callback(cluster.cleanup)
         headers = cluster.auth_headers
+        RAY_TOKENS[cluster.address] = cluster.token  # the followed service's ServiceProcess
         with httpx.Client(base_url=cluster.address, headers=headers, timeout=30) as http:
             ids = [
                 http.post("/api/jobs/", json=RAY_JOB).json()["submission_id"] for _ in range(100)
             ]
-        args.ray = (cluster.address, ids[0], headers)
-    head: tuple[str, str, dict[str, str]] = args.ray
+        args.ray = (cluster.address, ids, headers)
+    head: tuple[str, list[str], dict[str, str]] = args.ray
     return head
 
 
 def service_on(
-    stack: ExitStack, db_url: str, workdir: Path, read_cache_s: float = 1.0
-) -> tuple[str, str, str]:
-    """The service on ``db_url`` with 100 runs, one of them holding 1,000,000 metric points."""
+    stack: ExitStack,
+    db_url: str,
+    workdir: Path,
+    read_cache_s: float = 1.0,
+    points_steps: int = POINTS_STEPS,
+) -> tuple[str, list[str]]:
+    """The service on ``db_url`` with 100 runs, the second holding ``POINTS_KEYS`` x
+    ``points_steps`` metric points; its URL and the runs' ids."""
     service = ServiceProcess(db_url, "http://127.0.0.1:9", workdir / f"{uuid.uuid4().hex}.log")
     service.env["RLRUN_RUN_LOOPS"] = "false"
     service.env["RLRUN_READ_CACHE_S"] = str(read_cache_s)
@@ -209,23 +297,58 @@ def service_on(
     db = Database(db_url)
     keys = [*store.LATEST_KEYS, "val-core/geo3k/reward/acc/mean@1"]
     keys += [f"bench/key_{i}" for i in range(POINTS_KEYS - len(keys))]
-    for lo in range(0, POINTS_STEPS, 500):
+    for lo in range(0, points_steps, 500):
         with db.transaction() as s:
             lines = [
                 (step, MetricLine(step, dict.fromkeys(keys, step / 7)))
-                for step in range(lo, lo + 500)
+                for step in range(lo, min(lo + 500, points_steps))
             ]
             store.add_lines(s, ids[1], lines)
     db.dispose()
-    return service.url, ids[0], ids[1]
+    return service.url, ids
+
+
+def followed_service(
+    stack: ExitStack, db: str, args: argparse.Namespace, ray_url: str
+) -> tuple[str, list[str]]:
+    """The service with its loops on, on a database of its own, running ``FOLLOWED`` runs on
+    the Ray head that print a metric line every second (its follower stores each); its URL and
+    the runs' ids, once each run has stored a few steps."""
+    if db == "sqlite":
+        db_url = f"sqlite:///{args.workdir}/followed-{uuid.uuid4().hex[:6]}.db"
+    else:
+        admin = stack.enter_context(postgres.admin_url())
+        db_url = stack.enter_context(postgres.fresh_database(admin, "rlrun_bench_followed"))
+    service = ServiceProcess(db_url, ray_url, args.workdir / f"{uuid.uuid4().hex}.log")
+    service.env["RLRUN_READ_CACHE_S"] = str(args.read_cache_s)
+    service.env["RLRUN_FOLLOW_INTERVAL_S"] = "1"
+    service.start()
+    stack.callback(service.stop)
+    with httpx.Client(base_url=service.url, timeout=30) as http:
+        ids = [http.post("/runs", json=FOLLOWED_SPEC).json()["id"] for _ in range(FOLLOWED)]
+        for run_id in ids:
+            stack.callback(lambda r=run_id: httpx.post(f"{service.url}/runs/{r}/cancel"))
+        for run_id in ids:
+            wait_for(
+                lambda r=run_id: http.get(f"/runs/{r}").json(),
+                lambda run: (run["progress"]["step"] or 0) >= 2,
+                timeout=120,
+                every=0.5,
+            )
+    return service.url, ids
 
 
 def ray_section(db: str) -> Callable[[ExitStack, argparse.Namespace], Section]:
     def make(stack: ExitStack, args: argparse.Namespace) -> Section:
-        ray_url, job_id, auth = ray_head(stack, args)
-        url, run_id, big_id = service_on(
-            stack, dict(args.db_urls)[db], args.workdir, args.read_cache_s
+        ray_url, job_ids, auth = ray_head(stack, args)
+        url, run_ids = service_on(
+            stack, dict(args.db_urls)[db], args.workdir, args.read_cache_s, args.points_steps
         )
+        followed_url, followed = followed_service(stack, db, args, ray_url)
+        run_id, big_id = run_ids[0], run_ids[1]
+        job_id = job_ids[0]
+        # A pass of 100 distinct runs after the kept answers have lapsed: every read a miss.
+        pause_s = args.read_cache_s + 0.2
         return Section(
             f"rlrun on {db} vs Ray's job API",
             "Ray",
@@ -241,7 +364,25 @@ def ray_section(db: str) -> Callable[[ExitStack, argparse.Namespace], Section]:
                     Target(ray_url, "GET", f"/api/jobs/{job_id}", headers=auth),
                 ),
                 Row(
-                    "read one run, 1,000,000 points",
+                    f"read {FOLLOWED} followed runs (a metric line each second each)",
+                    Target(followed_url, "GET", *_round(followed)),
+                    Target(ray_url, "GET", *_round(followed, "/api/jobs/"), headers=auth),
+                ),
+                Row(
+                    "read 100 distinct runs once each",
+                    Target(url, "GET", *_round(run_ids), warm="/healthz"),
+                    Target(
+                        ray_url,
+                        "GET",
+                        *_round(job_ids, "/api/jobs/"),
+                        warm="/api/version",
+                        headers=auth,
+                    ),
+                    passes=args.passes,
+                    pause_s=pause_s,
+                ),
+                Row(
+                    f"read one run, {POINTS_KEYS * args.points_steps:,} points",
                     Target(url, "GET", f"/runs/{big_id}"),
                     Target(ray_url, "GET", f"/api/jobs/{job_id}", headers=auth),
                 ),
@@ -261,13 +402,25 @@ def ray_section(db: str) -> Callable[[ExitStack, argparse.Namespace], Section]:
     return make
 
 
+def _round(ids: Sequence[str], prefix: str = "/runs/") -> tuple[str, None, int, tuple[str, ...]]:
+    """``Target`` fields after the method for GETs that go round ``ids``."""
+    paths = [f"{prefix}{i}" for i in ids]
+    return paths[0], None, 200, tuple(paths[1:])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--clients", default="1,16,64")
     parser.add_argument("--db", default="sqlite,postgres")
     parser.add_argument("--read-cache-s", type=float, default=1.0)
+    parser.add_argument("--passes", type=int, default=5, help="of 100 distinct runs")
+    parser.add_argument("--quick", action="store_true", help="every row, briefly (seconds)")
+    parser.add_argument("--points-steps", type=int, default=POINTS_STEPS, help="x 100 keys")
     args = parser.parse_args()
+    if args.quick:
+        args.seconds, args.clients, args.db, args.passes = 0.3, "16", "sqlite", 1
+        args.points_steps = 100
     with tempfile.TemporaryDirectory() as tmp, databases(Path(tmp)) as db_urls:
         args.workdir, args.db_urls = Path(tmp), db_urls
         run([ray_section(db) for db in args.db.split(",")], args)

@@ -1,0 +1,68 @@
+"""What ``GET /runs/{id}`` reads (one statement on PostgreSQL, three queries on SQLite) is what
+the run's rows say, read one by one: its columns, its events in order, its latest values with
+NaN and infinities, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from service.errors import NotFound
+from service.metrics import store
+from service.metrics.parse import MetricLine
+from service.schemas import encode, run_doc
+from service.store.db import Database, upgrade
+from service.store.lifecycle import note
+from service.store.models import Run
+from service.store.runs import events_of, run_page, run_row
+from tests.factories import add_run
+
+
+def _one_by_one(db: Database, run_id: str) -> bytes:
+    with db.read() as s:
+        row = run_row(s, run_id)
+        return encode(run_doc(row, events_of(s, run_id), store.latest(s, run_id)))
+
+
+def _page(db: Database, run_id: str) -> bytes:
+    return encode(run_doc(*run_page(db, run_id)))
+
+
+def test_a_runs_page_is_its_rows(db: Database) -> None:
+    add_run(db, "bare")  # no event, no metric
+    assert _page(db, "bare") == _one_by_one(db, "bare")
+    add_run(db, "r1")
+    values = {"critic/score/mean": 0.1 + 0.2, "critic/score/max": math.inf}
+    values |= {"critic/score/min": -math.inf, "training/global_step": math.nan}
+    with db.transaction() as s:
+        store.add_lines(s, "r1", [(10, MetricLine(1, {"critic/score/mean": 1 / 3}))])
+        store.add_lines(s, "r1", [(20, MetricLine(2, values))])
+        store.add_lines(s, "r1", [(30, MetricLine(3, {"val-core/x/acc/mean@1": 2 / 3}))])
+        run = s.get(Run, "r1")
+        assert run is not None
+        for reason in ("first", "second", "third"):
+            note(s, run, reason)
+    page = _page(db, "r1")
+    assert page == _one_by_one(db, "r1")
+    assert b'"critic/score/max":"Infinity"' in page and b"0.30000000000000004" in page
+    assert page.index(b'"first"') < page.index(b'"second"') < page.index(b'"third"')
+    with pytest.raises(NotFound):
+        run_page(db, "missing")
+
+
+def test_a_connection_that_read_outside_a_transaction_writes_in_one_again(db_url: str) -> None:
+    upgrade(db_url)
+    db = Database(db_url, pool_size=1, max_overflow=0)  # one connection: the same one again
+    try:
+        add_run(db, "r1")
+        run_page(db, "r1")
+        with pytest.raises(RuntimeError), db.transaction() as s:
+            run = s.get(Run, "r1")
+            assert run is not None
+            run.name = "never"
+            s.flush()
+            raise RuntimeError("rolled back")
+        assert run_page(db, "r1")[0].name == "r1"
+    finally:
+        db.dispose()
