@@ -15,7 +15,7 @@ from service.metrics.health import HealthRules
 from service.metrics.log_readers import WholeLogReader
 from service.metrics.parse import MetricLine
 from service.store.db import Database
-from service.store.models import MetricBucket, MetricLatest, MetricPoint, Run, RunLog, utcnow
+from service.store.models import MetricBucket, MetricKey, MetricPoint, Run, RunLog, utcnow
 from service.store.status import RunStatus
 from tests.factories import add_run, read_run
 from tests.fake_ray import FakeRay
@@ -28,9 +28,10 @@ def follower(db: Database, ray: FakeRay, owner: str, **rules: Any) -> Follower:
 def points(db: Database, run_id: str) -> list[tuple[int, str, float | None]]:
     with db.transaction() as s:
         rows = s.execute(
-            select(MetricPoint.step, MetricPoint.key, MetricPoint.value)
+            select(MetricPoint.step, MetricKey.key, MetricPoint.value)
+            .join(MetricKey, MetricKey.id == MetricPoint.key_id)
             .where(MetricPoint.run_id == run_id)
-            .order_by(MetricPoint.step, MetricPoint.key)
+            .order_by(MetricPoint.step, MetricKey.key)
         ).all()
     return [(a, b, c) for a, b, c in rows]
 
@@ -203,8 +204,10 @@ def test_the_latest_table_follows_the_newest_step_with_nan_and_inf(db: Database)
     step, value = seen[3][key]
     assert step == 7 and math.isnan(value) and seen[3][inf_key] == (7, -math.inf)
     with db.transaction() as s:
-        row = s.get(MetricLatest, (run_id, key))
-        assert row is not None and (row.first_step, row.step) == (3, 7)
+        row = s.scalars(
+            select(MetricKey).where(MetricKey.run_id == run_id, MetricKey.key == key)
+        ).one()
+        assert (row.first_step, row.step) == (3, 7)
         assert store.keys_of(s, run_id) == [inf_key, key]
         assert list(store.series(s, run_id, None, 10)) == [inf_key, key]
         assert store.latest_of_runs(s, [run_id, "other"], [inf_key]) == {
