@@ -299,24 +299,30 @@ WITH new AS (
                 CAST(:values AS float8[]), CAST(:offsets AS bigint[])) AS t (k, s, v, o)
     ON CONFLICT DO NOTHING
     RETURNING key_id, step, value
+), finest AS (
+    -- The new points in the finest tier's buckets: what the coarser tiers and latest fold.
+    SELECT key_id, step >> :finest AS bucket, count(*) AS n, min(value) AS lo,
+           max(value) AS hi, min(step) AS first_step, max(step) AS last_step,
+           (array_agg(value ORDER BY step DESC))[1] AS last_value
+    FROM new GROUP BY key_id, step >> :finest
 ), latest AS (
     UPDATE metric_keys AS m SET
         first_step = least(m.first_step, n.first_step),
         step = greatest(m.step, n.step),
         value = CASE WHEN n.step > m.step THEN n.value ELSE m.value END
     FROM (
-        SELECT key_id, min(step) AS first_step, max(step) AS step,
-               (array_agg(value ORDER BY step DESC))[1] AS value
-        FROM new GROUP BY key_id
+        SELECT key_id, min(first_step) AS first_step, max(last_step) AS step,
+               (array_agg(last_value ORDER BY last_step DESC))[1] AS value
+        FROM finest GROUP BY key_id
     ) AS n
     WHERE m.id = n.key_id
 ), tiers AS (
     INSERT INTO metric_buckets AS b
         (key_id, level, bucket, count, min, max, last_step, last_value)
-    SELECT key_id, level, step >> level, count(*), min(value), max(value), max(step),
-           (array_agg(value ORDER BY step DESC))[1]
-    FROM new CROSS JOIN unnest(CAST(:levels AS smallint[])) AS l (level)
-    GROUP BY key_id, level, step >> level
+    SELECT key_id, level, bucket >> (level - :finest), sum(n), min(lo), max(hi),
+           max(last_step), (array_agg(last_value ORDER BY last_step DESC))[1]
+    FROM finest CROSS JOIN unnest(CAST(:levels AS smallint[])) AS l (level)
+    GROUP BY key_id, level, bucket >> (level - :finest)
     ON CONFLICT (key_id, level, bucket) DO UPDATE SET
         count = b.count + excluded.count,
         min = least(b.min, excluded.min),
@@ -356,6 +362,7 @@ def _add_postgres(
         "values": _array(values),
         "offsets": _array(offsets),
         "levels": _array(LEVELS),
+        "finest": LEVELS[0],
     }
     return int(session.execute(_ADD_POSTGRES, params).scalar_one())
 
