@@ -23,10 +23,11 @@ from sqlalchemy import create_engine, insert, text
 
 from service.app import create_app
 from service.metrics import store
+from service.metrics.parse import MetricLine
 from service.schemas import SUMMARY_KEYS
 from service.settings import Settings
 from service.store.db import Database, upgrade
-from service.store.models import MetricPoint, Run, utcnow
+from service.store.models import Run, utcnow
 
 LAUNCH = {"argv": [], "entrypoint": "", "runtime_env": {}, "shape": {}, "total_steps": 20}
 
@@ -44,16 +45,14 @@ def fill(db_url: str, runs: int, steps: int) -> list[str]:
                 for n, i in enumerate(ids)
             ],
         )  # fmt: skip
-        for chunk in range(0, runs, 500):
-            s.execute(
-                insert(MetricPoint),
-                [
-                    {"run_id": i, "key": k, "step": st, "value": st / steps, "log_offset": st}
-                    for i in ids[chunk : chunk + 500]
+    for chunk in range(0, runs, 500):
+        with db.transaction() as s:  # through the store, so latest values and tiers are kept
+            for i in ids[chunk : chunk + 500]:
+                lines = [
+                    (st, MetricLine(st, dict.fromkeys(SUMMARY_KEYS, st / steps)))
                     for st in range(1, steps + 1)
-                    for k in SUMMARY_KEYS
-                ],
-            )
+                ]
+                store.add_lines(s, i, lines)
     db.dispose()
     return ids
 
