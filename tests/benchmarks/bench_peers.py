@@ -1,7 +1,10 @@
 """rlrun's API side by side with a peer's own API (Ray's job REST API), in one run.
 
     python -m tests.benchmarks.bench_peers [--seconds 3] [--clients 1,16,64] [--db sqlite,postgres]
-        [--read-cache-s 1]
+        [--read-cache-s 1] [--quick]
+
+``--quick``: 0.3 s per cell at 1 and 4 clients, the big run holding 10,000 points (what CI
+runs).
 
 The service runs as deployed (uvicorn child process, one worker, background loops off) with Ray
 unreachable, so only its own path counts; the peer is the dashboard of a local Ray head started
@@ -39,10 +42,10 @@ from typing import Any
 import aiohttp
 import httpx
 
-from service.cluster.local_ray import LocalRayCluster
 from service.metrics import store
 from service.metrics.parse import MetricLine
 from service.store.db import Database
+from tests.benchmarks import report
 from tests.benchmarks.bench_metrics import databases
 from tests.service_process import ServiceProcess
 
@@ -176,16 +179,12 @@ def _measure_row(row: Row, clients: int, seconds: float) -> str:
 def ray_head(stack: ExitStack, args: argparse.Namespace) -> tuple[str, str]:
     """A local Ray head holding 100 pending jobs; its address and one job's id (made once)."""
     if not hasattr(args, "ray"):
-        cluster = LocalRayCluster(
-            [8], cpus_per_node=4, port=RAY_PORT, dashboard_port=RAY_PORT + 2000
-        )
-        cluster.start()
-        stack.callback(cluster.cleanup)
-        with httpx.Client(base_url=cluster.address, timeout=30) as http:
+        address = stack.enter_context(report.ray_head([8], 4, RAY_PORT))
+        with httpx.Client(base_url=address, timeout=30) as http:
             ids = [
                 http.post("/api/jobs/", json=RAY_JOB).json()["submission_id"] for _ in range(100)
             ]
-        args.ray = (cluster.address, ids[0])
+        args.ray = (address, ids[0])
     address_and_id: tuple[str, str] = args.ray
     return address_and_id
 
@@ -262,7 +261,11 @@ def main() -> None:
     parser.add_argument("--clients", default="1,16,64")
     parser.add_argument("--db", default="sqlite,postgres")
     parser.add_argument("--read-cache-s", type=float, default=1.0)
+    parser.add_argument("--quick", action="store_true", help="small, in seconds (what CI runs)")
     args = parser.parse_args()
+    if args.quick:
+        global POINTS_STEPS
+        args.seconds, args.clients, POINTS_STEPS = 0.3, "1,4", 100
     with tempfile.TemporaryDirectory() as tmp, databases(Path(tmp)) as db_urls:
         args.workdir, args.db_urls = Path(tmp), db_urls
         run([ray_section(db) for db in args.db.split(",")], args)
