@@ -2,7 +2,7 @@
 
     python -m tests.benchmarks.bench_api [--requests-per-client 50] [--pg URL] [--quick]
 
-``--quick``: 3 requests per client and 2 runs to RUNNING (what CI runs).
+``--quick``: 3 requests per client and 1 run to RUNNING (what CI runs).
 
 The service runs in a child process (uvicorn, one worker) exactly as deployed. Accept throughput
 is measured with the background loops off, so it is the API and the database alone; POST ->
@@ -121,7 +121,7 @@ def main() -> None:
     args = parser.parse_args()
     running = 10
     if args.quick:
-        args.requests_per_client, running = 3, 2
+        args.requests_per_client, running = 3, 1
     report = Report("accept (POST /runs)")
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)

@@ -3,8 +3,8 @@
     python -m tests.benchmarks.bench_peers [--seconds 3] [--clients 1,16,64] [--db sqlite,postgres]
         [--read-cache-s 1] [--quick]
 
-``--quick``: 0.3 s per cell at 1 and 4 clients, the big run holding 10,000 points (what CI
-runs).
+``--quick``: 0.3 s per cell at 1 and 4 clients, the big run holding 10,000 points, Ray holding
+10 jobs (what CI runs).
 
 The service runs as deployed (uvicorn child process, one worker, background loops off) with Ray
 unreachable, so only its own path counts; the peer is the dashboard of a local Ray head started
@@ -54,6 +54,7 @@ RUN_SPEC = {"recipe": "tiny-grpo", "name": "bench", "team": "bench"}
 # A resource no node has: Ray accepts the job and keeps it PENDING without starting anything.
 RAY_JOB = {"entrypoint": "true", "entrypoint_resources": {"bench_never": 1}}
 POINTS_KEYS, POINTS_STEPS = 100, 10_000  # 1,000,000 points
+RAY_JOBS = 100  # what Ray's job list holds
 
 
 @dataclass(frozen=True)
@@ -182,7 +183,8 @@ def ray_head(stack: ExitStack, args: argparse.Namespace) -> tuple[str, str]:
         address = stack.enter_context(report.ray_head([8], 4, RAY_PORT))
         with httpx.Client(base_url=address, timeout=30) as http:
             ids = [
-                http.post("/api/jobs/", json=RAY_JOB).json()["submission_id"] for _ in range(100)
+                http.post("/api/jobs/", json=RAY_JOB).json()["submission_id"]
+                for _ in range(RAY_JOBS)
             ]
         args.ray = (address, ids[0])
     address_and_id: tuple[str, str] = args.ray
@@ -264,8 +266,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small, in seconds (what CI runs)")
     args = parser.parse_args()
     if args.quick:
-        global POINTS_STEPS
-        args.seconds, args.clients, POINTS_STEPS = 0.3, "1,4", 100
+        global POINTS_STEPS, RAY_JOBS
+        args.seconds, args.clients, POINTS_STEPS, RAY_JOBS = 0.3, "1,4", 100, 10
     with tempfile.TemporaryDirectory() as tmp, databases(Path(tmp)) as db_urls:
         args.workdir, args.db_urls = Path(tmp), db_urls
         run([ray_section(db) for db in args.db.split(",")], args)
