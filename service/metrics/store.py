@@ -222,9 +222,9 @@ def _absorb(into: Summary, other: Summary) -> None:
         into[3], into[4] = other[3], other[4]
 
 
-def _fold(items: Iterable[tuple[str, int, Summary]], shift: int) -> dict[tuple[str, int], Summary]:
-    """Summaries per (key, bucket >> shift)."""
-    out: dict[tuple[str, int], Summary] = {}
+def _fold(items: Iterable[tuple[int, int, Summary]], shift: int) -> dict[tuple[int, int], Summary]:
+    """Summaries per (key id, bucket >> shift)."""
+    out: dict[tuple[int, int], Summary] = {}
     for key, bucket, summary in items:
         seen = out.get((key, bucket >> shift))
         if seen is None:
