@@ -2,7 +2,7 @@
 included) runs in its ``--quick`` mode to the end and prints its table, so none rots unseen.
 
 The figures of a quick run mean nothing (small sizes, a loaded machine); the scripts' own runs
-give them. Their Ray parts share the session's cluster (``RLRUN_BENCH_RAY_ADDRESS``).
+give them. Their Ray parts share the pytest session's cluster (``RLRUN_BENCH_RAY_ADDRESS``).
 """
 
 from __future__ import annotations

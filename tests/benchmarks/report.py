@@ -3,7 +3,7 @@
 
 A figure is printed as it is measured too (``name: figure``), so a long run shows progress.
 ``RLRUN_BENCH_RAY_ADDRESS`` names a running Ray head (the dashboard address) for every
-benchmark to share: the quick runs in CI use the test session's cluster rather than each
+benchmark to share: the quick runs in CI use the pytest session's cluster rather than each
 starting its own (a head takes seconds to start, more on a loaded machine).
 """
 
