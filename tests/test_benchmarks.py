@@ -22,7 +22,7 @@ from tests.benchmarks.report import SHARED_RAY
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted((ROOT / "tests" / "benchmarks").glob("bench_*.py"))
 # Seconds one quick run may take here (most take far less; the machine may be loaded).
-TIMEOUT_S = 240
+TIMEOUT_S = 300
 # A Markdown table: a row of cells, its rule, at least one more row.
 TABLE = re.compile(r"^\|.*\|\n\|(?: *:?-+:? *\|)+\n\|.*\|$", re.MULTILINE)
 
