@@ -40,9 +40,11 @@ def test_a_markdown_table_is_recognised_and_lines_alone_are_not() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("script", SCRIPTS, ids=[p.stem for p in SCRIPTS])
 def test_each_benchmark_runs_in_quick_mode_and_prints_its_table(
-    script: Path, ray_cluster: LocalRayCluster, ray: RayJobs
+    script: Path, ray_cluster: LocalRayCluster
 ) -> None:
     env = os.environ | {"PYTHONPATH": str(ROOT), SHARED_RAY: ray_cluster.address}
+    ray = RayJobs(ray_cluster.address)
+    before = {job.submission_id for job in ray.list_jobs()}
     try:
         done = subprocess.run(
             [sys.executable, "-m", f"tests.benchmarks.{script.stem}", "--quick"],
@@ -55,6 +57,13 @@ def test_each_benchmark_runs_in_quick_mode_and_prints_its_table(
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
         pytest.fail(f"{script.name} --quick took over {TIMEOUT_S} s; its output:\n{out[-3000:]}")
+    finally:
+        # The jobs it left (bench_peers' wait for a resource no node has) are stopped, without
+        # waiting for Ray to settle them: none holds a resource the next script needs.
+        for job in ray.list_jobs():
+            if job.submission_id not in before and job.status in {"PENDING", "RUNNING"}:
+                ray.stop(job.submission_id)
+        ray.close()
     tail = f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
     assert done.returncode == 0, tail
     assert TABLE.search(done.stdout), f"{script.name} --quick printed no table\n{tail}"
