@@ -15,7 +15,7 @@ from service.metrics.health import HealthRules
 from service.metrics.log_readers import WholeLogReader
 from service.metrics.parse import MetricLine
 from service.store.db import Database
-from service.store.models import MetricBucket, MetricLatest, MetricPoint, Run, RunLog, utcnow
+from service.store.models import MetricBucket, MetricKey, MetricPoint, Run, RunLog, utcnow
 from service.store.status import RunStatus
 from tests.factories import add_run, read_run
 from tests.fake_ray import FakeRay
@@ -28,9 +28,10 @@ def follower(db: Database, ray: FakeRay, owner: str, **rules: Any) -> Follower:
 def points(db: Database, run_id: str) -> list[tuple[int, str, float | None]]:
     with db.transaction() as s:
         rows = s.execute(
-            select(MetricPoint.step, MetricPoint.key, MetricPoint.value)
+            select(MetricPoint.step, MetricKey.key, MetricPoint.value)
+            .join(MetricKey, MetricKey.id == MetricPoint.key_id)
             .where(MetricPoint.run_id == run_id)
-            .order_by(MetricPoint.step, MetricPoint.key)
+            .order_by(MetricPoint.step, MetricKey.key)
         ).all()
     return [(a, b, c) for a, b, c in rows]
 
@@ -203,13 +204,57 @@ def test_the_latest_table_follows_the_newest_step_with_nan_and_inf(db: Database)
     step, value = seen[3][key]
     assert step == 7 and math.isnan(value) and seen[3][inf_key] == (7, -math.inf)
     with db.transaction() as s:
-        row = s.get(MetricLatest, (run_id, key))
-        assert row is not None and (row.first_step, row.step) == (3, 7)
+        row = s.scalars(
+            select(MetricKey).where(MetricKey.run_id == run_id, MetricKey.key == key)
+        ).one()
+        assert (row.first_step, row.step) == (3, 7)
         assert store.keys_of(s, run_id) == [inf_key, key]
         assert list(store.series(s, run_id, None, 10)) == [inf_key, key]
         assert store.latest_of_runs(s, [run_id, "other"], [inf_key]) == {
             run_id: {inf_key: (7, -math.inf)}
         }
+
+
+def test_duplicates_within_one_batch_keep_the_first_value_and_count_once(db: Database) -> None:
+    run_id = add_run(db)
+    lines = [(1, MetricLine(3, {"a": 1.0})), (2, MetricLine(3, {"a": 2.0, "b": 5.0}))]
+    with db.transaction() as s:
+        store.add_lines(s, run_id, lines)
+        buckets = s.scalars(select(MetricBucket.count)).all()
+        assert store.latest_of_runs(s, [run_id], ["a"]) == {run_id: {"a": (3, 1.0)}}
+    assert points(db, run_id) == [(3, "a", 1.0), (3, "b", 5.0)]
+    assert buckets == [1] * len(store.LEVELS) * 2
+
+
+def test_no_lines_store_nothing(db: Database) -> None:
+    run_id = add_run(db)
+    with db.transaction() as s:
+        assert store.add_lines(s, run_id, []) == 0
+        assert store.keys_of(s, run_id) == []
+
+
+def test_a_key_another_writer_added_meanwhile_is_looked_up_and_not_counted(db: Database) -> None:
+    run_id = add_run(db)
+    with db.transaction() as s:
+        store.add_lines(s, run_id, [(1, MetricLine(1, {"a": 1.0}))])
+        held = s.scalar(select(MetricKey.id).where(MetricKey.key == "a"))
+        # As if "a" had been looked up as missing just before the other writer added it.
+        ids, created = store._add_keys(s, run_id, {"a", "b"})
+    assert ids["a"] == held and set(ids) == {"a", "b"} and created == 1
+
+
+def test_key_ids_of_a_deleted_run_are_never_given_to_another(db: Database) -> None:
+    gone, kept = add_run(db, "gone"), add_run(db, "kept")
+    with db.transaction() as s:
+        store.add_lines(s, kept, [(1, MetricLine(1, {"a": 1.0}))])
+        store.add_lines(s, gone, [(1, MetricLine(1, {"a": 7.0})), (2, MetricLine(2, {"a": 8.0}))])
+    with db.transaction() as s:
+        s.execute(Run.__table__.delete().where(Run.id == gone))  # its keys go with it
+    new = add_run(db, "new")
+    with db.transaction() as s:
+        store.add_lines(s, new, [(1, MetricLine(5, {"a": 3.0}))])
+        assert store.series(s, new, ["a"], 100)["a"] == [store.Point(5, 3.0, 3.0, 3.0)]
+        assert store.recent(s, new, "a", 10) == [(5, 3.0)]
 
 
 def test_the_kept_log_copy_is_bounded_and_tails_by_lines(db: Database) -> None:

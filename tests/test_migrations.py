@@ -11,7 +11,7 @@ from sqlalchemy import create_engine, inspect, select, text
 from service.metrics import store
 from service.metrics.parse import MetricLine
 from service.store.db import Database, downgrade, upgrade
-from service.store.models import Base, MetricLatest, RunLog, utcnow
+from service.store.models import Base, MetricKey, RunLog, utcnow
 from tests.factories import add_run
 
 
@@ -74,7 +74,7 @@ def test_the_metric_tiers_migration_fills_latest_values_and_buckets_from_stored_
     upgrade(db_url)
     with db.transaction() as s:
         migrated = store.series(s, run_id, ["a", "b"], 50)
-        latest = s.execute(select(MetricLatest.key, MetricLatest.first_step, MetricLatest.step))
+        latest = s.execute(select(MetricKey.key, MetricKey.first_step, MetricKey.step))
         assert sorted(latest) == [("a", 0, 2997), ("b", 40, 40)]
     # The same points stored through ingest read back the same.
     other = add_run(db, "r2")
@@ -93,7 +93,6 @@ def test_the_metric_tiers_migration_fills_latest_values_and_buckets_from_stored_
 
 def test_the_metric_counts_migration_counts_what_each_run_holds(db_url: str) -> None:
     upgrade(db_url)
-    downgrade(db_url, "0007")
     db = Database(db_url)
     held, empty = _old_run(db, "r1"), _old_run(db, "r2")
     lines = [(0, MetricLine(step, {"a": 1.0})) for step in range(0, 10_000, 3)]  # 3 top buckets
@@ -104,8 +103,75 @@ def test_the_metric_counts_migration_counts_what_each_run_holds(db_url: str) -> 
             [{"r": held}, {"r": empty}],
         )
     db.dispose()
+    downgrade(db_url, "0007")
     upgrade(db_url)
     with db.transaction() as s:
         counts = {r.run_id: (r.metric_keys, r.metric_points) for r in s.scalars(select(RunLog))}
     db.dispose()
     assert counts == {held: (2, len(lines) + 1), empty: (0, 0)}
+
+
+def _everything_read(db: Database, run_ids: list[str]) -> list[object]:
+    """What each read path answers for the runs (NaN as a string, so answers compare)."""
+    out: list[object] = []
+    with db.transaction() as s:
+        for run_id in run_ids:
+            out += [
+                list(store.keys_of(s, run_id)),
+                store.latest(s, run_id),
+                store.latest_of_runs(s, [run_id], ["critic/score/mean", "actor/loss"]),
+                store.recent(s, run_id, "critic/score/mean", 50),
+                store.lines_after(s, run_id, 0),
+                store.lines_after(s, run_id, 5_000),
+                *(
+                    store.series(s, run_id, None, n, lo, hi)
+                    for n, lo, hi in ((10_000, None, None), (40, None, None), (7, 333, 2_901))
+                ),
+            ]
+    return [repr(x) for x in out]
+
+
+def test_points_stored_before_the_key_ids_migration_read_back_the_same_after_it(
+    db_url: str,
+) -> None:
+    upgrade(db_url)
+    db = Database(db_url)
+    runs = [add_run(db, "r1"), add_run(db, "r2")]
+    for n, run_id in enumerate(runs):
+        lines = [
+            (
+                step * 10 + 10,
+                MetricLine(
+                    step,
+                    {
+                        "critic/score/mean": (step % 17) / 17 + n,
+                        "actor/loss": math.nan if step % 5 == 0 else -step / 3,
+                        **({"big": math.inf, "low": -math.inf} if step % 100 == 0 else {}),
+                    },
+                ),
+            )
+            for step in range(0, 3_000, 1 + n)
+        ]
+        with db.transaction() as s:
+            store.add_lines(s, run_id, lines)
+    before = _everything_read(db, runs)
+    db.dispose()
+    downgrade(db_url, "0008")
+    # Now in the earlier layout: points, latest values and tiers named by run and key.
+    with db.transaction() as s:
+        stored = s.execute(text("SELECT run_id, key, count(*) FROM metric_points GROUP BY 1, 2"))
+        assert sorted(stored)[0] == ("r1", "actor/loss", 3_000)
+        assert s.scalar(text("SELECT count(*) FROM metric_latest")) == 8
+        assert s.scalar(text("SELECT count(DISTINCT key) FROM metric_buckets")) == 4
+    db.dispose()
+    upgrade(db_url)
+    assert _everything_read(db, runs) == before
+    # Ingest goes on after it: a new key gets an id of its own, an old one keeps its points.
+    with db.transaction() as s:
+        store.add_lines(
+            s, "r1", [(40_000, MetricLine(3_000, {"critic/score/mean": 9.0, "new": 1.0}))]
+        )
+        assert store.recent(s, "r1", "critic/score/mean", 2) == [(2_999, 7 / 17), (3_000, 9.0)]
+        assert store.recent(s, "r2", "new", 5) == []
+        assert len(store.keys_of(s, "r1")) == 5
+    db.dispose()

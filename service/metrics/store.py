@@ -1,5 +1,10 @@
 """Metric points in the database: idempotent batch writes, latest values, history tiers.
 
+A run's keys are rows of ``metric_keys`` (with each key's latest value); points and tiers are
+keyed by the key's integer id. A batch looks up (and adds) its keys once, then stores its
+points, latest values and tiers: on PostgreSQL in one statement (one round trip), on SQLite in
+three in-process statements.
+
 NaN is stored as NULL (SQLite turns NaN into NULL anyway, so both backends agree); ``±inf`` is
 stored as itself. Reads hand NULL back as ``nan``. Writes flush, never commit.
 """
@@ -9,9 +14,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import ARRAY, FromClause, bindparam, case, cast, func, or_, select
+from sqlalchemy import Table, bindparam, case, func, or_, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -24,7 +29,7 @@ from service.metrics.keys import (
     TRAINER_STEP_KEY,
 )
 from service.metrics.parse import MetricLine
-from service.store.models import MetricBucket, MetricLatest, MetricPoint, RunLog
+from service.store.models import MetricBucket, MetricKey, MetricPoint, RunLog
 
 # Keys shown as ``metrics.latest`` on a run: reward, validation, async health, staleness.
 LATEST_KEYS = (
@@ -40,7 +45,7 @@ LATEST_KEYS = (
     TRAINER_STEP_KEY,
 )
 LATEST_PATTERNS = ("val-core/%/acc/mean@%",)
-# What the columns hold (``metric_points.key``, ``.step``): anything past them is dropped.
+# What the columns hold (``metric_keys.key``, ``metric_points.step``): past them is dropped.
 KEY_MAX = 200
 STEP_MAX = 2**63 - 1
 LONG_KEY = "metric points dropped: a key is longer than"
@@ -48,6 +53,10 @@ BIG_STEP = "metric line dropped: its step is above"
 # What one run may hold (``Limits``): past them, new keys or any points are dropped.
 KEYS_FULL = "metric keys dropped: the run holds its limit of"
 POINTS_FULL = "metric points dropped: the run holds its limit of"
+# The tables as Core tables (statements of many rows, no ORM cost per row).
+_KEYS = cast(Table, MetricKey.__table__)
+_POINTS = cast(Table, MetricPoint.__table__)
+_BUCKETS = cast(Table, MetricBucket.__table__)
 # Keys per lookup of those a run holds: a statement binds at most 65,535 values (psycopg).
 _KEYS_PER_QUERY = 500
 
@@ -151,25 +160,54 @@ def ingest(
     """Store the storable ``lines`` (see ``storable``) that the run's limits allow, counted on
     ``runlog`` (held locked by the caller); the number of new points and a note per kind of
     what the limits dropped."""
-    known: set[str] = set()
     # A run at its point limit stores nothing: which keys it holds does not matter.
     full = runlog.metric_points >= limits.points
     names = [] if full else sorted({key for _, line in lines for key in line.values})
+    ids = _ids_of(session, runlog.run_id, names)
+    budget = Budget(limits, runlog.metric_keys, runlog.metric_points, frozenset(ids))
+    kept, notes = within(lines, budget)
+    wanted = {key for _, line in kept for key in line.values} - set(ids)
+    added, created = _add_keys(session, runlog.run_id, wanted)
+    new = _add(session, runlog.run_id, kept, ids | added)
+    runlog.metric_points += new
+    runlog.metric_keys += created
+    return new, notes
+
+
+def _ids_of(session: Session, run_id: str, names: Sequence[str]) -> dict[str, int]:
+    """Key -> id of those of ``names`` the run holds."""
+    ids: dict[str, int] = {}
     for n in range(0, len(names), _KEYS_PER_QUERY):
-        known.update(
-            session.scalars(
-                select(MetricLatest.key).where(
-                    MetricLatest.run_id == runlog.run_id,
-                    MetricLatest.key.in_(names[n : n + _KEYS_PER_QUERY]),
-                )
+        rows = session.execute(
+            select(MetricKey.key, MetricKey.id).where(
+                MetricKey.run_id == run_id,
+                MetricKey.key.in_(names[n : n + _KEYS_PER_QUERY]),
             )
         )
-    budget = Budget(limits, runlog.metric_keys, runlog.metric_points, frozenset(known))
-    kept, notes = within(lines, budget)
-    new = _add(session, runlog.run_id, kept)
-    runlog.metric_points += len(new)
-    runlog.metric_keys += len({key for key, _, _ in new} - known)
-    return len(new), notes
+        ids.update(rows.tuples().all())
+    return ids
+
+
+# A new key's latest value until its points are stored (in the same statement or the next).
+_NO_STEP = -(2**63)
+
+
+def _add_keys(session: Session, run_id: str, names: set[str]) -> tuple[dict[str, int], int]:
+    """Key -> id of ``names``, added to the run (its existence checked once per new key, by
+    ``metric_keys``' foreign key), and how many this added: one another writer added meanwhile
+    is looked up."""
+    if not names:
+        return {}, 0
+    rows = [
+        {"run_id": run_id, "key": k, "first_step": STEP_MAX, "step": _NO_STEP, "value": None}
+        for k in sorted(names)
+    ]
+    stmt = dialect_insert(session)(_KEYS).on_conflict_do_nothing(index_elements=["run_id", "key"])
+    added = dict(session.execute(stmt.returning(MetricKey.key, MetricKey.id), rows).tuples().all())
+    created = len(added)
+    if created < len(names):
+        added |= _ids_of(session, run_id, sorted(names - set(added)))
+    return added, created
 
 
 # History tiers: bucket widths 2**level steps, 4x apart, so a downsampled read merges at most
@@ -192,9 +230,9 @@ def _absorb(into: Summary, other: Summary) -> None:
         into[3], into[4] = other[3], other[4]
 
 
-def _fold(items: Iterable[tuple[str, int, Summary]], shift: int) -> dict[tuple[str, int], Summary]:
-    """Summaries per (key, bucket >> shift)."""
-    out: dict[tuple[str, int], Summary] = {}
+def _fold(items: Iterable[tuple[int, int, Summary]], shift: int) -> dict[tuple[int, int], Summary]:
+    """Summaries per (key id, bucket >> shift)."""
+    out: dict[tuple[int, int], Summary] = {}
     for key, bucket, summary in items:
         seen = out.get((key, bucket >> shift))
         if seen is None:
@@ -208,29 +246,8 @@ def _point(summary: Summary) -> Point:
     return Point(summary[3], _read(summary[4]), _read(summary[1]), _read(summary[2]))
 
 
-def _sql_extreme(session: Session, lowest: bool, a: Any, b: Any) -> Any:
-    """``a`` or ``b``, the lower (higher) ignoring NULL, in the backend's SQL."""
-    if _postgres(session):
-        return (func.least if lowest else func.greatest)(a, b)  # these ignore NULL
-    # SQLite's scalar min/max give NULL when either is NULL.
-    return func.coalesce((func.min if lowest else func.max)(a, b), a, b)
-
-
 def _postgres(session: Session) -> bool:
     return session.get_bind().dialect.name == "postgresql"
-
-
-def _bulk_insert(
-    session: Session, table: FromClause, rows: list[dict[str, Any]]
-) -> tuple[Any, Any]:
-    """An INSERT of ``rows`` and its parameters. On PostgreSQL: one statement over one array per
-    column (small to send, parsed once); on SQLite: the driver's executemany."""
-    insert = dialect_insert(session)
-    if not _postgres(session):
-        return insert(table), rows
-    names = list(rows[0])
-    arrays = select(*(func.unnest(cast(bindparam(n), ARRAY(table.c[n].type))) for n in names))
-    return insert(table).from_select(names, arrays), {n: [r[n] for r in rows] for n in names}
 
 
 def add_lines(session: Session, run_id: str, lines: Iterable[tuple[int, MetricLine]]) -> int:
@@ -239,72 +256,153 @@ def add_lines(session: Session, run_id: str, lines: Iterable[tuple[int, MetricLi
     transaction, so storing the same lines again changes nothing. Returns the points offered.
     Unbounded and uncounted: a followed run's lines go through ``ingest``."""
     lines = list(lines)
-    _add(session, run_id, lines)
+    names = sorted({key for _, line in lines for key in line.values})
+    ids = _ids_of(session, run_id, names)
+    added, _ = _add_keys(session, run_id, set(names) - set(ids))
+    _add(session, run_id, lines, ids | added)
     return sum(len(line.values) for _, line in lines)
 
 
-def _add(session: Session, run_id: str, lines: Iterable[tuple[int, MetricLine]]) -> Sequence[Any]:
-    """``add_lines``; the (key, step, value) of the points that were new."""
+def _add(
+    session: Session, run_id: str, lines: Sequence[tuple[int, MetricLine]], ids: dict[str, int]
+) -> int:
+    """``add_lines`` with the keys' ids at hand; the number of points that were new."""
+    if not any(line.values for _, line in lines):
+        return 0
+    if _postgres(session):
+        return _add_postgres(session, run_id, lines, ids)
     rows = [
         {
-            "run_id": run_id,
-            "key": key,
+            "key_id": ids[key],
             "step": line.step,
             "value": _stored(value),
             "log_offset": offset,
+            "run_id": run_id,
         }
         for offset, line in lines
         for key, value in line.values.items()
     ]
-    if not rows:
-        return []
-    stmt, params = _bulk_insert(session, MetricPoint.__table__, rows)
     new = session.execute(
-        stmt.on_conflict_do_nothing(index_elements=["run_id", "key", "step"]).returning(
-            MetricPoint.key, MetricPoint.step, MetricPoint.value
-        ),
-        params,
+        sqlite.insert(_POINTS)
+        .on_conflict_do_nothing(index_elements=["key_id", "step"])
+        .returning(MetricPoint.key_id, MetricPoint.step, MetricPoint.value),
+        rows,
     ).all()
     if new:
-        _keep_latest(session, run_id, new)
-        _keep_buckets(session, run_id, new)
-    return new
+        _keep_latest(session, new)
+        _keep_buckets(session, new)
+    return len(new)
 
 
-def _keep_latest(session: Session, run_id: str, new: Sequence[Any]) -> None:
-    latest: dict[str, list[Any]] = {}  # key -> [first step, step, value]
-    for key, step, value in new:
-        seen = latest.get(key)
+# PostgreSQL: the points (four arrays, one element per point), the keys' latest values and the
+# tiers in one statement; what it hands back is the number of points that were new. A point
+# already stored is skipped (the first of a batch's duplicates wins) and only the new ones reach
+# the latest values and tiers, exactly as ``_keep_latest`` and ``_keep_buckets`` do on SQLite.
+_ADD_POSTGRES = text(
+    """
+WITH new AS (
+    INSERT INTO metric_points (key_id, step, value, log_offset, run_id)
+    SELECT k, s, v, o, :run_id
+    FROM unnest(CAST(:keys AS integer[]), CAST(:steps AS bigint[]),
+                CAST(:values AS float8[]), CAST(:offsets AS bigint[])) AS t (k, s, v, o)
+    ON CONFLICT DO NOTHING
+    RETURNING key_id, step, value
+), finest AS (
+    -- The new points in the finest tier's buckets: what the coarser tiers and latest fold.
+    SELECT key_id, step >> :finest AS bucket, count(*) AS n, min(value) AS lo,
+           max(value) AS hi, min(step) AS first_step, max(step) AS last_step,
+           (array_agg(value ORDER BY step DESC))[1] AS last_value
+    FROM new GROUP BY key_id, step >> :finest
+), latest AS (
+    UPDATE metric_keys AS m SET
+        first_step = least(m.first_step, n.first_step),
+        step = greatest(m.step, n.step),
+        value = CASE WHEN n.step > m.step THEN n.value ELSE m.value END
+    FROM (
+        SELECT key_id, min(first_step) AS first_step, max(last_step) AS step,
+               (array_agg(last_value ORDER BY last_step DESC))[1] AS value
+        FROM finest GROUP BY key_id
+    ) AS n
+    WHERE m.id = n.key_id
+), tiers AS (
+    INSERT INTO metric_buckets AS b
+        (key_id, level, bucket, count, min, max, last_step, last_value)
+    SELECT key_id, level, bucket >> (level - :finest), sum(n), min(lo), max(hi),
+           max(last_step), (array_agg(last_value ORDER BY last_step DESC))[1]
+    FROM finest CROSS JOIN unnest(CAST(:levels AS smallint[])) AS l (level)
+    GROUP BY key_id, level, bucket >> (level - :finest)
+    ON CONFLICT (key_id, level, bucket) DO UPDATE SET
+        count = b.count + excluded.count,
+        min = least(b.min, excluded.min),
+        max = greatest(b.max, excluded.max),
+        last_step = greatest(b.last_step, excluded.last_step),
+        last_value = CASE WHEN excluded.last_step > b.last_step
+                          THEN excluded.last_value ELSE b.last_value END
+)
+SELECT count(*) FROM new
+"""
+)
+
+
+def _array(items: Iterable[object]) -> str:
+    """A PostgreSQL array literal of numbers (``NULL``, ``inf``, ``-inf`` as PostgreSQL reads
+    them): one text parameter, much cheaper to send than a list bound element by element."""
+    return "{" + ",".join(map(str, items)) + "}"
+
+
+def _add_postgres(
+    session: Session, run_id: str, lines: Sequence[tuple[int, MetricLine]], ids: dict[str, int]
+) -> int:
+    keys: list[int] = []
+    steps: list[int] = []
+    values: list[object] = []
+    offsets: list[int] = []
+    for offset, line in lines:
+        n = len(line.values)
+        keys += [ids[k] for k in line.values]
+        steps += [line.step] * n
+        values += ["NULL" if math.isnan(v) else float(v) for v in line.values.values()]
+        offsets += [offset] * n
+    params = {
+        "run_id": run_id,
+        "keys": _array(keys),
+        "steps": _array(steps),
+        "values": _array(values),
+        "offsets": _array(offsets),
+        "levels": _array(LEVELS),
+        "finest": LEVELS[0],
+    }
+    return int(session.execute(_ADD_POSTGRES, params).scalar_one())
+
+
+def _keep_latest(session: Session, new: Sequence[Any]) -> None:
+    """SQLite: the keys' latest values and first steps take in the new points."""
+    latest: dict[int, list[Any]] = {}  # key id -> [first step, step, value]
+    for key_id, step, value in new:
+        seen = latest.get(key_id)
         if seen is None:
-            latest[key] = [step, step, value]
+            latest[key_id] = [step, step, value]
         else:
             seen[0] = min(seen[0], step)
             if step > seen[1]:
                 seen[1:] = [step, value]
-    stmt, params = _bulk_insert(
-        session,
-        MetricLatest.__table__,
-        [
-            {"run_id": run_id, "key": k, "first_step": f, "step": s, "value": v}
-            for k, (f, s, v) in latest.items()
-        ],
-    )
-    ex, old = stmt.excluded, MetricLatest.__table__.c
-    newer = ex.step > old.step
-    session.execute(
-        stmt.on_conflict_do_update(
-            index_elements=["run_id", "key"],
-            set_={
-                "first_step": _sql_extreme(session, True, old.first_step, ex.first_step),
-                "step": case((newer, ex.step), else_=old.step),
-                "value": case((newer, ex.value), else_=old.value),
-            },
+    keys = _KEYS.c
+    newer = bindparam("s") > keys.step
+    session.connection().execute(
+        update(_KEYS)
+        .where(keys.id == bindparam("kid"))
+        .values(
+            # SQLite's scalar min gives the lower; both are set here.
+            first_step=func.min(keys.first_step, bindparam("f")),
+            step=case((newer, bindparam("s")), else_=keys.step),
+            value=case((newer, bindparam("v")), else_=keys.value),
         ),
-        params,
+        [{"kid": k, "f": f, "s": s, "v": v} for k, (f, s, v) in latest.items()],
     )
 
 
-def _keep_buckets(session: Session, run_id: str, new: Sequence[Any]) -> None:
+def _keep_buckets(session: Session, new: Sequence[Any]) -> None:
+    """SQLite: the tiers take in the new points."""
     # Each level folds the one below it: the points are walked once.
     level = LEVELS[0]
     tier = _fold(((k, s, [1, v, v, s, v]) for k, s, v in new), level)
@@ -312,8 +410,7 @@ def _keep_buckets(session: Session, run_id: str, new: Sequence[Any]) -> None:
     for next_level in (*LEVELS[1:], None):
         rows += [
             {
-                "run_id": run_id,
-                "key": key,
+                "key_id": key_id,
                 "level": level,
                 "bucket": bucket,
                 "count": n,
@@ -322,45 +419,49 @@ def _keep_buckets(session: Session, run_id: str, new: Sequence[Any]) -> None:
                 "last_step": last_step,
                 "last_value": last_value,
             }
-            for (key, bucket), (n, lo, hi, last_step, last_value) in tier.items()
+            for (key_id, bucket), (n, lo, hi, last_step, last_value) in tier.items()
         ]
         if next_level is not None:
             tier = _fold(((k, b, s) for (k, b), s in tier.items()), next_level - level)
             level = next_level
-    stmt, params = _bulk_insert(session, MetricBucket.__table__, rows)
-    ex, old = stmt.excluded, MetricBucket.__table__.c
+    stmt = sqlite.insert(_BUCKETS)
+    ex, old = stmt.excluded, _BUCKETS.c
     newer = ex.last_step > old.last_step
     session.execute(
         stmt.on_conflict_do_update(
-            index_elements=["run_id", "key", "level", "bucket"],
+            index_elements=["key_id", "level", "bucket"],
             set_={
                 "count": old.count + ex.count,
-                "min": _sql_extreme(session, True, old.min, ex.min),
-                "max": _sql_extreme(session, False, old.max, ex.max),
+                "min": _lowest(old.min, ex.min, lowest=True),
+                "max": _lowest(old.max, ex.max, lowest=False),
                 "last_step": case((newer, ex.last_step), else_=old.last_step),
                 "last_value": case((newer, ex.last_value), else_=old.last_value),
             },
         ),
-        params,
+        rows,
     )
+
+
+def _lowest(a: Any, b: Any, lowest: bool) -> Any:
+    """SQLite: ``a`` or ``b``, the lower (higher) ignoring NULL (its scalar min/max give NULL
+    when either is NULL)."""
+    return func.coalesce((func.min if lowest else func.max)(a, b), a, b)
 
 
 # Built once, run on the session's connection: a run's read binds its parameters only (building
 # and keying a statement costs more than running it).
 # The keys as bound values, not an expanding IN (which is rendered again at each execution).
 # Parameter ``run_id``; columns key, step, value (NULL: NaN).
-LATEST_OF_RUN = select(MetricLatest.key, MetricLatest.step, MetricLatest.value).where(
-    MetricLatest.run_id == bindparam("run_id"),
+LATEST_OF_RUN = select(MetricKey.key, MetricKey.step, MetricKey.value).where(
+    MetricKey.run_id == bindparam("run_id"),
     or_(
-        MetricLatest.key.in_([bindparam(f"latest_{i}", k) for i, k in enumerate(LATEST_KEYS)]),
-        *(MetricLatest.key.like(p) for p in LATEST_PATTERNS),
+        MetricKey.key.in_([bindparam(f"latest_{i}", k) for i, k in enumerate(LATEST_KEYS)]),
+        *(MetricKey.key.like(p) for p in LATEST_PATTERNS),
     ),
 )
-_LATEST_OF_RUNS = select(
-    MetricLatest.run_id, MetricLatest.key, MetricLatest.step, MetricLatest.value
-).where(
-    MetricLatest.run_id.in_(bindparam("run_ids", expanding=True)),
-    MetricLatest.key.in_(bindparam("keys", expanding=True)),
+_LATEST_OF_RUNS = select(MetricKey.run_id, MetricKey.key, MetricKey.step, MetricKey.value).where(
+    MetricKey.run_id.in_(bindparam("run_ids", expanding=True)),
+    MetricKey.key.in_(bindparam("keys", expanding=True)),
 )
 
 
@@ -373,9 +474,9 @@ def latest(session: Session, run_id: str) -> dict[str, tuple[int, float]]:
 def latest_every(session: Session, run_id: str) -> dict[str, tuple[int, float]]:
     """Key -> (step, value) at the newest step that key was logged, for every key, sorted."""
     rows = session.execute(
-        select(MetricLatest.key, MetricLatest.step, MetricLatest.value)
-        .where(MetricLatest.run_id == run_id)
-        .order_by(MetricLatest.key)
+        select(MetricKey.key, MetricKey.step, MetricKey.value)
+        .where(MetricKey.run_id == run_id)
+        .order_by(MetricKey.key)
     )
     return {key: (step, _read(value)) for key, step, value in rows}
 
@@ -396,15 +497,16 @@ def latest_of_runs(
 def keys_of(session: Session, run_id: str) -> Sequence[str]:
     """A run's keys, sorted (one row each in the latest table)."""
     return session.scalars(
-        select(MetricLatest.key).where(MetricLatest.run_id == run_id).order_by(MetricLatest.key)
+        select(MetricKey.key).where(MetricKey.run_id == run_id).order_by(MetricKey.key)
     ).all()
 
 
 def recent(session: Session, run_id: str, key: str, limit: int) -> list[tuple[int, float]]:
     """The newest ``limit`` (step, value) pairs of one key, oldest first."""
+    key_id = select(MetricKey.id).where(MetricKey.run_id == run_id, MetricKey.key == key)
     rows = session.execute(
         select(MetricPoint.step, MetricPoint.value)
-        .where(MetricPoint.run_id == run_id, MetricPoint.key == key)
+        .where(MetricPoint.key_id == key_id.scalar_subquery())
         .order_by(MetricPoint.step.desc())
         .limit(limit)
     ).all()
@@ -436,26 +538,26 @@ def series(
     answered one), or from the points below the finest tier; a bucket cut by ``from_step`` or
     ``to_step`` is summarised from its points in the range."""
     spans = session.execute(
-        select(MetricLatest.key, MetricLatest.first_step, MetricLatest.step)
-        .where(MetricLatest.run_id == run_id, *([MetricLatest.key.in_(keys)] if keys else []))
-        .order_by(MetricLatest.key)
+        select(MetricKey.key, MetricKey.id, MetricKey.first_step, MetricKey.step)
+        .where(MetricKey.run_id == run_id, *([MetricKey.key.in_(keys)] if keys else []))
+        .order_by(MetricKey.key)
     ).all()
-    out: dict[str, list[Point]] = {k: [] for k in (keys or [k for k, _, _ in spans])}
+    out: dict[str, list[Point]] = {k: [] for k in (keys or [k for k, *_ in spans])}
     if not spans:
         return out
-    first, last = min(s[1] for s in spans), max(s[2] for s in spans)
+    first, last = min(s[2] for s in spans), max(s[3] for s in spans)
     lo = first if from_step is None else max(from_step, first)
     hi = last if to_step is None else min(to_step, last)
     if lo > hi:
         return out
-    names = [k for k, _, _ in spans]
+    names = {key_id: k for k, key_id, _, _ in spans}
     w = width(lo, hi, max_points)
     if w == 1:
-        for key, step, value in _points(session, run_id, names, [(lo, hi)]):
+        for key_id, step, value in _points(session, list(names), [(lo, hi)]):
             point = _read(value)
-            out[key].append(Point(step, point, point, point))
+            out[names[key_id]].append(Point(step, point, point, point))
         return out
-    summaries: dict[str, dict[int, Summary]] = {k: {} for k in names}
+    summaries: dict[int, dict[int, Summary]] = {key_id: {} for key_id in names}
     level = max((lv for lv in LEVELS if 1 << lv <= w), default=None)
     b_lo, b_hi = lo // w, hi // w
     from_points = []
@@ -471,26 +573,24 @@ def series(
             b_hi -= 1
         if b_lo <= b_hi:
             shift = w.bit_length() - 1 - level
-            for key, bucket, *summary in _tier(
-                session, run_id, names, level, b_lo << shift, ((b_hi + 1) << shift) - 1
+            for key_id, bucket, *summary in _tier(
+                session, list(names), level, b_lo << shift, ((b_hi + 1) << shift) - 1
             ):
-                _merge(summaries[key], bucket >> shift, summary)
+                _merge(summaries[key_id], bucket >> shift, summary)
     if from_points:
-        for key, step, value in _points(session, run_id, names, from_points):
-            _merge(summaries[key], step // w, [1, value, value, step, value])
-    for key, buckets in summaries.items():
-        out[key] = [_point(buckets[b]) for b in sorted(buckets)]
+        for key_id, step, value in _points(session, list(names), from_points):
+            _merge(summaries[key_id], step // w, [1, value, value, step, value])
+    for key_id, buckets in summaries.items():
+        out[names[key_id]] = [_point(buckets[b]) for b in sorted(buckets)]
     return out
 
 
-def _tier(
-    session: Session, run_id: str, keys: Sequence[str], level: int, lo: int, hi: int
-) -> Iterable[Any]:
-    """(key, bucket, *summary) of ``keys`` in one tier's buckets ``[lo, hi]``, by key and bucket
+def _tier(session: Session, keys: Sequence[int], level: int, lo: int, hi: int) -> Iterable[Any]:
+    """(key id, bucket, *summary) of ``keys`` in one tier's buckets ``[lo, hi]``, by key and bucket
     (rows streamed from the cursor: a third of the cost of a list of them, read once anyway)."""
     return session.connection().execute(  # Core rows: no ORM cost per row
         select(
-            MetricBucket.key,
+            MetricBucket.key_id,
             MetricBucket.bucket,
             MetricBucket.count,
             MetricBucket.min,
@@ -499,12 +599,11 @@ def _tier(
             MetricBucket.last_value,
         )
         .where(
-            MetricBucket.run_id == run_id,
-            MetricBucket.key.in_(keys),
+            MetricBucket.key_id.in_(keys),
             MetricBucket.level == level,
             MetricBucket.bucket.between(lo, hi),
         )
-        .order_by(MetricBucket.key, MetricBucket.bucket)
+        .order_by(MetricBucket.key_id, MetricBucket.bucket)
     )
 
 
@@ -517,17 +616,17 @@ def _merge(buckets: dict[int, Summary], bucket: int, summary: Summary) -> None:
 
 
 def _points(
-    session: Session, run_id: str, keys: Sequence[str], ranges: Sequence[tuple[int, int]]
+    session: Session, keys: Sequence[int], ranges: Sequence[tuple[int, int]]
 ) -> Iterable[Any]:
-    """(key, step, value) of ``keys`` in the step ranges, by key and step (streamed, as above)."""
+    """(key id, step, value) of ``keys`` in the step ranges, by key and step (streamed, as
+    above)."""
     return session.connection().execute(
-        select(MetricPoint.key, MetricPoint.step, MetricPoint.value)
+        select(MetricPoint.key_id, MetricPoint.step, MetricPoint.value)
         .where(
-            MetricPoint.run_id == run_id,
-            MetricPoint.key.in_(keys),
+            MetricPoint.key_id.in_(keys),
             or_(*(MetricPoint.step.between(a, b) for a, b in ranges)),
         )
-        .order_by(MetricPoint.key, MetricPoint.step)
+        .order_by(MetricPoint.key_id, MetricPoint.step)
     )
 
 
@@ -536,9 +635,10 @@ def lines_after(
 ) -> list[tuple[int, int, dict[str, float]]]:
     """Stored points past a log offset, regrouped as ``(end offset, step, values)`` per line."""
     rows = session.execute(
-        select(MetricPoint.log_offset, MetricPoint.step, MetricPoint.key, MetricPoint.value)
+        select(MetricPoint.log_offset, MetricPoint.step, MetricKey.key, MetricPoint.value)
+        .join(MetricKey, MetricKey.id == MetricPoint.key_id)
         .where(MetricPoint.run_id == run_id, MetricPoint.log_offset > offset)
-        .order_by(MetricPoint.log_offset, MetricPoint.step, MetricPoint.key)
+        .order_by(MetricPoint.log_offset, MetricPoint.step, MetricKey.key)
         .limit(limit)
     ).all()
     grouped: dict[tuple[int, int], dict[str, float]] = {}

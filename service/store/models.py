@@ -19,6 +19,7 @@ from sqlalchemy import (
     String,
     Text,
     TypeDecorator,
+    UniqueConstraint,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
@@ -129,17 +130,40 @@ class RunEvent(Base):
     run: Mapped[Run] = relationship(back_populates="events")
 
 
+class MetricKey(Base):
+    """One metric key of one run: its integer id (what points and tiers are keyed by: narrow
+    indexes, and no foreign key of their own to check per row) and its value at its newest step,
+    kept at ingest, so a run's keys and latest values cost one row per key. ``first_step``
+    bounds its history. Ids are never reused (SQLite ``AUTOINCREMENT``, a PostgreSQL sequence),
+    so rows left by a deleted run can never be read as another's."""
+
+    __tablename__ = "metric_keys"
+    __table_args__ = (
+        UniqueConstraint("run_id", "key", name="uq_metric_keys_run_key"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    key: Mapped[str] = mapped_column(String(200))
+    first_step: Mapped[int] = mapped_column(BigInteger)
+    step: Mapped[int] = mapped_column(BigInteger)
+    value: Mapped[float | None] = mapped_column(Float)
+
+
 class MetricPoint(Base):
-    """One metric value at one step. ``value`` NULL means NaN (SQLite cannot store NaN);
-    ``log_offset`` is where the line that carried it ends in the job log (the replay cursor)."""
+    """One metric value at one step of one key (``MetricKey.id``). ``value`` NULL means NaN
+    (SQLite cannot store NaN); ``log_offset`` is where the line that carried it ends in the job
+    log (the replay cursor, read by run). No foreign key: ingest writes points only for keys it
+    has just looked up in the same transaction."""
 
     __tablename__ = "metric_points"
 
-    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
-    key: Mapped[str] = mapped_column(String(200), primary_key=True)
+    key_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     step: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     value: Mapped[float | None] = mapped_column(Float)
     log_offset: Mapped[int] = mapped_column(BigInteger)
+    run_id: Mapped[str] = mapped_column(String(40))
 
     # On SQLite the rows live in their primary key's b-tree (no rowid copy): a key's history is
     # one range read, and each point is stored once.
@@ -149,30 +173,15 @@ class MetricPoint(Base):
     )
 
 
-class MetricLatest(Base):
-    """Each key's value at its newest step, kept at ingest: a run's latest values and its keys
-    cost one row per key, however many points are stored. ``first_step`` bounds its history."""
-
-    __tablename__ = "metric_latest"
-    __table_args__ = ({"sqlite_with_rowid": False},)
-
-    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
-    key: Mapped[str] = mapped_column(String(200), primary_key=True)
-    first_step: Mapped[int] = mapped_column(BigInteger)
-    step: Mapped[int] = mapped_column(BigInteger)
-    value: Mapped[float | None] = mapped_column(Float)
-
-
 class MetricBucket(Base):
     """One key's points in steps ``[bucket * 2**level, (bucket + 1) * 2**level)``, summarised at
     ingest (count, min and max ignoring NaN, the last step and its value): history tiers that let
-    a downsampled read of a long run cost about what its answer costs."""
+    a downsampled read of a long run cost about what its answer costs. Keyed like the points."""
 
     __tablename__ = "metric_buckets"
     __table_args__ = ({"sqlite_with_rowid": False},)
 
-    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
-    key: Mapped[str] = mapped_column(String(200), primary_key=True)
+    key_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     level: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
     bucket: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     count: Mapped[int] = mapped_column(Integer)

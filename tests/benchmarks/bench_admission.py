@@ -2,7 +2,9 @@
 next run submitted.
 
     python -m tests.benchmarks.bench_admission [--scale-rounds 10] [--rounds 20] [--chain 6]
-        [--port 52679]
+        [--port 52679] [--quick]
+
+``--quick``: one round at scale, 3 rounds, a chain of 2 at the 0.3 s loops only (what CI runs).
 
 0. ``decide`` at scale: 10,000 queued runs (mixed shapes, 20 teams, every other one with a
    quota, three priorities) on 1,000 nodes of 8 and 16 NPUs, the cluster mostly busy; one round
@@ -33,7 +35,6 @@ from fastapi.testclient import TestClient
 from sqlalchemy import insert
 
 from service.app import create_app
-from service.cluster.local_ray import LocalRayCluster
 from service.cluster.ray_jobs import RayJobs
 from service.loops.submitter import Submitter
 from service.scheduling.admission import HeldRun, QueuedRun, Quotas, decide
@@ -42,6 +43,8 @@ from service.scheduling.shape import Group, ResourceShape
 from service.settings import Settings
 from service.store.db import Database, upgrade
 from service.store.models import Run, utcnow
+from tests.benchmarks.report import Report, ray_head
+from tests.conftest import RAY_TOKENS
 
 SHAPES = [
     ResourceShape(
@@ -70,7 +73,7 @@ def simulated(
     return Inventory(tuple(nodes)), queued, held
 
 
-def bench_decide(rounds: int) -> None:
+def bench_decide(report: Report, rounds: int) -> None:
     inventory, queued, held = simulated()
     quotas = Quotas({"team0": 64, "team1": 128}, default=None)
     decide(queued, held, inventory, quotas)
@@ -78,10 +81,11 @@ def bench_decide(rounds: int) -> None:
     for _ in range(rounds):
         decision = decide(queued, held, inventory, quotas, limit=16)
     elapsed = time.perf_counter() - start
-    print(
-        f"decide, 1000 queued on 100 nodes: {rounds / elapsed:.1f} rounds/s, "
+    report.add(
+        "decide, 1000 queued on 100 nodes",
+        f"{rounds / elapsed:.1f} rounds/s, "
         f"{rounds * len(queued) / elapsed:,.0f} queued runs decided/s "
-        f"({elapsed / rounds * 1000:.1f} ms per round; {len(decision.admit)} admitted)"
+        f"({elapsed / rounds * 1000:.1f} ms per round; {len(decision.admit)} admitted)",
     )
 
 
@@ -142,7 +146,7 @@ class FixedInventory:
         return Inventory(self.inventory.nodes)
 
 
-def bench_submitter_round(rounds: int) -> None:
+def bench_submitter_round(report: Report, rounds: int) -> None:
     inventory, queued, _ = simulated()
     url = f"sqlite:///{tempfile.mkdtemp()}/bench.db"
     upgrade(url)
@@ -173,30 +177,32 @@ def bench_submitter_round(rounds: int) -> None:
         with db.transaction() as session:
             submitter._claim(session, inventory)
         times.append(time.perf_counter() - start)
-    print(
-        "submitter round on SQLite (1000 queued, 16 claimed per round, reasons stored): "
+    report.add(
+        "submitter round on SQLite (1000 queued, 16 claimed per round, reasons stored)",
         f"first {times[0] * 1000:.0f} ms, "
         f"then median {statistics.median(times[1:]) * 1000:.0f} ms "
-        f"({1 / statistics.median(times[1:]):.1f} rounds/s)"
+        f"({1 / statistics.median(times[1:]):.1f} rounds/s)",
     )
     db.dispose()
 
 
-def bench_handover(chain: int, port: int, fast: bool) -> list[float]:
-    cluster = LocalRayCluster(
-        [8, 8], cpus_per_node=8, port=port, dashboard_port=port + 2000
-    ).start()
+def bench_handover(report: Report, chain: int, port: int, fast: bool) -> list[float]:
+    with ray_head([8, 8], 8, port) as address:
+        return _handover(report, address, chain, fast)
+
+
+def _handover(report: Report, address: str, chain: int, fast: bool) -> list[float]:
     overrides: dict[str, Any] = (
         {"submit_interval_s": 0.3, "reconcile_interval_s": 0.3} if fast else {}
     )
     settings = Settings(
         database_url=f"sqlite:///{tempfile.mkdtemp()}/bench.db",
-        ray_address=cluster.address,
-        ray_token=cluster.token,
+        ray_address=address,
+        ray_token=RAY_TOKENS.get(address),
         recipe_plugins="tests.recipes:register",
         **overrides,
     )
-    ray = RayJobs(cluster.address, cluster.token)
+    ray = RayJobs(address, RAY_TOKENS.get(address))
     gaps: list[float] = []
     noticed: list[float] = []
     try:
@@ -223,13 +229,13 @@ def bench_handover(chain: int, port: int, fast: bool) -> list[float]:
                 noticed.append(seen_at - ended.end_time_ms / 1000)
     finally:
         ray.close()
-        cluster.cleanup()
     label = "0.3 s loops" if fast else "default loops (submit 1 s, reconcile 2 s)"
-    print(
-        f"run end (Ray) -> next run submitted, {label}: median {statistics.median(gaps):.2f} s, "
+    report.add(
+        f"run end (Ray) -> next run submitted, {label}",
+        f"median {statistics.median(gaps):.2f} s, "
         f"min {min(gaps):.2f} s, max {max(gaps):.2f} s over {len(gaps)} handovers; of which "
         f"Ray end -> service records the end: median {statistics.median(noticed):.2f} s, "
-        f"max {max(noticed):.2f} s"
+        f"max {max(noticed):.2f} s",
     )
     return gaps
 
@@ -241,13 +247,18 @@ def main() -> None:
     parser.add_argument("--chain", type=int, default=6)
     parser.add_argument("--port", type=int, default=52679)
     parser.add_argument("--scale-rounds", type=int, default=10, help="of 10,000 x 1,000")
+    parser.add_argument("--quick", action="store_true", help="small, in seconds (what CI runs)")
     args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.chain, args.fast_only, args.scale_rounds = 3, 2, True, 1
     bench_decide_at_scale(args.scale_rounds)
-    bench_decide(args.rounds)
-    bench_submitter_round(args.rounds)
+    report = Report("admission")
+    bench_decide(report, args.rounds)
+    bench_submitter_round(report, args.rounds)
     if not args.fast_only:
-        bench_handover(args.chain, args.port, fast=False)
-    bench_handover(args.chain, args.port, fast=True)
+        bench_handover(report, args.chain, args.port, fast=False)
+    bench_handover(report, args.chain, args.port, fast=True)
+    report.print()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """POST /runs latency and throughput (16 concurrent clients), POST -> RUNNING, idle RSS.
 
-    python -m tests.benchmarks.bench_api [--requests-per-client 50] [--pg URL]
+    python -m tests.benchmarks.bench_api [--requests-per-client 50] [--pg URL] [--quick]
+
+``--quick``: 3 requests per client and 1 run to RUNNING (what CI runs).
 
 The service runs in a child process (uvicorn, one worker) exactly as deployed. Accept throughput
 is measured with the background loops off, so it is the API and the database alone; POST ->
@@ -20,7 +22,7 @@ from pathlib import Path
 import httpx
 from sqlalchemy import create_engine, text
 
-from service.cluster.local_ray import LocalRayCluster
+from tests.benchmarks.report import Report, ray_head
 from tests.service_process import ServiceProcess
 
 CLIENTS = 16
@@ -61,7 +63,7 @@ def _rss_mib(pid: int) -> float:
     return float("nan")
 
 
-def bench_accept(name: str, db_url: str, per_client: int, workdir: Path) -> None:
+def bench_accept(report: Report, name: str, db_url: str, per_client: int, workdir: Path) -> None:
     service = ServiceProcess(db_url, "http://127.0.0.1:9", workdir / f"{name}.log")
     service.env["RLRUN_RUN_LOOPS"] = "false"
     service.start()
@@ -71,19 +73,22 @@ def bench_accept(name: str, db_url: str, per_client: int, workdir: Path) -> None
         idle = _rss_mib(service.proc.pid)
         _post_load(service.url, 5)  # warm up
         lat, wall = _post_load(service.url, per_client)
-        print(
-            f"{name:9s} POST /runs x{len(lat)} with {CLIENTS} clients: "
+        report.add(
+            f"{name} POST /runs x{len(lat)} with {CLIENTS} clients",
             f"p50 {_pct(lat, 50):.1f} ms, p99 {_pct(lat, 99):.1f} ms, {len(lat) / wall:.0f} req/s; "
-            f"idle RSS {idle:.0f} MiB"
+            f"idle RSS {idle:.0f} MiB",
         )
     finally:
         service.stop()
 
 
-def bench_post_to_running(workdir: Path, runs: int = 10) -> None:
-    cluster = LocalRayCluster([8], cpus_per_node=8, port=47379, dashboard_port=49379).start()
-    service = ServiceProcess(f"sqlite:///{workdir}/ray.db", cluster.address, workdir / "ray.log")
-    service.env["RLRUN_RAY_TOKEN"] = cluster.token
+def bench_post_to_running(report: Report, workdir: Path, runs: int = 10) -> None:
+    with ray_head([8], 8) as address:
+        _post_to_running(report, workdir, address, runs)
+
+
+def _post_to_running(report: Report, workdir: Path, address: str, runs: int) -> None:
+    service = ServiceProcess(f"sqlite:///{workdir}/ray.db", address, workdir / "ray.log")
     service.env["RLRUN_SUBMIT_INTERVAL_S"] = "1"
     service.env["RLRUN_RECONCILE_INTERVAL_S"] = "0.5"
     try:
@@ -100,34 +105,40 @@ def bench_post_to_running(workdir: Path, runs: int = 10) -> None:
                 times.append(time.perf_counter() - t0)
                 while http.get(f"/runs/{run_id}").json()["status"] == "RUNNING":
                     time.sleep(0.1)
-        print(
-            f"POST -> RUNNING (reconcile every 0.5 s) over {runs} runs: "
-            f"median {statistics.median(times):.2f} s, max {max(times):.2f} s"
+        report.add(
+            f"POST -> RUNNING (reconcile every 0.5 s) over {runs} runs",
+            f"median {statistics.median(times):.2f} s, max {max(times):.2f} s",
         )
     finally:
         service.stop()
-        cluster.cleanup()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests-per-client", type=int, default=50)
     parser.add_argument("--pg", default="postgresql+psycopg://postgres@127.0.0.1:5432/test")
+    parser.add_argument("--quick", action="store_true", help="small, in seconds (what CI runs)")
     args = parser.parse_args()
+    running = 10
+    if args.quick:
+        args.requests_per_client, running = 3, 1
+    report = Report("accept (POST /runs)")
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        bench_accept("sqlite", f"sqlite:///{workdir}/bench.db", args.requests_per_client, workdir)
+        sqlite = f"sqlite:///{workdir}/bench.db"
+        bench_accept(report, "sqlite", sqlite, args.requests_per_client, workdir)
         name = f"rlrun_bench_{uuid.uuid4().hex[:8]}"
         admin = create_engine(args.pg, isolation_level="AUTOCOMMIT")
         with admin.connect() as conn:
             conn.execute(text(f'CREATE DATABASE "{name}"'))
         try:
             url = args.pg.rsplit("/", 1)[0] + f"/{name}"
-            bench_accept("postgres", url, args.requests_per_client, workdir)
+            bench_accept(report, "postgres", url, args.requests_per_client, workdir)
         finally:
             with admin.connect() as conn:
                 conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-        bench_post_to_running(workdir)
+        bench_post_to_running(report, workdir, running)
+    report.print()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """Follower cost on one run that logs a lot; prints figures. Run from the repo root:
 
-    PYTHONPATH=$PWD python tests/benchmarks/bench_follower.py [--mb 500] [--seconds 60]
+    PYTHONPATH=$PWD python tests/benchmarks/bench_follower.py [--mb 500] [--seconds 60] [--quick]
+
+``--quick``: 2 MB over 2 s, then 3 s idle (what CI runs).
 
 A synthetic Ray job on a local head writes ``--mb`` MB of log lines (one metric line in 100)
 over ``--seconds`` s, then idles for 15 s. The follower follows it live, ticking every second,
@@ -31,7 +33,6 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from service.cluster.local_ray import LocalRayCluster
 from service.cluster.ray_jobs import RayJobs
 from service.loops.follower import Follower
 from service.metrics.health import HealthRules
@@ -39,12 +40,15 @@ from service.metrics.log_readers import TailReader, WholeLogReader
 from service.store.db import Database, upgrade
 from service.store.models import MetricPoint, Run, RunLog, utcnow
 from service.store.status import RunStatus
+from tests.benchmarks.report import Report, ray_head
+from tests.conftest import RAY_TOKENS
 from tests.factories import add_run
 
-# Prints ``mb`` MB in lines of 1,000 characters over ``seconds`` s, then a line a second for 15 s.
+# Prints ``mb`` MB in lines of 1,000 characters over ``seconds`` s, then a line a second for
+# ``idle`` s.
 JOB = """
 import sys, time
-mb, seconds = int(sys.argv[1]), float(sys.argv[2])
+mb, seconds, idle = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
 pad = "x" * 960
 lines_per_mb = 1000
 start = time.time()
@@ -61,7 +65,7 @@ for m in range(mb):
     delay = start + seconds * (m + 1) / mb - time.time()
     if delay > 0:
         time.sleep(delay)
-for i in range(15):
+for i in range(idle):
     print("idle", i, flush=True)
     time.sleep(1)
 """
@@ -74,7 +78,7 @@ def _rss_kb() -> int:
     return 0
 
 
-def child(mode: str, address: str, mb: int, seconds: float) -> dict[str, Any]:
+def child(mode: str, address: str, mb: int, seconds: float, idle: int) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="bench-follower-"))
     url = f"sqlite:///{tmp}/db.sqlite"
     upgrade(url)
@@ -84,7 +88,7 @@ def child(mode: str, address: str, mb: int, seconds: float) -> dict[str, Any]:
     add_run(db, run_id)
     reader = WholeLogReader(ray) if mode == "whole" else TailReader(ray)
     follower = Follower(db, ray, "bench", 60, 8_000_000, HealthRules(), reader=reader)
-    ray.submit(run_id, f"python3 -c '{JOB}' {mb} {seconds}", {}, {})
+    ray.submit(run_id, f"python3 -c '{JOB}' {mb} {seconds} {idle}", {}, {})
     baseline_kb = _rss_kb()
     usage = resource.getrusage(resource.RUSAGE_SELF)
     cpu0 = usage.ru_utime + usage.ru_stime
@@ -142,37 +146,46 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mb", type=int, default=500)
     parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--idle", type=int, default=15)
+    parser.add_argument("--quick", action="store_true", help="small, in seconds (what CI runs)")
     parser.add_argument("--child", choices=["whole", "tail"])
     parser.add_argument("--address")
     args = parser.parse_args()
+    if args.quick:
+        args.mb, args.seconds, args.idle = 2, 2.0, 3
     if args.child:
-        print(json.dumps(child(args.child, args.address, args.mb, args.seconds)))
+        print(json.dumps(child(args.child, args.address, args.mb, args.seconds, args.idle)))
         return
-    cluster = LocalRayCluster([1], cpus_per_node=2).start()
-    try:
-        results = []
+    results = []
+    with ray_head([1], 2) as address:
         for mode in ("whole", "tail"):
-            sizes = ["--mb", str(args.mb), "--seconds", str(args.seconds)]
+            sizes = ["--mb", str(args.mb), "--seconds", str(args.seconds), "--idle", str(args.idle)]
             out = subprocess.run(
-                [sys.executable, __file__, "--child", mode, "--address", cluster.address, *sizes],
+                [sys.executable, __file__, "--child", mode, "--address", address, *sizes],
                 capture_output=True,
                 text=True,
                 check=True,
-                env=os.environ | {"RLRUN_RAY_TOKEN": cluster.token},
+                env=os.environ | {"RLRUN_RAY_TOKEN": RAY_TOKENS.get(address, "")},
             ).stdout
             results.append(json.loads(out.strip().splitlines()[-1]))
             print(results[-1], flush=True)
-    finally:
-        cluster.cleanup()
     whole, tail = results
     assert whole["chars"] == tail["chars"] and whole["points"] == tail["points"]
-    print(
-        f"{args.mb} MB log: follower CPU whole {whole['cpu_s']} s vs tail {tail['cpu_s']} s "
-        f"({whole['cpu_s'] / max(tail['cpu_s'], 0.1):.1f}x); peak RSS over baseline "
-        f"whole {whole['peak_rss_over_baseline_mb']} MB vs tail "
-        f"{tail['peak_rss_over_baseline_mb']} MB; CPU per read with nothing new whole "
-        f"{whole['cpu_per_idle_read_s']} s vs tail {tail['cpu_per_idle_read_s']} s"
+    report = Report(f"follower, one run logging {args.mb} MB")
+    report.add(
+        "follower CPU, whole vs tail",
+        f"{whole['cpu_s']} s vs {tail['cpu_s']} s "
+        f"({whole['cpu_s'] / max(tail['cpu_s'], 0.1):.1f}x)",
     )
+    report.add(
+        "peak RSS over baseline, whole vs tail",
+        f"{whole['peak_rss_over_baseline_mb']} MB vs {tail['peak_rss_over_baseline_mb']} MB",
+    )
+    report.add(
+        "CPU per read with nothing new, whole vs tail",
+        f"{whole['cpu_per_idle_read_s']} s vs {tail['cpu_per_idle_read_s']} s",
+    )
+    report.print()
 
 
 if __name__ == "__main__":

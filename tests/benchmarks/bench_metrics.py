@@ -1,6 +1,7 @@
 """Metrics benchmarks; prints figures. Run from the repo root:
 
     PYTHONPATH=$PWD python tests/benchmarks/bench_metrics.py [ingest] [query] [latency] [cpu] [tiny]
+        [--quick]
 
 - ingest: metric points stored per second (follower-sized batches) on SQLite and PostgreSQL.
 - query: ``GET /runs/{id}/metrics`` for one key with 100,000 steps downsampled to 1,000 points.
@@ -10,6 +11,9 @@
   (simulated: 50 real Ray jobs do not fit 2 cores), with one SSE client per run (the live part
   of ``bench_metrics_peers``).
 - tiny: the default tiny-grpo run: time until its mean reward is above 0.8.
+
+``--quick`` runs the parts named (all but tiny by default: a whole training run is not quick)
+at small sizes, in seconds (what CI runs).
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ from service.scheduling.shape import ResourceShape
 from service.settings import Settings
 from service.store.db import Database, upgrade
 from tests import postgres
+from tests.benchmarks.report import Report, ray_head
+from tests.conftest import RAY_TOKENS
 from tests.factories import add_run
 
 RAY_PORT = int(os.environ.get("RLRUN_TEST_RAY_PORT", "46379")) + 200
@@ -50,8 +56,8 @@ def databases(tmp: Path) -> Iterator[list[tuple[str, str]]]:
         yield [("sqlite", sqlite), ("postgres", pg)]
 
 
-def bench_ingest(urls: list[tuple[str, str]]) -> None:
-    lines_per_commit, commits = 10, 200  # a follower read of 10 lines, 50 keys each
+def bench_ingest(report: Report, urls: list[tuple[str, str]], commits: int = 200) -> None:
+    lines_per_commit = 10  # a follower read of 10 lines, 50 keys each
     for label, url in urls:
         db = Database(url)
         run_id = f"ingest-{uuid.uuid4().hex[:6]}"
@@ -69,15 +75,16 @@ def bench_ingest(urls: list[tuple[str, str]]) -> None:
                 store.add_lines(s, run_id, batch)
         elapsed = time.perf_counter() - started
         total = step * KEYS
-        print(
-            f"ingest {label:8s}: {total} points in {elapsed:.2f} s = "
-            f"{total / elapsed:,.0f} points/s ({lines_per_commit} lines x {KEYS} keys per commit)"
+        report.add(
+            f"ingest {label}, {lines_per_commit} lines x {KEYS} keys per commit",
+            f"{total / elapsed:,.0f} points/s ({total} points in {elapsed:.2f} s)",
         )
         db.dispose()
 
 
-def bench_query(urls: list[tuple[str, str]]) -> None:
-    steps = 100_000
+def bench_query(
+    report: Report, urls: list[tuple[str, str]], steps: int = 100_000, max_points: int = 1000
+) -> None:
     for label, url in urls:
         db = Database(url)
         run_id = f"query-{uuid.uuid4().hex[:6]}"
@@ -89,30 +96,29 @@ def bench_query(urls: list[tuple[str, str]]) -> None:
                     run_id,
                     [
                         (i + 1, MetricLine(i, {"critic/score/mean": (i % 977) / 977}))
-                        for i in range(lo, lo + 10_000)
+                        for i in range(lo, min(steps, lo + 10_000))
                     ],
                 )
         db.dispose()
+        # Aligned buckets of a power-of-two width: at most max_points of them, usually fewer.
+        w = store.width(0, steps - 1, max_points)
+        buckets = (steps - 1) // w + 1
         settings = Settings(database_url=url, ray_address="http://127.0.0.1:9", run_loops=False)
         with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
-            params: dict[str, str | int] = {"keys": "critic/score/mean", "max_points": 1000}
-            assert (
-                len(
-                    client.get(f"/runs/{run_id}/metrics", params=params).json()["series"][
-                        "critic/score/mean"
-                    ]
-                )
-                == 1000
-            )
+            params: dict[str, str | int] = {"keys": "critic/score/mean", "max_points": max_points}
+            answer = client.get(f"/runs/{run_id}/metrics", params=params).json()
+            got = len(answer["series"]["critic/score/mean"])
+            assert got == buckets <= max_points, (got, buckets)
             times = []
             for _ in range(20):
                 t0 = time.perf_counter()
                 client.get(f"/runs/{run_id}/metrics", params=params).raise_for_status()
                 times.append(time.perf_counter() - t0)
         times.sort()
-        print(
-            f"/metrics {label:8s}: 1 key, {steps:,} steps -> 1,000 points: "
-            f"p50 {statistics.median(times) * 1000:.0f} ms, p95 {times[18] * 1000:.0f} ms"
+        report.add(
+            f"/metrics {label}: 1 key, {steps:,} steps -> {got:,} points "
+            f"(buckets of {w} steps, max_points {max_points:,})",
+            f"p50 {statistics.median(times) * 1000:.0f} ms, p95 {times[18] * 1000:.0f} ms",
         )
 
 
@@ -151,27 +157,24 @@ class PrinterRecipe:
         )
 
 
-def bench_latency(tmp: Path) -> None:
-    from service.cluster.local_ray import LocalRayCluster
+def bench_latency(report: Report, tmp: Path, quick: bool = False) -> None:
     from tests.live import ServerThread, SseClient
 
-    cluster = LocalRayCluster(
-        [4], cpus_per_node=4, port=RAY_PORT, dashboard_port=RAY_PORT + 2000
-    ).start()
-    try:
+    spec = {"recipe": "bench-printer"} | ({"lines": 10, "every": 0.1} if quick else {})
+    with ray_head([4], 4, RAY_PORT) as address:
         registry = default_registry()
         registry.register(PrinterRecipe())
-        for follow_s in (1.0, 0.3):
+        for follow_s in (0.3,) if quick else (1.0, 0.3):
             settings = Settings(
                 database_url=f"sqlite:///{tmp}/lat-{follow_s}.db",
-                ray_address=cluster.address,
-                ray_token=cluster.token,
+                ray_address=address,
+                ray_token=RAY_TOKENS.get(address),
                 follow_interval_s=follow_s,
                 submit_interval_s=0.3,
                 reconcile_interval_s=0.5,
             )
             with ServerThread(create_app(settings, registry)) as url:
-                run_id = httpx.post(f"{url}/runs", json={"recipe": "bench-printer"}).json()["id"]
+                run_id = httpx.post(f"{url}/runs", json=spec).json()["id"]
                 client = SseClient(run_id, url)
                 delays: list[float] = []
                 orig = client._deliver
@@ -185,28 +188,22 @@ def bench_latency(tmp: Path) -> None:
                 client.start()
                 assert client.ended.wait(180), "stream did not end"
             delays.sort()
-            print(
-                f"print -> SSE (follow interval {follow_s} s, {len(delays)} lines): "
+            report.add(
+                f"print -> SSE (follow interval {follow_s} s, {len(delays)} lines)",
                 f"p50 {statistics.median(delays) * 1000:.0f} ms, "
-                f"p95 {delays[int(len(delays) * 0.95)] * 1000:.0f} ms"
+                f"p95 {delays[int(len(delays) * 0.95)] * 1000:.0f} ms",
             )
-    finally:
-        cluster.cleanup()
 
 
-def bench_tiny_grpo(tmp: Path) -> None:
+def bench_tiny_grpo(report: Report, tmp: Path) -> None:
     """Default tiny-grpo on a local head: seconds from POST to a mean reward above 0.8."""
-    from service.cluster.local_ray import LocalRayCluster
     from tests.live import ServerThread, SseClient
 
-    cluster = LocalRayCluster(
-        [8, 8], cpus_per_node=8, port=RAY_PORT, dashboard_port=RAY_PORT + 2000
-    ).start()
-    try:
+    with ray_head([8, 8], 8, RAY_PORT) as address:
         settings = Settings(
             database_url=f"sqlite:///{tmp}/tiny.db",
-            ray_address=cluster.address,
-            ray_token=cluster.token,
+            ray_address=address,
+            ray_token=RAY_TOKENS.get(address),
             submit_interval_s=0.3,
             reconcile_interval_s=0.5,
         )
@@ -223,40 +220,45 @@ def bench_tiny_grpo(tmp: Path) -> None:
             assert client.ended.wait(120)
             ended = time.monotonic()
         rewards = [v["critic/score/mean"] for _, v in client.metrics() if "critic/score/mean" in v]
-        print(
-            f"tiny-grpo (defaults, 2 cores): first reward {rewards[0]:.3f}, "
-            f"last {rewards[-1]:.3f}; "
+        report.add(
+            "tiny-grpo (defaults, 2 cores)",
+            f"first reward {rewards[0]:.3f}, last {rewards[-1]:.3f}; "
             f"reward > 0.8 seen by an SSE client {above - posted:.1f} s after POST "
-            f"({above - running:.1f} s after RUNNING); whole run {ended - posted:.1f} s"
+            f"({above - running:.1f} s after RUNNING); whole run {ended - posted:.1f} s",
         )
-    finally:
-        cluster.cleanup()
 
 
-def bench_cpu(tmp: Path, runs: int = 50, seconds: float = 30.0) -> None:
+def bench_cpu(report: Report, tmp: Path, runs: int = 50, seconds: float = 30.0) -> None:
     from tests.benchmarks.bench_metrics_peers import bench_live
 
     url = f"sqlite:///{tmp}/cpu.db"
     upgrade(url)
-    for row in bench_live("sqlite", url, tmp, runs, runs, seconds):
-        print(f"{row.goal} (SQLite): {row.ours:,.0f} {row.unit}")
+    for row in bench_live("sqlite", url, tmp, runs, runs, seconds, warm_up=min(5.0, seconds)):
+        report.add(f"{row.goal} (SQLite)", f"{row.ours:,.0f} {row.unit}")
 
 
 def main() -> None:
-    parts = set(sys.argv[1:]) or {"ingest", "query", "latency", "cpu", "tiny"}
+    args = sys.argv[1:]
+    quick = "--quick" in args
+    every = {"ingest", "query", "latency", "cpu"} | (set() if quick else {"tiny"})
+    parts = set(args) - {"--quick"} or every
+    report = Report("metrics")
     tmp = Path(f"/tmp/rlrun-bench-{uuid.uuid4().hex[:6]}")
     tmp.mkdir()
     with databases(tmp) as urls:
         if "ingest" in parts:
-            bench_ingest(urls)
+            bench_ingest(report, urls, 20 if quick else 200)
         if "query" in parts:
-            bench_query(urls)
+            bench_query(report, urls, 10_000 if quick else 100_000)
     if "latency" in parts:
-        bench_latency(tmp)
+        bench_latency(report, tmp, quick)
     if "cpu" in parts:
-        bench_cpu(tmp)
+        bench_cpu(report, tmp, *((2, 2.0) if quick else ()))
     if "tiny" in parts:
-        bench_tiny_grpo(tmp)
+        bench_tiny_grpo(report, tmp)
+    elif quick:
+        report.skip("tiny-grpo", "a whole training run is not quick (run `tiny` alone)")
+    report.print()
 
 
 if __name__ == "__main__":

@@ -3,6 +3,11 @@ table with the ratios. From the repo root:
 
     PYTHONPATH=$PWD python -m tests.benchmarks.bench_metrics_peers [--steps 100000]
         [--grow-to 1000000] [--sse-runs 20] [--sse-clients 200] [--sse-seconds 20] [--no-sse]
+        [--ingest-only] [--quick]
+
+``--ingest-only`` times ingest alone (both databases and MLflow, in turn); ``--quick`` runs
+every part at a small size in seconds, the live part on SQLite only (what CI runs). Without
+``mlflow`` installed (the ``bench`` extra) the MLflow column is left empty and the output says so.
 
 Both servers run as child processes on 127.0.0.1 and are read over HTTP with keep-alive. The
 service's points are stored at the store level in batches of 100 steps x 10 keys (1,000 points,
@@ -16,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
+import math
 import os
 import signal
 import statistics
@@ -78,11 +85,17 @@ def _value(key: int, step: int) -> float:
     return ((step * 7919 + key * 104_729) % 1000) / 1000
 
 
+# Seconds one paired measure may take past its first 3 rounds (``--quick``: none).
+PAIRED_BUDGET_S = 8.0
+
+
 def paired_ms(
-    ours: Callable[[], Any], peer: Callable[[], Any] | None, repeat: int, budget_s: float = 8.0
+    ours: Callable[[], Any], peer: Callable[[], Any] | None, repeat: int, budget_s: float = 0.0
 ) -> tuple[float, float | None]:
     """Medians of ``ours`` and ``peer`` called in turn (both meet the same load on a shared
-    machine): up to ``repeat`` rounds after a warm-up of ``ours``, at least 3, within a budget."""
+    machine): up to ``repeat`` rounds after a warm-up of ``ours``, at least 3, within a budget
+    (``PAIRED_BUDGET_S`` unless given)."""
+    budget_s = budget_s or PAIRED_BUDGET_S
     ours()
     mine: list[float] = []
     theirs: list[float] = []
@@ -191,6 +204,10 @@ class Mlflow:
         return sum(p.stat().st_size for p in self.workdir.glob("mlflow.db*"))
 
 
+def mlflow_installed() -> bool:
+    return importlib.util.find_spec("mlflow") is not None
+
+
 def fill(
     db: Database, run_id: str, keys: Sequence[str], start: int, stop: int, mlflow: Mlflow | None
 ) -> tuple[float, float | None]:
@@ -216,7 +233,7 @@ def fill(
 
 def bytes_per_point(db: Database) -> float:
     """Bytes on disk for the metric tables and their indexes, per stored point."""
-    tables = ("metric_points", "metric_latest", "metric_buckets")
+    tables = ("metric_points", "metric_keys", "metric_buckets")
     with db.transaction() as s:
         points = s.scalar(select(func.count()).select_from(MetricPoint)) or 1
         if s.get_bind().dialect.name == "postgresql":
@@ -237,13 +254,27 @@ def _params(keys: Sequence[str], points: int) -> dict[str, Any]:
     return {"keys": ",".join(keys), "max_points": points}
 
 
+def bench_ingest(label: str, url: str, mlflow: Mlflow | None, steps: int) -> list[Row]:
+    """Ingest alone: a new run filled with ``steps`` steps, beside MLflow's ``log-batch``."""
+    db = Database(url)
+    run_id = f"r{uuid.uuid4().hex[:20]}"
+    add_run(db, run_id)
+    if mlflow is not None:
+        mlflow.new_run()
+    ingest, peer = fill(db, run_id, KEYS, 0, steps, mlflow)
+    db.dispose()
+    goal = f"ingest, {BATCH_STEPS * len(KEYS):,} points a batch"
+    return [Row(goal, label, ingest, peer, "points/s")]
+
+
 def bench_database(
-    label: str, url: str, workdir: Path, mlflow: Mlflow, steps: int, grow_to: int
+    label: str, url: str, workdir: Path, mlflow: Mlflow | None, steps: int, grow_to: int
 ) -> list[Row]:
     db = Database(url)
     run_id = f"r{uuid.uuid4().hex[:20]}"
     add_run(db, run_id)
-    mlflow.new_run()
+    if mlflow is not None:
+        mlflow.new_run()
     ingest, peer_ingest = fill(db, run_id, KEYS, 0, steps, mlflow)
     service = ServiceProcess(url, "http://127.0.0.1:9", workdir / f"service-{label}.log")
     service.env["RLRUN_RUN_LOOPS"] = "false"
@@ -259,17 +290,21 @@ def bench_database(
         def run() -> None:
             http.get(f"/runs/{run_id}").raise_for_status()
 
+        def peer(call: Callable[[], Any]) -> Callable[[], Any] | None:
+            return None if mlflow is None else call
+
+        sampled_points = min(1000, steps)
         got = http.get(metrics, params=_params([KEY], 1000)).json()["series"][KEY]
         print(f"{label}: 1 key of {steps:,} steps -> {len(got)} points")
-        assert mlflow.sampled(KEY, 1000) == 1000
-        one, sampled = paired_ms(ours([KEY], 1000), lambda: mlflow.sampled(KEY, 1000), 20)
-        full, paged = paired_ms(ours([KEY], steps), lambda: mlflow.history(KEY), 3)
+        assert mlflow is None or mlflow.sampled(KEY, 1000) == sampled_points
+        one, sampled = paired_ms(ours([KEY], 1000), peer(lambda: mlflow.sampled(KEY, 1000)), 20)
+        full, paged = paired_ms(ours([KEY], steps), peer(lambda: mlflow.history(KEY)), 3)
 
         def sampled_keys() -> None:  # MLflow's call takes one key: ten keys are ten calls
             for _ in KEYS:
                 mlflow.sampled(KEY, 1000)
 
-        ten, sampled_ten = paired_ms(ours(KEYS, 1000), sampled_keys, 10)
+        ten, sampled_ten = paired_ms(ours(KEYS, 1000), peer(sampled_keys), 10)
         rows += [
             Row(f"1 key, {steps:,} steps -> 1,000 points", label, one, sampled),
             Row(f"full {steps:,} points of 1 key", label, full, paged),
@@ -303,7 +338,7 @@ def bench_database(
                 ),
             ]
         # MLflow's figure: its whole SQLite file per point (it keeps latest values too).
-        peer_bytes = mlflow.bytes_on_disk() / mlflow.points
+        peer_bytes = None if mlflow is None else mlflow.bytes_on_disk() / mlflow.points
         rows.append(Row("bytes per stored point", label, bytes_per_point(db), peer_bytes, "B"))
         http.close()
     finally:
@@ -376,6 +411,7 @@ def bench_live(
     clients: int,
     seconds: float,
     every: float = 1.0,
+    warm_up: float = 5.0,
 ) -> list[Row]:
     """``clients`` SSE clients over ``runs`` live runs: printed line -> client, service CPU."""
     db = Database(url)
@@ -418,7 +454,7 @@ def bench_live(
                         raise RuntimeError(f"the live server exited; see {log.name}") from None
                     await asyncio.sleep(0.2)
             tasks = [asyncio.create_task(client(ids[i % runs], h)) for i in range(clients)]
-            await asyncio.sleep(5)  # warm up
+            await asyncio.sleep(warm_up)
             measuring, window[0] = True, time.time()
             c0, w0 = cpu_seconds(proc.pid), time.monotonic()
             await asyncio.sleep(seconds)
@@ -439,8 +475,9 @@ def bench_live(
     goal = f"{clients} SSE clients, {runs} live runs (100 keys/s each)"
     expected = clients * seconds / every
     print(f"{label}: {len(delays)} metric events received of about {expected:.0f} printed")
+    p95 = delays[int(len(delays) * 0.95)] * 1000 if delays else math.nan
     return [
-        Row(f"{goal}: p95 print -> client", label, delays[int(len(delays) * 0.95)] * 1000),
+        Row(f"{goal}: p95 print -> client", label, p95),
         Row(f"{goal}: service CPU", label, cpu / wall * 100, unit="% core"),
     ]
 
@@ -476,20 +513,48 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     parser.add_argument("--sse-clients", type=int, default=200)
     parser.add_argument("--sse-seconds", type=float, default=20)
     parser.add_argument("--no-sse", action="store_true")
+    parser.add_argument("--ingest-only", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="every part, small, in seconds")
     args = parser.parse_args(argv)
+    warm_up = 5.0
+    if args.quick:
+        global PAIRED_BUDGET_S
+        args.steps, args.grow_to, warm_up, PAIRED_BUDGET_S = 2_000, 0, 1.0, 1e-9
+        args.sse_runs, args.sse_clients, args.sse_seconds = 2, 4, 2.0
     rows: list[Row] = []
-    with _workdir() as workdir, databases(workdir) as urls, Mlflow(workdir) as mlflow:
-        print(f"MLflow at {mlflow.url}; the service on {', '.join(label for label, _ in urls)}")
+    with _workdir() as workdir, databases(workdir) as urls, _mlflow(workdir) as mlflow:
+        where = "not installed (pip install -e '.[bench]'): its column is empty"
+        where = f"at {mlflow.url}" if mlflow is not None else where
+        print(f"MLflow {where}; the service on {', '.join(label for label, _ in urls)}")
         for label, url in urls:
-            rows += bench_database(label, url, workdir, mlflow, args.steps, args.grow_to)
-        if not args.no_sse:
-            for label, url in urls:
+            if args.ingest_only:
+                rows += bench_ingest(label, url, mlflow, args.steps)
+            else:
+                rows += bench_database(label, url, workdir, mlflow, args.steps, args.grow_to)
+        if not (args.no_sse or args.ingest_only):
+            for label, url in urls[:1] if args.quick else urls:  # quick: the live part on SQLite
                 rows += bench_live(
-                    label, url, workdir, args.sse_runs, args.sse_clients, args.sse_seconds
+                    label,
+                    url,
+                    workdir,
+                    args.sse_runs,
+                    args.sse_clients,
+                    args.sse_seconds,
+                    warm_up=warm_up,
                 )
     print_table(rows)
     budget(rows)
     return rows
+
+
+@contextmanager
+def _mlflow(workdir: Path) -> Iterator[Mlflow | None]:
+    """An MLflow server when ``mlflow`` is installed, else None."""
+    if not mlflow_installed():
+        yield None
+        return
+    with Mlflow(workdir) as mlflow:
+        yield mlflow
 
 
 if __name__ == "__main__":

@@ -3,6 +3,9 @@
     python -m tests.benchmarks.bench_peers [--seconds 3] [--clients 1,16,64] [--db sqlite,postgres]
         [--read-cache-s 1] [--quick]
 
+``--quick``: 0.3 s per cell at 16 clients on SQLite, every row once, the big run holding 100
+steps, Ray holding 10 jobs (what CI runs).
+
 The service runs as deployed (uvicorn child process, one worker, background loops off) with Ray
 unreachable, so only its own path counts; the peer is the dashboard of a local Ray head started
 here. Each row is measured at each client count, first one side, then the other, each while the
@@ -46,13 +49,13 @@ from typing import Any
 import aiohttp
 import httpx
 
-from service.cluster.local_ray import LocalRayCluster
 from service.metrics import store
 from service.metrics.parse import MetricLine
 from service.store.db import Database
 from tests import postgres
+from tests.benchmarks import report
 from tests.benchmarks.bench_metrics import databases
-from tests.conftest import RAY_TOKENS, wait_for
+from tests.conftest import wait_for
 from tests.service_process import ServiceProcess
 
 RAY_PORT = int(os.environ.get("RLRUN_TEST_RAY_PORT", "46379")) + 300
@@ -63,6 +66,7 @@ POINTS_KEYS, POINTS_STEPS = 100, 10_000  # 1,000,000 points
 # Runs that print a metric line every second while the service follows them (tests/recipes.py).
 FOLLOWED_SPEC = {"recipe": "test-metrics", "seconds": 3600, "every_s": 1.0}
 FOLLOWED = 4
+RAY_JOBS = 100  # what Ray's job list holds
 
 
 @dataclass(frozen=True)
@@ -262,18 +266,14 @@ def ray_head(stack: ExitStack, args: argparse.Namespace) -> tuple[str, list[str]
     """A local Ray head holding 100 pending jobs; its address, the jobs' ids and the headers
     that authenticate to it (made once)."""
     if not hasattr(args, "ray"):
-        cluster = LocalRayCluster(
-            [8], cpus_per_node=4, port=RAY_PORT, dashboard_port=RAY_PORT + 2000
-        )
-        cluster.start()
-        stack.callback(cluster.cleanup)
-        headers = cluster.auth_headers
-        RAY_TOKENS[cluster.address] = cluster.token  # the followed service's ServiceProcess
-        with httpx.Client(base_url=cluster.address, headers=headers, timeout=30) as http:
+        address = stack.enter_context(report.ray_head([8], 4, RAY_PORT))
+        headers = report.ray_headers(address)
+        with httpx.Client(base_url=address, headers=headers, timeout=30) as http:
             ids = [
-                http.post("/api/jobs/", json=RAY_JOB).json()["submission_id"] for _ in range(100)
+                http.post("/api/jobs/", json=RAY_JOB).json()["submission_id"]
+                for _ in range(RAY_JOBS)
             ]
-        args.ray = (cluster.address, ids, headers)
+        args.ray = (address, ids, headers)
     head: tuple[str, list[str], dict[str, str]] = args.ray
     return head
 
@@ -419,8 +419,9 @@ def main() -> None:
     parser.add_argument("--points-steps", type=int, default=POINTS_STEPS, help="x 100 keys")
     args = parser.parse_args()
     if args.quick:
+        global RAY_JOBS
         args.seconds, args.clients, args.db, args.passes = 0.3, "16", "sqlite", 1
-        args.points_steps = 100
+        args.points_steps, RAY_JOBS = 100, 10
     with tempfile.TemporaryDirectory() as tmp, databases(Path(tmp)) as db_urls:
         args.workdir, args.db_urls = Path(tmp), db_urls
         run([ray_section(db) for db in args.db.split(",")], args)

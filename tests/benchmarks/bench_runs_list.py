@@ -1,6 +1,8 @@
 """``GET /runs`` (the dashboard's runs view) with 10,000 runs that each logged metrics.
 
-    python -m tests.benchmarks.bench_runs_list [--runs 10000] [--steps 20] [--pg URL]
+    python -m tests.benchmarks.bench_runs_list [--runs 10000] [--steps 20] [--pg URL] [--quick]
+
+``--quick``: 200 runs of 5 steps (what CI runs).
 
 Prints p50/p95 of a 50-run page (first page and a page deep in the history through the
 cursor), and of the same page's summary metrics query alone (progress and latest reward for
@@ -23,10 +25,12 @@ from sqlalchemy import create_engine, insert, text
 
 from service.app import create_app
 from service.metrics import store
+from service.metrics.parse import MetricLine
 from service.schemas import SUMMARY_KEYS
 from service.settings import Settings
 from service.store.db import Database, upgrade
-from service.store.models import MetricPoint, Run, utcnow
+from service.store.models import Run, utcnow
+from tests.benchmarks.report import Report
 
 LAUNCH = {"argv": [], "entrypoint": "", "runtime_env": {}, "shape": {}, "total_steps": 20}
 
@@ -44,16 +48,14 @@ def fill(db_url: str, runs: int, steps: int) -> list[str]:
                 for n, i in enumerate(ids)
             ],
         )  # fmt: skip
-        for chunk in range(0, runs, 500):
-            s.execute(
-                insert(MetricPoint),
-                [
-                    {"run_id": i, "key": k, "step": st, "value": st / steps, "log_offset": st}
-                    for i in ids[chunk : chunk + 500]
+    for chunk in range(0, runs, 500):
+        with db.transaction() as s:  # through the store, so latest values and tiers are kept
+            for i in ids[chunk : chunk + 500]:
+                lines = [
+                    (st, MetricLine(st, dict.fromkeys(SUMMARY_KEYS, st / steps)))
                     for st in range(1, steps + 1)
-                    for k in SUMMARY_KEYS
-                ],
-            )
+                ]
+                store.add_lines(s, i, lines)
     db.dispose()
     return ids
 
@@ -69,12 +71,12 @@ def timed(fn: Callable[[], Any], n: int = 40) -> tuple[float, float]:
     return statistics.median(samples), samples[int(0.95 * (n - 1))]
 
 
-def bench(name: str, db_url: str, runs: int, steps: int) -> None:
+def bench(report: Report, name: str, db_url: str, runs: int, steps: int) -> None:
     upgrade(db_url)
     t0 = time.perf_counter()
     ids = fill(db_url, runs, steps)
-    print(f"{name}: {runs} runs x {steps} steps x {len(SUMMARY_KEYS)} keys stored in "
-          f"{time.perf_counter() - t0:.1f} s")  # fmt: skip
+    report.add(f"{name}: {runs} runs x {steps} steps x {len(SUMMARY_KEYS)} keys stored",
+               f"{time.perf_counter() - t0:.1f} s")  # fmt: skip
     deep = sorted(ids)[runs // 2]
     settings = Settings(database_url=db_url, ray_address="http://127.0.0.1:9", run_loops=False)
     with TestClient(create_app(settings), base_url="http://127.0.0.1") as api:
@@ -95,10 +97,12 @@ def bench(name: str, db_url: str, runs: int, steps: int) -> None:
 
     alone = timed(summary)
     db.dispose()
-    print(f"{name}: GET /runs?limit=50 first page p50 {first[0]:.1f} ms p95 {first[1]:.1f} ms; "
-          f"page {runs // 2} runs deep p50 {middle[0]:.1f} ms p95 {middle[1]:.1f} ms; "
-          f"its summary metrics query alone p50 {alone[0]:.1f} ms "
-          f"({alone[0] / first[0]:.0%} of the page)")  # fmt: skip
+    report.add(f"{name}: GET /runs?limit=50, first page",
+               f"p50 {first[0]:.1f} ms p95 {first[1]:.1f} ms")  # fmt: skip
+    report.add(f"{name}: the same, {runs // 2} runs deep",
+               f"p50 {middle[0]:.1f} ms p95 {middle[1]:.1f} ms")  # fmt: skip
+    report.add(f"{name}: the page's summary metrics query alone",
+               f"p50 {alone[0]:.1f} ms ({alone[0] / first[0]:.0%} of the page)")  # fmt: skip
 
 
 def main() -> None:
@@ -106,19 +110,24 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=10_000)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--pg", default="postgresql+psycopg://postgres@127.0.0.1:5432/test")
+    parser.add_argument("--quick", action="store_true", help="small, in seconds (what CI runs)")
     args = parser.parse_args()
+    if args.quick:
+        args.runs, args.steps = 200, 5
+    report = Report("runs list")
     with tempfile.TemporaryDirectory() as tmp:
-        bench("sqlite", f"sqlite:///{Path(tmp) / 'bench.db'}", args.runs, args.steps)
+        bench(report, "sqlite", f"sqlite:///{Path(tmp) / 'bench.db'}", args.runs, args.steps)
     name = f"rlrun_bench_{uuid.uuid4().hex[:8]}"
     admin = create_engine(args.pg, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
     try:
-        bench("postgres", args.pg.rsplit("/", 1)[0] + f"/{name}", args.runs, args.steps)
+        bench(report, "postgres", args.pg.rsplit("/", 1)[0] + f"/{name}", args.runs, args.steps)
     finally:
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
         admin.dispose()
+    report.print()
 
 
 if __name__ == "__main__":
