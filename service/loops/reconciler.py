@@ -143,8 +143,6 @@ def apply(session: Session, run: Run, info: JobInfo | None) -> None:
 
 
 STOPPED_OUTSIDE = "stopped outside rlrun"
-# Who audit rows name for what the service saw happen on the cluster.
-CLUSTER_USER, CLUSTER_ROLE = "ray-cluster", "cluster"
 
 
 def stopped_outside(session: Session, run: Run) -> None:
@@ -153,17 +151,7 @@ def stopped_outside(session: Session, run: Run) -> None:
     why = "Ray reports the job STOPPED, but the service never asked to stop it"
     transition(session, run, RunStatus.STOPPED, f"{STOPPED_OUTSIDE}: {why}")
     set_health(session, run, "stopped_outside", f"{STOPPED_OUTSIDE} ({why})")
-    audit.record(
-        session,
-        user=CLUSTER_USER,
-        team=None,
-        role=CLUSTER_ROLE,
-        token_id=None,
-        action="run.stopped_outside",
-        client=None,
-        run_id=run.id,
-        target=run.team,
-    )
+    audit.by_cluster(session, "run.stopped_outside", run_id=run.id, target=run.team)
 
 
 def _reason(info: JobInfo) -> str:

@@ -19,7 +19,6 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.cluster.ray_jobs import RayJobs, RayRejected
-from service.loops.reconciler import CLUSTER_ROLE, CLUSTER_USER
 from service.scheduling.inventory import InventoryCache
 from service.scheduling.outside import ClusterJob, unmanaged
 from service.store import audit
@@ -88,13 +87,4 @@ class UnmanagedJobs:
         return [j for j in unknown if j.id not in known]
 
     def _record(self, session: Session, action: str, job: ClusterJob) -> None:
-        audit.record(
-            session,
-            user=CLUSTER_USER,
-            team=None,
-            role=CLUSTER_ROLE,
-            token_id=None,
-            action=action,
-            client=None,
-            target=job.id,
-        )
+        audit.by_cluster(session, action, target=job.id)

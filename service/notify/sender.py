@@ -72,8 +72,8 @@ class Notifier:
         )
         self.resolve = resolve
         self.claim_s = 2 * timeout_s + 30
+        # Sends of one tick run side by side: one slow receiver does not hold up the rest.
         self.pool = ThreadPoolExecutor(8, thread_name_prefix="notifier")
-        self.sent = 0
 
     def tick(self) -> None:
         claimed = self._claim()
@@ -171,7 +171,6 @@ class Notifier:
         row.claim_expires_at = None
         if sent.ok:
             row.state, row.delivered_at = "delivered", now
-            self.sent += 1
             return
         retry_at = now + timedelta(seconds=self._delay(row.attempts))
         if retry_at - row.created_at <= timedelta(seconds=self.max_age_s):
@@ -189,9 +188,6 @@ class Notifier:
         """Exponential, with jitter so that many receivers that failed together do not retry
         together."""
         return self.backoff.delay(attempts - 1) * random.uniform(0.5, 1.5)
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _read_bounded(resp: httpx.Response) -> None:

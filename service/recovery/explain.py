@@ -17,7 +17,6 @@ from service.store.status import RunStatus
 
 # The end of the kept log the classifier reads (the decisive lines are near the end).
 READ_CHARS = 1_000_000
-_OUTSIDE = "stopped outside rlrun"
 
 
 def failure_of(session: Session, run: Run) -> Failure | None:
@@ -26,9 +25,8 @@ def failure_of(session: Session, run: Run) -> Failure | None:
     if status is RunStatus.CANCELLED:
         return Failure("cancelled", "cancelled before it was submitted", "")
     if status is RunStatus.STOPPED:
-        ending = _ending_event(session, run)
-        outside = ending is not None and ending.reason.startswith(_OUTSIDE)
-        if run.stop_requested_at is None or outside:
+        # The reconciler marks a stop nobody asked the service for (health stopped_outside).
+        if run.stop_requested_at is None or run.health == "stopped_outside":
             return Failure(
                 "stopped_outside",
                 "stopped on the cluster, not through rlrun",

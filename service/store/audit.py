@@ -39,6 +39,27 @@ def record(
     )
 
 
+# Who audit rows name for what the service saw happen on the cluster (no caller did it).
+CLUSTER_USER, CLUSTER_ROLE = "ray-cluster", "cluster"
+
+
+def by_cluster(
+    session: Session, action: str, run_id: str | None = None, target: str | None = None
+) -> None:
+    """Record what the service saw happen on the cluster, outside any call to it."""
+    record(
+        session,
+        user=CLUSTER_USER,
+        team=None,
+        role=CLUSTER_ROLE,
+        token_id=None,
+        action=action,
+        client=None,
+        run_id=run_id,
+        target=target,
+    )
+
+
 def page(
     session: Session, limit: int, before: int | None = None, run_id: str | None = None
 ) -> list[AuditEntry]:
