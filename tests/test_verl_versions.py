@@ -46,7 +46,8 @@ def test_a_spec_valid_on_one_verl_version_is_refused_on_another(cache: Path) -> 
 
 def test_the_preflight_pins_the_nodes_to_the_version_the_spec_names(cache: Path) -> None:
     settings = SETTINGS.model_copy(update={"verl_cache_dir": str(cache)})
-    plan = json.loads(build({**PRESET, "verl_version": "0.9.0"}, settings).argv[4])
+    argv = build({**PRESET, "verl_version": "0.9.0"}, settings).argv
+    plan = json.loads(argv[argv.index("--plan") + 1])
     assert plan["packages"]["verl"] == "==0.9.0"
     assert plan["packages"]["transformers"]  # 0.9.0's own declared range, from its wheel
 

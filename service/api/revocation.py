@@ -80,13 +80,12 @@ T = TypeVar("T")
 async def until_set(event: asyncio.Event, source: AsyncIterator[T]) -> AsyncIterator[T]:
     """``source``'s items until ``event`` is set; then ``source`` is closed and nothing more."""
     stop = asyncio.ensure_future(event.wait())
+    step: asyncio.Future[T] | None = None
     try:
         while True:
             step = asyncio.ensure_future(anext(source))
             await asyncio.wait({step, stop}, return_when=asyncio.FIRST_COMPLETED)
             if not step.done():
-                step.cancel()
-                await asyncio.gather(step, return_exceptions=True)
                 return
             try:
                 item = step.result()
@@ -95,6 +94,11 @@ async def until_set(event: asyncio.Event, source: AsyncIterator[T]) -> AsyncIter
             yield item
     finally:
         stop.cancel()
+        # A step still running (revoked, or this stream cancelled: its client left) is ended
+        # before the source is closed: a generator cannot be closed while it runs.
+        if step is not None and not step.done():
+            step.cancel()
+            await asyncio.gather(step, return_exceptions=True)
         aclose = getattr(source, "aclose", None)
         if aclose is not None:
             await aclose()

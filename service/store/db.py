@@ -80,9 +80,9 @@ def _sqlite_pragmas(wait_s: float) -> Any:
 
 def _sqlite_begin(conn: Connection) -> None:
     read_only = conn.get_execution_options().get(READ_ONLY, False)
-    # On the driver's connection: a statement through the engine costs each read more than
-    # the BEGIN itself.
-    conn.connection.driver_connection.execute("BEGIN" if read_only else "BEGIN IMMEDIATE")  # type: ignore[union-attr]
+    # Through the engine (not the driver's connection), so that a lock held too long is
+    # SQLAlchemy's OperationalError, which becomes a 503 with Retry-After.
+    conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
 def alembic_config(url: str) -> Config:

@@ -22,6 +22,7 @@ from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.settings import Settings
+from tests.benchmarks import report
 
 EXAMPLES = Path(__file__).parent.parent / "data" / "verl_examples"
 PRESET = {"recipe": "verl-fully-async", "preset": "geo3k-qwen3vl-8b-npu"}
@@ -62,14 +63,15 @@ def main() -> None:
             ray_address="http://127.0.0.1:9",  # no cluster: the plan says so, nothing waits
             run_loops=False,
         )
+        rows = []
         with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
             for name, body in specs(args.quick).items():
                 first = dry_run(client, body)
                 again = sorted(dry_run(client, body) for _ in range(repeats))
-                print(
-                    f"{name:40s} first {ms(first):>10s}   repeated (x{repeats}) "
-                    f"p50 {ms(statistics.median(again)):>9s}  max {ms(again[-1]):>9s}"
-                )
+                rows.append([name, ms(first), ms(statistics.median(again)), ms(again[-1])])
+                print(f"{name}: first {rows[-1][1]}, repeated p50 {rows[-1][2]}", flush=True)
+    print(f"\n### Dry runs (repeated x{repeats})\n")
+    print(report.table(["spec", "first", "repeated p50", "repeated max"], rows))
 
 
 if __name__ == "__main__":

@@ -41,6 +41,8 @@ from typing import Any
 
 import httpx
 
+from tests.benchmarks import report
+
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = [
     "actor/pg_loss",
@@ -343,6 +345,12 @@ def two_replicas(runs: int, period: float, warmup_s: float, seconds: float, leas
         f"killed, its runs all held by the other after {handed_over_s:.1f} s (lease {lease_s} s); "
         f"runs not read exactly once: {wrong}"
     )
+    print(
+        report.table(
+            ["replicas", "runs", "leases", "handed over", "read not exactly once"],
+            [[2, runs, sorted(shared.values()), f"{handed_over_s:.1f} s", wrong]],
+        )
+    )
 
 
 def main() -> None:
@@ -373,9 +381,7 @@ def main() -> None:
         print(rows[-1], flush=True)
     print(f"\nruns followed by one replica, a step a run every {args.period} s, one client each")
     header = ["runs", "cpu_pct", "p50_s", "p95_s", "max_s", "tick_s", "rss_mb", "events"]
-    print(" | ".join(f"{h:>8}" for h in header))
-    for row in rows:
-        print(" | ".join(f"{row[h]:>8}" for h in header))
+    print(report.table(header, [[row[h] for h in header] for row in rows]))
 
 
 if __name__ == "__main__":

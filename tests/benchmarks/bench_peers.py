@@ -78,11 +78,12 @@ class Target:
     path: str
     body: dict[str, Any] | None = None
     ok: int = 200
-    headers: dict[str, str] = field(default_factory=dict)
     # More paths: the requests go round ``path`` and these.
     more: tuple[str, ...] = ()
     # What opens the connections before a pass of each path once (``Row.passes``).
     warm: str = "/"
+    # What authenticates to the peer (Ray's token).
+    headers: dict[str, str] = field(default_factory=dict)
 
     @property
     def paths(self) -> tuple[str, ...]:

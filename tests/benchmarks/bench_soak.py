@@ -14,6 +14,7 @@ import logging
 import tempfile
 from pathlib import Path
 
+from tests.benchmarks import report
 from tests.soak import Gauges, soak
 
 
@@ -25,14 +26,12 @@ def main() -> None:
     n = 200 if args.quick else args.lifecycles
     logging.basicConfig(level=logging.ERROR)
     waves = -(-n // 100)
-    print(f"{'lifecycles':>10} | {'rss_mb':>7} | {'threads':>7} | {'fds':>5} | {'sockets':>7}")
+    rows: list[list[object]] = []
 
     def progress(wave: int, g: Gauges) -> None:
         if wave % max(1, waves // 10) == 0 or wave == waves:
-            print(
-                f"{wave * 100:>10} | {g.rss_mb:>7.1f} | {g.threads:>7} | {g.fds:>5} "
-                f"| {g.sockets:>7}"
-            )
+            rows.append([wave * 100, f"{g.rss_mb:.1f}", g.threads, g.fds, g.sockets])
+            print(f"{wave * 100} lifecycles: RSS {g.rss_mb:.1f} MB", flush=True)
 
     figures = soak(n, Path(tempfile.mkdtemp(prefix="bench-soak-")), progress=progress)
     before, after = figures["before"], figures["after"]
@@ -45,6 +44,7 @@ def main() -> None:
         f"held per run at the end: {figures['upstreams']:.0f} stream upstreams, "
         f"{figures['followed']:.0f} followed runs"
     )
+    print(report.table(["lifecycles", "rss_mb", "threads", "fds", "sockets"], rows))
 
 
 if __name__ == "__main__":
