@@ -55,18 +55,23 @@ def _next_month(day: date) -> date:
 _KEY = ["period", "start", "team", "user", "recipe", "accelerator"]
 
 
+def _group(run: Run, kind: str) -> dict[str, Any]:
+    """The columns a run's usage is kept under (but the day)."""
+    return {
+        "team": run.team,
+        "user": run.created_by or UNKNOWN_USER,
+        "recipe": run.recipe,
+        "accelerator": kind,
+    }
+
+
 def accrue(session: Session, run: Run, ended_at: datetime) -> None:
     """Add ``run``'s allocation, from its submission to ``ended_at``, to the day and month
     rows."""
     kind, count = _accelerators(run)
     if run.submitted_at is None or count == 0:
         return
-    key = {
-        "team": run.team,
-        "user": run.created_by or UNKNOWN_USER,
-        "recipe": run.recipe,
-        "accelerator": kind,
-    }
+    key = _group(run, kind)
     cells: dict[tuple[str, date], list[float]] = defaultdict(lambda: [0.0, 0])
     for i, (day, seconds) in enumerate(_days(run.submitted_at, ended_at)):
         for cell in (("d", day), ("m", _month(day))):
@@ -165,11 +170,5 @@ def _live(
         assert run.submitted_at is not None
         submitted_on = run.submitted_at.astimezone(UTC).date()
         for day, seconds in _days(max(run.submitted_at, window_start), min(now, window_end)):
-            fields = {
-                "team": run.team,
-                "user": run.created_by or UNKNOWN_USER,
-                "recipe": run.recipe,
-                "accelerator": kind,
-                "day": day,
-            }
+            fields = _group(run, kind) | {"day": day}
             yield tuple(fields[g] for g in group_by), count * seconds, int(day == submitted_on)

@@ -155,6 +155,11 @@ async def _drive(target: Target, clients: int, seconds: float, warmup: float = 0
                         errors += 1
 
         await asyncio.gather(*(client() for _ in range(clients)))
+    return _result(latencies, errors, seconds)
+
+
+def _result(latencies: list[float], errors: int, seconds: float) -> Result:
+    """Answers a second over ``seconds``, with p50 and p99 in ms, of the good answers."""
     latencies.sort()
     if not latencies:
         return Result(0, errors, 0.0, 0.0, 0.0)
@@ -212,16 +217,7 @@ def measure_once(target: Target, clients: int, passes: int, pause_s: float) -> R
         latencies += got
         errors += bad
         elapsed += took
-    latencies.sort()
-    if not latencies:
-        return Result(0, errors, 0.0, 0.0, 0.0)
-    return Result(
-        len(latencies),
-        errors,
-        len(latencies) / elapsed,
-        statistics.median(latencies) * 1000,
-        latencies[int(len(latencies) * 0.99)] * 1000,
-    )
+    return _result(latencies, errors, elapsed)
 
 
 def run(
