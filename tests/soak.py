@@ -148,17 +148,21 @@ def soak(
     ray = FakeRay({f"n{i}": {"NPU": 8.0, "CPU": 64.0} for i in range(4)})
     jobs = Jobs(ray)
     streams = ThreadPoolExecutor(8, thread_name_prefix="soak-stream")
-    with replica(db_url, ray) as (url, app), httpx.Client(base_url=url, timeout=30) as client:
+    with replica(db_url, ray) as (url, app):
         db = Database(db_url)
 
-        def accept(name: str) -> str:
-            resp = client.post("/runs", json={"recipe": "test-script", "name": name})
-            assert resp.status_code == 201, resp.text
-            run_id: str = resp.json()["id"]
-            return run_id
-
         def one_wave(index: int) -> None:
-            ids = list(streams.map(lambda i: accept(f"w{index}-{i}"), range(wave)))
+            # A client per wave: its kept-alive connections close with the wave, so the
+            # gauges between waves count the service's sockets, not a client pool's.
+            with httpx.Client(base_url=url, timeout=30) as client:
+
+                def accept(name: str) -> str:
+                    resp = client.post("/runs", json={"recipe": "test-script", "name": name})
+                    assert resp.status_code == 201, resp.text
+                    run_id: str = resp.json()["id"]
+                    return run_id
+
+                ids = list(streams.map(lambda i: accept(f"w{index}-{i}"), range(wave)))
             watched = [
                 streams.submit(_stream, url, run_id, k % 2 == 0)
                 for k, run_id in enumerate(ids[::stream_every])
@@ -192,14 +196,26 @@ def soak(
             if progress is not None:
                 progress(index - WARM_UP + 1, Gauges.now(db_path))
         elapsed = time.monotonic() - started
-        time.sleep(1.0)  # the last streams' server side winds down
-        after = Gauges.now(db_path)
-        held = _service_gauges(client) | {"sqlite_cache_mb": _sqlite_cache_mb(app)}
+        after = _settled(db_path, before)
+        with httpx.Client(base_url=url, timeout=30) as client:
+            held = _service_gauges(client) | {"sqlite_cache_mb": _sqlite_cache_mb(app)}
         with db.read() as s:
             done = s.scalar(select(func.count()).select_from(Run).where(Run.status.in_(DONE)))
         db.dispose()
     streams.shutdown()
     return {"before": before, "after": after, "seconds": elapsed, "runs_done": done} | held
+
+
+def _settled(db_path: Path, before: Gauges, within_s: float = 20.0) -> Gauges:
+    """The gauges once the last streams' server side has wound down: at most ``within_s``
+    for descriptors and sockets to come back to ``before`` (what stays past that is held)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        now = Gauges.now(db_path)
+        settled = now.fds <= before.fds and now.sockets <= before.sockets
+        if settled or time.monotonic() > deadline:
+            return now
+        time.sleep(0.5)
 
 
 def _sqlite_cache_mb(app: FastAPI) -> float:

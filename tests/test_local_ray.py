@@ -5,13 +5,21 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from service.cluster.local_ray import RAY_WORKER_PORTS, LocalRayCluster, PortInUse, _is_free
+from service.cluster.local_ray import (
+    RAY_WORKER_PORTS,
+    LocalRayCluster,
+    PortInUse,
+    _is_free,
+    _stop_group,
+)
 from tests.conftest import wait_for
 from tests.service_process import ServiceProcess
 
@@ -23,6 +31,28 @@ def _alive(pid: int) -> bool:
         return False
     stat = Path(f"/proc/{pid}/stat").read_text()
     return stat[stat.rindex(")") + 2] != "Z"
+
+
+def test_stopping_a_node_ends_what_it_started_in_sessions_of_its_own(tmp_path: Path) -> None:
+    # As Ray starts a job's driver: a new session, outside the node's process group.
+    pid_file = tmp_path / "driver.pid"
+    node = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time\n"
+            "d = subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
+            f"open({str(pid_file)!r}, 'w').write(str(d.pid))\n"
+            "time.sleep(300)\n",
+        ],
+        start_new_session=True,
+    )
+    wait_for(lambda: pid_file.exists() and pid_file.read_text(), bool, timeout=20)
+    driver = int(pid_file.read_text())
+    assert os.getpgid(driver) != node.pid
+    _stop_group(node, timeout_s=10)
+    assert not _alive(node.pid)
+    assert not _alive(driver)
 
 
 def test_a_port_in_use_is_a_one_line_error_naming_it_and_nothing_starts(tmp_path: Path) -> None:

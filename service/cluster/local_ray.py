@@ -291,6 +291,9 @@ class LocalRayCluster:
 
 def _stop_group(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
     pgid = proc.pid  # each node's `ray start` leads its own session, even after it exited
+    # A job's driver runs in a session of its own (Ray starts it so), outside the node's group:
+    # the node's descendants are taken now, while they are still its descendants.
+    descendants = _descendants(proc.pid)
     if proc.poll() is None:
         # SIGTERM to the blocking `ray start` makes it tear down its node's processes.
         proc.send_signal(signal.SIGTERM)
@@ -303,9 +306,36 @@ def _stop_group(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
     # are free) before this returns.
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
+    for pid, started in descendants:
+        if _started(pid) == started:  # the same process, not a new one with its pid
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + timeout_s
-    while _group(pgid, "") and time.monotonic() < deadline:
+    while time.monotonic() < deadline and (
+        _group(pgid, "") or any(_alive(pid, started) for pid, started in descendants)
+    ):
         time.sleep(0.1)
+
+
+def _descendants(pid: int) -> list[tuple[int, str]]:
+    """Every live descendant of ``pid``, with its start time (to tell it from a reused pid)."""
+    children: dict[str, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (fields := _stat(int(entry.name))):
+            children.setdefault(fields[1], []).append(int(entry.name))
+    found: list[tuple[int, str]] = []
+    todo = list(children.get(str(pid), []))
+    while todo:
+        child = todo.pop()
+        if (started := _started(child)) is not None:
+            found.append((child, started))
+        todo.extend(children.get(str(child), []))
+    return found
+
+
+def _alive(pid: int, started: str) -> bool:
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z" and fields[19] == started
 
 
 def _check_free(port: int, what: str) -> None:
