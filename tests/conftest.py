@@ -23,8 +23,10 @@ from tests import postgres
 
 # The name TestClient sends as Host: answered in open mode as a loopback name is.
 os.environ.setdefault("RLRUN_OPEN_MODE_HOSTS", '["testserver"]')
-# Ports for the session's Ray cluster; outside 10002-19999, which Ray keeps for its workers.
-RAY_PORT = int(os.environ.get("RLRUN_TEST_RAY_PORT", "46379"))
+# Ports for the session's Ray cluster (it and the tests' own heads use up to RAY_PORT + 2500):
+# outside 10002-19999, which Ray keeps for its workers, and below the system's ephemeral ports
+# (32768 and up), which any outgoing connection may hold.
+RAY_PORT = int(os.environ.get("RLRUN_TEST_RAY_PORT", "20379"))
 # Ray's auth token of each cluster handle the tests started, by dashboard address: settings and
 # clients made for that address take it from there.
 RAY_TOKENS: dict[str, str] = {}

@@ -44,7 +44,7 @@ from tests.benchmarks.report import Report, ray_head
 from tests.conftest import RAY_TOKENS
 from tests.factories import add_run
 
-RAY_PORT = int(os.environ.get("RLRUN_TEST_RAY_PORT", "46379")) + 200
+RAY_PORT = int(os.environ.get("RLRUN_TEST_RAY_PORT", "20379")) + 200
 KEYS = 50
 
 

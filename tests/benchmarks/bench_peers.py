@@ -58,7 +58,7 @@ from tests.benchmarks.bench_metrics import databases
 from tests.conftest import wait_for
 from tests.service_process import ServiceProcess
 
-RAY_PORT = int(os.environ.get("RLRUN_TEST_RAY_PORT", "46379")) + 300
+RAY_PORT = int(os.environ.get("RLRUN_TEST_RAY_PORT", "20379")) + 300
 RUN_SPEC = {"recipe": "tiny-grpo", "name": "bench", "team": "bench"}
 # A resource no node has: Ray accepts the job and keeps it PENDING without starting anything.
 RAY_JOB = {"entrypoint": "true", "entrypoint_resources": {"bench_never": 1}}
