@@ -39,6 +39,22 @@ def test_a_failing_loop_waits_longer_after_each_failure() -> None:
     assert 2 <= loop.ticks <= 12 and loop.failures == loop.ticks
 
 
+def test_a_loop_cancelled_while_it_waits_leaves_no_waiter_pending() -> None:
+    loop = Loop("idle", lambda: None, interval_s=60, max_backoff_s=60)
+
+    async def cancel_while_waiting() -> int:
+        task = asyncio.create_task(loop.run(asyncio.Event()))
+        while loop.ticks == 0:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # now in its wait for the next tick
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return len(asyncio.all_tasks() - {asyncio.current_task()})
+
+    assert asyncio.run(cancel_while_waiting()) == 0
+
+
 def test_a_stream_that_cannot_connect_retries_later_each_time(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -96,3 +96,46 @@ def test_a_revocation_made_elsewhere_ends_the_streams_within_a_second(
         tokens.revoke(s, served["token_id"])
     took = closed_within(streams, started)
     assert took < 1.5, took  # one check every 0.5 s; margin for a loaded machine
+
+
+def test_a_stream_whose_client_left_closes_its_source_and_leaves_no_task() -> None:
+    """The route's generator closed mid-stream (as the server does when its client leaves): the
+    broker's subscription is closed then and there, and no waiter task is left pending."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from service.api.auth import Principal
+    from service.api.revocation import Revocations
+    from service.api.run_metrics import run_events
+    from service.metrics.broker import Cursor
+
+    closed = asyncio.Event()
+
+    async def subscription() -> Any:
+        try:
+            while True:
+                yield SimpleNamespace(kind="metrics", data={"step": 1}), Cursor.parse(None)
+                await asyncio.sleep(0)
+        finally:
+            closed.set()
+
+    async def scenario() -> tuple[bool, int, int]:
+        revocations = Revocations(poll_s=60)
+        services = SimpleNamespace(
+            broker=SimpleNamespace(subscribe=lambda *_: subscription()),
+            revocations=revocations,
+            db=None,
+        )
+        principal = Principal(user="u", team="t", role="member", token_id="tok-1")
+        stream = run_events(services, principal, "r1", Cursor.parse(None))  # type: ignore[arg-type]
+        await anext(stream)
+        await stream.aclose()
+        source_closed = closed.is_set()  # by the close itself, not by a task run later
+        await revocations.close()
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        return source_closed, len(revocations._open), len(others)
+
+    source_closed, open_tokens, tasks_left = asyncio.run(scenario())
+    assert source_closed
+    assert open_tokens == 0
+    assert tasks_left == 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TypeVar
 
 from service.store import tokens
@@ -77,7 +77,7 @@ def _revoked_among(db: Database, ids: list[str]) -> list[str]:
 T = TypeVar("T")
 
 
-async def until_set(event: asyncio.Event, source: AsyncIterator[T]) -> AsyncIterator[T]:
+async def until_set(event: asyncio.Event, source: AsyncIterator[T]) -> AsyncGenerator[T, None]:
     """``source``'s items until ``event`` is set; then ``source`` is closed and nothing more."""
     stop = asyncio.ensure_future(event.wait())
     step: asyncio.Future[T] | None = None
@@ -94,6 +94,7 @@ async def until_set(event: asyncio.Event, source: AsyncIterator[T]) -> AsyncIter
             yield item
     finally:
         stop.cancel()
+        await asyncio.gather(stop, return_exceptions=True)
         # A step still running (revoked, or this stream cancelled: its client left) is ended
         # before the source is closed: a generator cannot be closed while it runs.
         if step is not None and not step.done():

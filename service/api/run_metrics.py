@@ -169,8 +169,12 @@ async def run_events(
     ``end`` event once the run has ended and its log is read to the end. Event ids are
     ``<status event id>-<log offset>`` (resume is exact for both)."""
     items = services.broker.subscribe(run_id, start)
-    async with _ended_on_revocation(services, principal) as revoked:
-        async for item, cursor in until_set(revoked, items):
+    async with (
+        _ended_on_revocation(services, principal) as revoked,
+        # Closed with this stream (its client left), not whenever the collector gets to it.
+        contextlib.aclosing(until_set(revoked, items)) as stream,
+    ):
+        async for item, cursor in stream:
             # Encoded as the run's own answer encodes it (times, NaN): one serialiser.
             data = encode(item.data).decode()
             yield ServerSentEvent(event=item.kind, raw_data=data, id=cursor.encode())

@@ -67,6 +67,9 @@ class Loop:
                 self.on_tick(time.perf_counter() - started)
             delay = Backoff(self.interval_s, self.max_backoff_s).delay(self.failures)
             waiters = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())}
-            _, pending = await asyncio.wait(waiters, timeout=delay, return_when="FIRST_COMPLETED")
-            for fut in pending:
-                fut.cancel()
+            try:
+                await asyncio.wait(waiters, timeout=delay, return_when="FIRST_COMPLETED")
+            finally:  # the waiter not woken ends here, also when this loop is cancelled
+                for fut in waiters:
+                    fut.cancel()
+                await asyncio.gather(*waiters, return_exceptions=True)
