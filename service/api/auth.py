@@ -12,7 +12,6 @@ auth off (open mode) every caller is an anonymous admin.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -22,36 +21,20 @@ from sqlalchemy.orm import Session
 
 from service.api.deps import Services, ServicesDep
 from service.api.oidc import Identity, is_jwt
-from service.errors import Forbidden, NotFound, Unauthorized
-from service.store import audit, tokens
-from service.store.models import Run
-from service.store.runs import load_run, team_of
-from service.store.tokens import ROLES, Role
+from service.errors import Forbidden, Unauthorized
+from service.principal import Principal as Principal
+from service.principal import ensure_sees as ensure_sees
+from service.principal import record_call
+from service.principal import require_visible as require_visible
+from service.principal import visible_run as visible_run
+from service.store import tokens
+from service.store.tokens import Role
 
 bearer = HTTPBearer(
     auto_error=False,
     description="an API token from `rlrun token create`, or the identity provider's JWT (OIDC)",
 )
 CredentialsDep = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
-
-
-@dataclass(frozen=True)
-class Principal:
-    user: str
-    team: str | None  # None in open mode: no team of its own
-    role: Role
-    token_id: str | None = None
-
-    @property
-    def key(self) -> str:
-        """What per-caller limits count against."""
-        return self.token_id or "anonymous"
-
-    def at_least(self, role: Role) -> bool:
-        return ROLES.index(self.role) >= ROLES.index(role)
-
-    def sees(self, team: str) -> bool:
-        return self.role == "admin" or team == self.team
 
 
 ANONYMOUS = Principal(user="anonymous", team=None, role="admin")
@@ -123,23 +106,6 @@ Member = Annotated[Principal, Depends(requires("member"))]
 Admin = Annotated[Principal, Depends(requires("admin"))]
 
 
-def visible_run(session: Session, principal: Principal, run_id: str, lock: bool = False) -> Run:
-    """The run if the caller may see it; another team's run is not found (a 404, not a 403)."""
-    run = load_run(session, run_id, lock=lock)
-    ensure_sees(principal, run.team, run_id)
-    return run
-
-
-def require_visible(session: Session, principal: Principal, run_id: str) -> None:
-    """Whether the run exists for the caller, in one small query (no ORM object)."""
-    ensure_sees(principal, team_of(session, run_id), run_id)
-
-
-def ensure_sees(principal: Principal, team: str, run_id: str) -> None:
-    if not principal.sees(team):
-        raise NotFound(f"no run {run_id!r}")
-
-
 def client_of(request: Request) -> str | None:
     """The peer's address: the socket's, or with ``RLRUN_FORWARDED_ALLOW_IPS`` naming the peer
     (a trusted proxy), the one its ``X-Forwarded-For`` gives (uvicorn rewrites it)."""
@@ -155,14 +121,4 @@ def audited(
     target: str | None = None,
 ) -> None:
     """Record a state-changing call in the caller's transaction (it commits with the change)."""
-    audit.record(
-        session,
-        user=principal.user,
-        team=principal.team,
-        role=principal.role,
-        token_id=principal.token_id,
-        action=action,
-        client=client_of(request),
-        run_id=run_id,
-        target=target,
-    )
+    record_call(session, principal, client_of(request), action, run_id, target)
