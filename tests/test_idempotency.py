@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.api.auth import Principal
-from service.api.runs import _scoped_key
+from service.operations.idempotency import scoped_key
 from service.app import create_app
 from service.store.db import Database, upgrade
 from service.store.tokens import create as create_token
@@ -81,6 +81,6 @@ def test_keys_are_scoped_by_identity_not_names() -> None:
     a = Principal(user="alice", team="vision", role="member", token_id="tok_a")
     b = Principal(user="alice", team="vision", role="member", token_id="tok_b")
     oidc = Principal(user="alice", team="vision", role="member", token_id="oidc:1234")
-    keys = {_scoped_key(p, "k") for p in (a, b, oidc)}
+    keys = {scoped_key(p, "k") for p in (a, b, oidc)}
     assert len(keys) == 3
-    assert _scoped_key(a, "") is None
+    assert scoped_key(a, "") is None

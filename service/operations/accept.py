@@ -1,0 +1,229 @@
+"""Accepting a run: the caller's team and priority, the spec built by its recipe, its secrets,
+whether its shape can ever fit, the team's rate, then the run stored as QUEUED and committed.
+A dry run stops before storing and answers the plan instead.
+
+Validation, Hydra composition and the cluster's inventory (a Ray call) come before the one short
+write transaction; the dry run's plan is read in a read transaction.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from service.errors import Forbidden, InvalidSpec, TooManyRequests, field_error
+from service.ids import new_run_id
+from service.operations.idempotency import Accepted, replay, request_hash, scoped_key
+from service.operations.parts import Parts
+from service.principal import Principal, record_call
+from service.recipes.base import Launch, LaunchContext, RunSpec
+from service.scheduling import backlog
+from service.scheduling.admission import QueuedRun, Quotas
+from service.scheduling.fit import never_fits
+from service.scheduling.inventory import Inventory
+from service.scheduling.node_groups import NodeGroups
+from service.scheduling.priority import PRIORITIES
+from service.schemas import run_doc
+from service.settings import Settings
+from service.store.lifecycle import accept
+from service.store.models import Run, utcnow
+from service.store.status import RunStatus
+from service.store.team_lock import lock_team
+from service.team_secrets import SecretStore, masked_runtime_env, masked_spec, missing_message
+
+
+def accept_run(
+    parts: Parts,
+    principal: Principal,
+    body: Any,
+    idempotency_key: str | None,
+    client: str | None,
+) -> Accepted:
+    """Accept a run: validated, stored as QUEUED and committed before it returns.
+
+    The team is the principal's: a member may leave ``team`` out or name its own (another is a
+    403); an admin may name any team. Priority ``high`` is an admin's, or a granted team's.
+    ``client`` is the caller's address, for the audit trail."""
+    db = parts.db
+    digest = request_hash(body)
+    key = scoped_key(principal, idempotency_key)
+    body = _with_team(body, principal)
+    if key:
+        # Only once the caller may make this run now: a replay answers no one the checks refuse.
+        _check_priority(parts.settings, principal, *_asked(body))
+        with db.read() as session:
+            replayed = replay(session, key, digest)
+        if replayed is not None:
+            return replayed
+    built = _build(parts, principal, body)
+    if built.refusal:
+        raise built.refusal
+    run_id, spec, launch = built.run_id, built.spec, built.launch
+    now = utcnow()
+    run = Run(
+        id=run_id,
+        name=spec.name or f"{spec.recipe}-{run_id[-8:]}",
+        recipe=spec.recipe,
+        team=spec.team,
+        priority=PRIORITIES[spec.priority],
+        status=RunStatus.QUEUED,
+        health="ok",
+        spec=spec.model_dump(mode="json"),
+        launch=launch.as_dict(),
+        idempotency_key=key,
+        request_hash=digest,
+        created_by=principal.user,
+        created_at=now,
+        updated_at=now,
+    )
+    with db.transaction() as session:
+        _check_rate(parts.settings, session, spec.team)
+        try:
+            with session.begin_nested() if key else nullcontext():
+                accepted = accept(session, run)
+        except IntegrityError:
+            # A concurrent request with the same Idempotency-Key won the race.
+            replayed = replay(session, key, digest) if key else None
+            if replayed is None:
+                raise
+            return replayed
+        record_call(session, principal, client, "run.create", run_id=run_id, target=run.team)
+    # Committed: the submitter sees the row. The answer is made after: on SQLite the
+    # transaction holds the one write lock, so nothing that needs no database happens in it.
+    parts.wake("submitter")
+    return Accepted(run_id, run_doc(run, [accepted]))
+
+
+def plan_run(parts: Parts, principal: Principal, body: Any) -> dict[str, Any]:
+    """A dry run: the spec and launch as they would be accepted (secrets masked) and the
+    admission plan (fits now, ever, where); nothing stored. The same checks as an accept, but a
+    shape that can never fit is part of the plan rather than a refusal."""
+    body = _with_team(body, principal)
+    built = _build(parts, principal, body)
+    spec, launch, refusal = built.spec, built.launch, built.refusal
+    candidate = QueuedRun(built.run_id, spec.team, PRIORITIES[spec.priority], launch.shape)
+    with parts.db.read() as session:
+        plan = backlog.plan(
+            session, built.inventory, candidate, built.quotas, utcnow(), built.groups
+        )
+    if refusal:
+        plan |= {
+            "feasible_ever": False,
+            "reasons": [e["msg"] for e in refusal.extra["errors"]],
+            "errors": refusal.extra["errors"],
+            "suggestion": refusal.extra.get("suggestion"),
+        }
+    shown = launch.as_dict() | {"runtime_env": masked_runtime_env(launch.runtime_env)}
+    doc = {"dry_run": True, "spec": masked_spec(spec.model_dump(mode="json"))}
+    return doc | launch_view(shown) | {"plan": plan}
+
+
+def launch_view(launch: dict[str, Any]) -> dict[str, Any]:
+    """A launch in the API's words: ``command`` (the argv list), as a run answers."""
+    view = dict(launch)
+    view["command"] = view.pop("argv")
+    return view
+
+
+@dataclass(frozen=True)
+class _Built:
+    """A body built into a spec and a launch, checked, with what its fit was judged against."""
+
+    run_id: str
+    spec: RunSpec
+    launch: Launch
+    inventory: Inventory | None
+    quotas: Quotas
+    groups: NodeGroups
+    refusal: InvalidSpec | None  # the shape can never fit (None: it can, or Ray is away)
+
+
+def _build(parts: Parts, principal: Principal, body: Any) -> _Built:
+    """The spec and launch of ``body`` (with its team), its secrets and priority checked, and
+    whether its shape can ever fit the cluster (read outside any transaction)."""
+    run_id = new_run_id()
+    ctx = LaunchContext(run_id=run_id, stop_grace_s=parts.settings.stop_grace_s)
+    spec, launch = parts.registry.build(body, ctx)
+    _check_secrets(parts.secrets, spec.team, spec.secrets)
+    _check_priority(parts.settings, principal, spec.team, spec.priority)
+    quotas = backlog.quotas(parts.settings)
+    groups = backlog.node_groups(parts.settings)
+    inventory = parts.cluster()
+    refusal = None
+    if inventory is not None:
+        mine = groups.view(inventory, spec.team)  # a team mapped to nodes: only those
+        refusal = never_fits(launch.shape, mine, spec.team, quotas.of(spec.team))
+    return _Built(run_id, spec, launch, inventory, quotas, groups, refusal)
+
+
+def _with_team(body: Any, principal: Principal) -> Any:
+    """The body with the token's team; a member naming another team is refused."""
+    if not isinstance(body, dict) or principal.team is None:
+        return body
+    asked = body.get("team")
+    if asked is None:
+        return {**body, "team": principal.team}
+    if asked != principal.team and principal.role != "admin":
+        raise Forbidden(f"this token submits for team {principal.team!r} only")
+    return body
+
+
+def _asked(body: Any) -> tuple[str, str]:
+    """The team and priority a body asks for, as the spec will read them (defaults if absent
+    or not strings: the spec's own validation refuses those later)."""
+    team = body.get("team") if isinstance(body, dict) else None
+    priority = body.get("priority") if isinstance(body, dict) else None
+    return (
+        team if isinstance(team, str) else "default",
+        priority if isinstance(priority, str) else "normal",
+    )
+
+
+def _check_secrets(secrets: SecretStore, team: str, refs: dict[str, str]) -> None:
+    """Every secret named is in the service's store now (it is read again at submit time)."""
+    errors = [
+        field_error(
+            ["secrets", var],
+            missing_message(refs[var]),
+            "unknown_secret",
+        )
+        for var in secrets.unknown(team, refs)
+    ]
+    if errors:
+        raise InvalidSpec(errors[0]["msg"], errors)
+
+
+def _check_priority(settings: Settings, principal: Principal, team: str, priority: str) -> None:
+    if priority != "high" or principal.role == "admin" or team in settings.high_priority_teams:
+        return
+    raise Forbidden(
+        "priority high needs an admin, or a team granted it (RLRUN_HIGH_PRIORITY_TEAMS)"
+    )
+
+
+def _check_rate(settings: Settings, session: Session, team: str) -> None:
+    """At most ``runs_per_team_per_minute`` accepted runs per team in any minute (auth on)."""
+    limit = settings.runs_per_team_per_minute
+    if not limit or not settings.auth_enabled:
+        return
+    # Counted under the team's lock, held until this accept commits: exact under concurrency.
+    lock_team(session, team)
+    since = utcnow() - timedelta(minutes=1)
+    count, oldest = session.execute(
+        select(func.count(), func.min(Run.created_at)).where(
+            Run.team == team, Run.created_at > since
+        )
+    ).one()
+    if count >= limit:
+        wait = 60 - (utcnow() - oldest).total_seconds() if oldest else 60
+        raise TooManyRequests(
+            f"team {team!r} submitted {count} runs in the last minute (limit {limit})",
+            retry_after_s=max(1, math.ceil(wait)),
+        )
