@@ -1,14 +1,35 @@
-"""The API's response models: what the service answers and ``service.client`` reads.
+"""The API's answers, in one place: the response models (what the OpenAPI document shows and
+``service.client`` reads answers into), the builders of their documents from database rows, and
+the one JSON encoding of every answer and streamed event.
 
-Plain pydantic, no database or server imports, so the client stays light.
+Routes send the documents as they are (``service.api.json_answer``), without validating them
+again; a document is built from a ``Run`` or from a row with the same columns. No database or
+server imports, so the client stays light.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic_core import to_json
+
+from service.metrics.keys import REWARD_KEY, STEP_KEY, TRAINER_STEP_KEY
+from service.scheduling.priority import PRIORITY_NAMES
+from service.team_secrets import masked_runtime_env, masked_spec
+
+
+def encode(doc: Any) -> bytes:
+    """The one JSON encoding of every answer and streamed event (pydantic-core's serializer):
+    datetimes in ISO 8601 with ``Z``; JSON has no NaN/inf, so they travel as the strings
+    "NaN", "Infinity", "-Infinity"."""
+    return to_json(doc, inf_nan_mode="strings")
+
+
+# Runs
 
 
 class EventOut(BaseModel):
@@ -102,6 +123,9 @@ class RunPage(BaseModel):
     next_cursor: str | None
 
 
+# Metrics
+
+
 class PointOut(BaseModel):
     step: int
     value: float | str
@@ -127,11 +151,17 @@ class LatestOut(BaseModel):
     latest: dict[str, LatestPointOut]
 
 
+# Recipes
+
+
 class RecipeOut(BaseModel):
     name: str
     presets: list[str]
     # The JSON Schema of the recipe's run spec: fields, types, defaults, help (a form's source).
     spec_schema: dict[str, Any] = {}
+
+
+# The cluster
 
 
 class HolderOut(BaseModel):
@@ -191,3 +221,145 @@ class ClusterOut(BaseModel):
         description="team -> node group its runs are placed on ('*': every team not named); "
         "teams not mapped share the nodes of no mapped group"
     )
+
+
+# Admin: API tokens and the audit trail
+
+
+class TokenOut(BaseModel):
+    id: str
+    user: str
+    team: str
+    role: str
+    created_at: datetime
+    created_by: str | None
+    revoked_at: datetime | None
+
+
+class NewToken(TokenOut):
+    token: str = Field(description="the secret: shown this once, only its hash is kept")
+
+
+class TokenPage(BaseModel):
+    items: list[TokenOut]
+    next_cursor: str | None
+
+
+class AuditOut(BaseModel):
+    id: int
+    at: datetime
+    user: str
+    team: str | None
+    role: str
+    token_id: str | None
+    action: str
+    run_id: str | None
+    target: str | None
+    client: str | None
+
+
+class AuditPage(BaseModel):
+    items: list[AuditOut]
+    next_cursor: int | None
+
+
+# Documents built from rows
+
+# What a run's summary shows of its metrics: progress and the latest mean reward.
+SUMMARY_KEYS = (STEP_KEY, TRAINER_STEP_KEY, REWARD_KEY)
+
+Latest = dict[str, tuple[int, float]]
+
+
+def summary_doc(run: Any, latest: Latest | None = None) -> dict[str, Any]:
+    """A ``RunSummary``."""
+    latest = latest or {}
+    reward = latest.get(REWARD_KEY)
+    total = run.total_steps if hasattr(run, "total_steps") else run.launch.get("total_steps")
+    return {
+        "id": run.id,
+        "name": run.name,
+        "recipe": run.recipe,
+        "team": run.team,
+        "priority": PRIORITY_NAMES.get(run.priority, str(run.priority)),
+        "status": run.status,
+        "health": {"status": run.health, "reason": run.health_reason},
+        "queue_reason": run.queue_reason if run.status == "QUEUED" else None,
+        "progress": progress_doc(total, latest),
+        "reward": reward[1] if reward else None,
+        "created_at": run.created_at,
+        "submitted_at": run.submitted_at,
+        "started_at": run.started_at,
+        "ended_at": run.ended_at,
+        "links": {
+            "self": f"/runs/{run.id}",
+            "cancel": f"/runs/{run.id}/cancel",
+        },
+    }
+
+
+def run_doc(run: Any, events: Sequence[Any], latest: Latest | None = None) -> dict[str, Any]:
+    """A ``RunOut``; ``events`` are rows or RunEvents. Secrets and key-like values masked."""
+    launch = run.launch
+    latest = latest or {}
+    return summary_doc(run, latest) | {
+        "spec": masked_spec(run.spec),
+        "command": launch["argv"],
+        "entrypoint": launch["entrypoint"],
+        "runtime_env": masked_runtime_env(launch["runtime_env"]),
+        "shape": launch["shape"],
+        "warnings": launch.get("warnings", []),
+        "ray": {
+            "submission_id": run.id,
+            "status": run.ray_status,
+            "message": run.ray_message,
+            "error_type": run.ray_error_type,
+            "exit_code": run.ray_exit_code,
+        },
+        "stop_requested": run.stop_requested_at is not None,
+        "preflight": run.preflight,
+        "failure": run.failure,
+        "metrics": {
+            "step": max((s for s, _ in latest.values()), default=None),
+            "latest": {k: v for k, (_, v) in sorted(latest.items())},
+        },
+        "events": [event_doc(e) for e in events],
+    }
+
+
+def event_doc(event: Any) -> dict[str, Any]:
+    """A status event (a ``RunEvent`` or a row with its columns), in a run and on its stream."""
+    return {
+        "id": event.id,
+        "at": event.at,
+        "from_status": event.from_status,
+        "to_status": event.to_status,
+        "reason": event.reason,
+    }
+
+
+def progress_doc(total_steps: int | None, latest: Latest) -> dict[str, int | None]:
+    """``step`` is the parameter version (weight syncs) of ``total_steps`` planned syncs."""
+
+    def count(key: str) -> int | None:
+        value = latest.get(key, (0, math.nan))[1]
+        return int(value) if math.isfinite(value) else None
+
+    return {
+        "step": count(STEP_KEY),
+        "total_steps": total_steps,
+        "trainer_step": count(TRAINER_STEP_KEY),
+    }
+
+
+def token_out(row: Any) -> dict[str, Any]:
+    """A ``TokenOut`` of an ``ApiToken``."""
+    return {
+        "id": row.id,
+        "user": row.user,
+        "team": row.team,
+        "role": row.role,
+        "created_at": row.created_at,
+        "created_by": row.created_by,
+        "revoked_at": row.revoked_at,
+    }

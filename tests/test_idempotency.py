@@ -9,8 +9,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.api.auth import Principal
-from service.operations.idempotency import scoped_key
 from service.app import create_app
+from service.operations.idempotency import scoped_key
 from service.store.db import Database, upgrade
 from service.store.tokens import create as create_token
 from tests.conftest import make_settings

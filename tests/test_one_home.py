@@ -18,7 +18,9 @@ HOMES = {
     r"[\"']RLRUN_URL[\"']": "client.py",
     r"\b8000\b": "client.py",
     r"datetime\.now\(|datetime\.utcnow\(": "clock.py",
-    r"inf_nan_mode|[\"']-?Infinity[\"']\s*(?:if|else|$)": "schemas.py",
+    r"inf_nan_mode|[\"']-?Infinity[\"']\s*(?:if|else|$)": "wire.py",
+    # A run event's JSON, in a run's answer and on its stream alike.
+    r"[\"']to_status[\"']:\s*\w+\.to_status": "wire.py",
     r"frozenset\(\s*\{[^}]*SUCCEEDED": "store/status.py",
     r"^(?:class ResourceShape|PRIORITIES\b)": "scheduling/",
 }

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
@@ -12,8 +11,8 @@ from service.api.auth import Admin, audited
 from service.api.deps import INT32_MAX, ServicesDep
 from service.errors import Forbidden
 from service.store import audit, tokens
-from service.store.models import ApiToken
 from service.store.tokens import Role
+from service.wire import AuditOut, AuditPage, NewToken, TokenOut, TokenPage, token_out
 
 router = APIRouter(tags=["admin"])
 
@@ -22,55 +21,6 @@ class TokenIn(BaseModel):
     user: str = Field(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")
     team: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
     role: Role = "member"
-
-
-class TokenOut(BaseModel):
-    id: str
-    user: str
-    team: str
-    role: str
-    created_at: datetime
-    created_by: str | None
-    revoked_at: datetime | None
-
-
-class NewToken(TokenOut):
-    token: str = Field(description="the secret: shown this once, only its hash is kept")
-
-
-class TokenPage(BaseModel):
-    items: list[TokenOut]
-    next_cursor: str | None
-
-
-class AuditOut(BaseModel):
-    id: int
-    at: datetime
-    user: str
-    team: str | None
-    role: str
-    token_id: str | None
-    action: str
-    run_id: str | None
-    target: str | None
-    client: str | None
-
-
-class AuditPage(BaseModel):
-    items: list[AuditOut]
-    next_cursor: int | None
-
-
-def token_out(row: ApiToken) -> dict[str, Any]:
-    return {
-        "id": row.id,
-        "user": row.user,
-        "team": row.team,
-        "role": row.role,
-        "created_at": row.created_at,
-        "created_by": row.created_by,
-        "revoked_at": row.revoked_at,
-    }
 
 
 @router.post("/tokens", status_code=201, response_model=NewToken)

@@ -30,8 +30,7 @@ from service.errors import InvalidSpec, field_error
 from service.metrics import logcopy, store
 from service.metrics.ansi import strip_ansi
 from service.metrics.broker import Cursor
-from service.schemas import encode
-from service.wire import LatestOut, SeriesOut
+from service.wire import LatestOut, SeriesOut, encode
 
 router = APIRouter(prefix="/runs", tags=["metrics"])
 

@@ -17,13 +17,13 @@ from pydantic_core import to_json
 
 from service.api.auth import Member, Viewer, client_of, ensure_sees
 from service.api.deps import ServicesDep
+from service.api.json_answer import json_response
 from service.api.read_cache import Answer, OneRun, Page, respond
 from service.metrics import store
 from service.operations import accept, cancel
-from service.schemas import SUMMARY_KEYS, encode, json_response, run_doc, summary_doc
 from service.store.runs import page_query, run_page
 from service.store.status import RunStatus
-from service.wire import RunOut, RunPage
+from service.wire import SUMMARY_KEYS, RunOut, RunPage, encode, run_doc, summary_doc
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 

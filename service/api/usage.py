@@ -14,9 +14,9 @@ from pydantic import BaseModel
 from service import usage
 from service.api.auth import Viewer
 from service.api.deps import ServicesDep
+from service.api.json_answer import json_response
 from service.clock import utcnow
 from service.errors import InvalidSpec, field_error
-from service.schemas import json_response
 
 router = APIRouter(tags=["usage"])
 

@@ -25,9 +25,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.metrics import logcopy, store
-from service.schemas import event_doc
 from service.store.db import Database
 from service.store.models import MetricPoint, Run, RunEvent, RunLog
+from service.wire import event_doc
 
 log = logging.getLogger(__name__)
 _INT64_MAX = 2**63 - 1

@@ -30,13 +30,13 @@ from service.scheduling.fit import never_fits
 from service.scheduling.inventory import Inventory
 from service.scheduling.node_groups import NodeGroups
 from service.scheduling.priority import PRIORITIES
-from service.schemas import run_doc
 from service.settings import Settings
 from service.store.lifecycle import accept
 from service.store.models import Run, utcnow
 from service.store.status import RunStatus
 from service.store.team_lock import lock_team
 from service.team_secrets import SecretStore, masked_runtime_env, masked_spec, missing_message
+from service.wire import run_doc
 
 
 def accept_run(

@@ -8,10 +8,10 @@ from typing import Any
 from service.errors import Conflict
 from service.operations.parts import Parts
 from service.principal import Principal, record_call, visible_run
-from service.schemas import run_doc
 from service.store.lifecycle import request_stop, transition
 from service.store.runs import events_of
 from service.store.status import TERMINAL, RunStatus
+from service.wire import run_doc
 
 
 def cancel_run(

@@ -13,9 +13,9 @@ from sqlalchemy.orm import Session
 
 from service.errors import Conflict
 from service.principal import Principal
-from service.schemas import run_doc
 from service.store.models import Run
 from service.store.runs import RUN_COLUMNS, events_of
+from service.wire import run_doc
 
 
 @dataclass(frozen=True)

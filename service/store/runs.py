@@ -19,7 +19,7 @@ from service.store.models import Run, RunEvent
 
 AnyRow: TypeAlias = Row[*tuple[Any, ...]]
 
-# What a run's page shows (``schemas.run_doc``), without the claim and idempotency columns.
+# What a run's page shows (``wire.run_doc``), without the claim and idempotency columns.
 SUMMARY_COLUMNS = (
     Run.id,
     Run.name,
