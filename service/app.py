@@ -40,11 +40,11 @@ from service.api.oidc import OidcVerifier
 from service.api.open_mode import OpenModeGuard
 from service.api.overload import ShedLoad
 from service.api.probe_process import ProbeProcess
+from service.api.problems import install_handlers
 from service.api.read_cache import ReadCache
 from service.backoff import Backoff
 from service.cluster.local_ray import LocalRayCluster, PortInUse
 from service.cluster.ray_jobs import RayJobs
-from service.errors import install_handlers
 from service.loops.base import Loop
 from service.loops.follower import Follower
 from service.loops.reconciler import Reconciler

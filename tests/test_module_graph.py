@@ -4,6 +4,8 @@ imports: what runs when a module is first imported; imports inside functions are
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -124,3 +126,87 @@ def test_jobs_never_import_the_service() -> None:
         if dep.startswith("service")
     }
     assert not crossing
+
+
+# The layers, top down: the app's assembly (these modules and ``api/``), ``api/`` (HTTP: parse,
+# authorise, call, answer), ``operations/`` (what the API does, without HTTP), and below them the
+# rest (store/, scheduling/, recipes/, ...). A module imports only from its layer or below.
+API = "service.api"
+OPERATIONS = "service.operations"
+ASSEMBLY = {"service.app", "service.dashboard", "service.telemetry"}
+WEB = ("fastapi", "starlette")
+
+
+def _in(module: str, layer: str) -> bool:
+    return module == layer or module.startswith(layer + ".")
+
+
+def _layer(module: str) -> int:
+    if module in ASSEMBLY:
+        return 3
+    if _in(module, API):
+        return 2
+    if _in(module, OPERATIONS):
+        return 1
+    return 0
+
+
+def upward(g: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """Imports of a module of a higher layer (packages, ``service`` itself, are no layer)."""
+    return {
+        (module, dep)
+        for module, deps in g.items()
+        for dep in deps
+        if dep not in ("service", "jobs") and _layer(dep) > _layer(module)
+    }
+
+
+def test_operations_sit_between_the_routes_and_the_store() -> None:
+    g = graph()
+    assert upward(g) == set()
+    assert {dep for dep in g["service.api.runs"] if _in(dep, OPERATIONS)}
+    assert "service.store.lifecycle" in g["service.operations.accept"]
+
+
+def test_the_layer_check_finds_an_upward_import() -> None:
+    g = {"service.operations.x": {"service.api.deps"}, "service.store.y": {"service.app"}}
+    assert upward(g) == {
+        ("service.operations.x", "service.api.deps"),
+        ("service.store.y", "service.app"),
+    }
+
+
+def web_importers() -> set[str]:
+    """Modules that import FastAPI or Starlette when first imported."""
+    found = set()
+    for name, path in modules().items():
+        for node in _top_level(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                targets = [node.module or ""]
+            else:
+                continue
+            if any(t.split(".")[0] in WEB for t in targets):
+                found.add(name)
+    return found
+
+
+def test_only_the_http_layer_imports_the_web_framework() -> None:
+    importers = web_importers()
+    assert "service.api.runs" in importers
+    assert {m for m in importers if _layer(m) < 2} == set()
+
+
+def test_the_client_loads_no_server() -> None:
+    """``service.client`` (and the answers' models it reads into) runs on a laptop: no web
+    framework, database or Ray is imported with it."""
+    code = (
+        "import sys, service.client; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'fastapi', 'starlette', "
+        "'sqlalchemy', 'ray', 'uvicorn'}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=HERE, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"

@@ -19,13 +19,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.auth import PRINCIPAL_KEY, Principal, bearer, client_of, principal_from
 from service.api.deps import Services
-from service.errors import (
-    ContentTooLarge,
-    ProblemError,
-    RequestTimeout,
-    Unavailable,
-    problem_response,
-)
+from service.api.problems import problem_response
+from service.errors import ContentTooLarge, ProblemError, RequestTimeout, Unavailable
 
 
 class BodyLimit:

@@ -18,7 +18,8 @@ from collections.abc import Iterable
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service.errors import Forbidden, InvalidHost, ProblemError, problem_response
+from service.api.problems import problem_response
+from service.errors import Forbidden, InvalidHost, ProblemError
 
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "[::1]"})
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.errors import Overloaded, problem_response
+from service.api.problems import problem_response
+from service.errors import Overloaded
 
 
 class ShedLoad:
