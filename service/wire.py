@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -261,6 +261,62 @@ class AuditOut(BaseModel):
 class AuditPage(BaseModel):
     items: list[AuditOut]
     next_cursor: int | None
+
+
+# Usage
+
+
+class UsageOut(BaseModel):
+    start: date
+    end: date
+    group_by: list[str]
+    rows: list[dict[str, Any]]
+    total_accelerator_hours: float
+
+
+# Webhooks
+
+
+class WebhookOut(BaseModel):
+    id: str
+    team: str | None
+    url: str
+    format: str
+    events: list[str]
+    statuses: list[str]
+    recipe: str | None
+    name_pattern: str | None
+    created_by: str
+    created_at: datetime
+    paused_at: datetime | None
+    paused_reason: str | None
+
+
+class NewSecret(BaseModel):
+    secret: str = Field(description="shown this once: verify signatures with it")
+    previous_valid_until: datetime | None = None
+
+
+class NewWebhook(WebhookOut, NewSecret):
+    pass
+
+
+class AttemptOut(BaseModel):
+    at: datetime
+    status_code: int | None
+    latency_ms: float | None
+    error: str | None
+
+
+class DeliveryOut(BaseModel):
+    id: str = Field(description="the webhook-id header: the same on every attempt")
+    event_type: str
+    run_id: str | None
+    state: str
+    created_at: datetime
+    next_attempt_at: datetime
+    delivered_at: datetime | None
+    attempts: list[AttemptOut]
 
 
 # Documents built from rows

@@ -9,7 +9,6 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query
 from fastapi.responses import Response
-from pydantic import BaseModel
 
 from service import usage
 from service.api.auth import Viewer
@@ -17,18 +16,11 @@ from service.api.deps import ServicesDep
 from service.api.json_answer import json_response
 from service.clock import utcnow
 from service.errors import InvalidSpec, field_error
+from service.wire import UsageOut
 
 router = APIRouter(tags=["usage"])
 
 MAX_DAYS = 3 * 366
-
-
-class UsageOut(BaseModel):
-    start: date
-    end: date
-    group_by: list[str]
-    rows: list[dict[str, Any]]
-    total_accelerator_hours: float
 
 
 @router.get(

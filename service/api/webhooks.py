@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 import secrets
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
@@ -25,6 +25,7 @@ from service.notify.guard import AllowList, UnsafeUrl, check
 from service.notify.outbox import EVENT_TYPES, EventType
 from service.store.models import Webhook, WebhookAttempt, WebhookDelivery
 from service.store.status import RunStatus
+from service.wire import AttemptOut, DeliveryOut, NewSecret, NewWebhook, WebhookOut
 
 router = APIRouter(tags=["webhooks"])
 
@@ -62,50 +63,8 @@ class WebhookPatch(BaseModel):
     paused: bool | None = Field(default=None, description="false resumes a paused subscription")
 
 
-class WebhookOut(BaseModel):
-    id: str
-    team: str | None
-    url: str
-    format: str
-    events: list[str]
-    statuses: list[str]
-    recipe: str | None
-    name_pattern: str | None
-    created_by: str
-    created_at: datetime
-    paused_at: datetime | None
-    paused_reason: str | None
-
-
-class NewSecret(BaseModel):
-    secret: str = Field(description="shown this once: verify signatures with it")
-    previous_valid_until: datetime | None = None
-
-
-class NewWebhook(WebhookOut, NewSecret):
-    pass
-
-
 class Rotate(BaseModel):
     overlap_s: int = Field(default=86400, ge=0, le=7 * 86400)
-
-
-class AttemptOut(BaseModel):
-    at: datetime
-    status_code: int | None
-    latency_ms: float | None
-    error: str | None
-
-
-class DeliveryOut(BaseModel):
-    id: str = Field(description="the webhook-id header: the same on every attempt")
-    event_type: str
-    run_id: str | None
-    state: str
-    created_at: datetime
-    next_attempt_at: datetime
-    delivered_at: datetime | None
-    attempts: list[AttemptOut]
 
 
 def _out(hook: Webhook) -> WebhookOut:
