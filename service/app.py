@@ -87,7 +87,7 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
         address, token = settings.ray_address, settings.ray_token
         if settings.uses_local_ray:
             cluster = LocalRayCluster(
-                settings.local_npus_per_node,
+                settings.local_npus,
                 cpus_per_node=settings.local_cpus_per_node,
                 base_dir=settings.local_ray_dir,
                 port=settings.local_ray_port,
@@ -229,7 +229,7 @@ def build_services(
         notifier = Notifier(
             db,
             owner,
-            AllowList.parse(settings.webhook_allow.split(",")),
+            AllowList.parse(settings.webhook_allow),
             settings.service_url,
             timeout_s=settings.webhook_timeout_s,
             backoff=Backoff(settings.webhook_retry_s, 3600.0),

@@ -170,8 +170,8 @@ def serve(
         log_level="info",
         timeout_graceful_shutdown=max(1, round(settings.shutdown_grace_s)),
         # Proxy headers only from the proxies named: otherwise any caller could name its address.
-        proxy_headers=bool(settings.forwarded_allow_ips.strip()),
-        forwarded_allow_ips=settings.forwarded_allow_ips.strip() or None,
+        proxy_headers=bool(settings.forwarded_allow_ips),
+        forwarded_allow_ips=settings.forwarded_allow_ips or None,
     )
 
 

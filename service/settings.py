@@ -3,22 +3,49 @@
 Grouped in sections, one small class each (its fields, what each means in the docstring under
 it); ``Settings`` composes them, so every setting keeps its flat name (``RLRUN_RAY_ADDRESS``,
 ``settings.ray_address``). A new setting goes into the section it belongs to; the settings page
-of the docs is generated from the sections (``python -m tests.docs_reference``).
+of the docs is generated from the sections (``python -m tests.docs_reference``). A list setting
+is given as a JSON list or as items separated by commas.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from service.client import DEFAULT_PORT
+
+
+def _items(value: object) -> object:
+    """A list setting as given: a JSON list (``'["a", "b"]'``), or items separated by commas
+    (``a,b``; spaces around them and empty ones dropped)."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text.startswith("["):
+        return json.loads(text)
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+# Every list setting is one of these: read raw from the environment (NoDecode), then ``_items``.
+Names = Annotated[list[str], NoDecode, BeforeValidator(_items)]
+Counts = Annotated[list[NonNegativeInt], NoDecode, BeforeValidator(_items)]
 
 
 class Section(BaseModel):
@@ -67,11 +94,11 @@ class ServerSettings(Section):
     with Retry-After at once, so that the admitted ones never wait long (/healthz: never)."""
     shutdown_grace_s: float = 10.0
     """SIGTERM: live event streams end at once; other requests get this long to finish."""
-    allowed_hosts: list[str] = Field(default_factory=lambda: ["*"])
+    allowed_hosts: Names = ["*"]
     """Hosts the service answers for (Host header); "*" answers any."""
-    forwarded_allow_ips: str = ""
+    forwarded_allow_ips: Names = []
     """Proxies whose X-Forwarded-For/-Proto are believed (uvicorn's forwarded_allow_ips: IPs or
-    networks, comma-separated, "*" any): the client address of audit rows. Empty: none, the
+    networks, "*" any): the client address of audit rows. Empty: none, the
     socket's peer is the client."""
     probe_port: int | None = Field(default=None, ge=0, le=65535)
     """Liveness and readiness on a listener of their own (a thread and port apart from the
@@ -131,7 +158,7 @@ class RaySettings(Section):
 class LocalClusterSettings(Section):
     """The embedded Ray head ``RLRUN_RAY_ADDRESS=local`` starts, with virtual NPUs."""
 
-    local_npus: str = "16"
+    local_npus: Counts = Field(default=[16], min_length=1)
     """Virtual NPUs per local node, e.g. "16" or "8,8" for two nodes."""
     local_cpus_per_node: int = 16
     """CPUs each local node offers."""
@@ -145,18 +172,6 @@ class LocalClusterSettings(Section):
     local_ray_state_dir: str | None = None
     """Where the local nodes' process groups are recorded, so that the next start clears nodes
     a killed service left running (default: rlrun-<uid> in the system temp dir)."""
-
-    @field_validator("local_npus")
-    @classmethod
-    def _npus_are_counts(cls, value: str) -> str:
-        parts = [p.strip() for p in value.split(",")]
-        if not parts or not all(p.isdigit() for p in parts):
-            raise ValueError("expected comma-separated NPU counts per node, e.g. '16' or '8,8'")
-        return ",".join(parts)
-
-    @property
-    def local_npus_per_node(self) -> list[int]:
-        return [int(p) for p in self.local_npus.split(",")]
 
     @property
     def local_ray_state_path(self) -> Path:
@@ -174,7 +189,7 @@ class AuthSettings(Section):
     auth: Literal["auto", "on", "off"] = "auto"
     """"auto": on unless the service listens only on loopback (``listen_host``, set by
     ``rlrun serve --host``); "on"; "off" (open: every caller is an anonymous admin)."""
-    open_mode_hosts: list[str] = Field(default_factory=list)
+    open_mode_hosts: Names = []
     """Open mode answers only for loopback Host names (127.0.0.1, localhost, [::1]), these, and
     the names allowed_hosts lists (exact names; its "*" patterns do not count)."""
     oidc_issuer: str | None = None
@@ -183,8 +198,8 @@ class AuthSettings(Section):
     """The audience the tokens must name ("aud")."""
     oidc_jwks_url: str | None = None
     """Where the provider's keys are (unset: from its discovery document)."""
-    oidc_algorithms: str = "RS256,ES256"
-    """Signature algorithms accepted, comma-separated (public-key ones only)."""
+    oidc_algorithms: Names = ["RS256", "ES256"]
+    """Signature algorithms accepted (public-key ones only)."""
     oidc_user_claim: str = Field(default="sub", min_length=1)
     """The claim naming the user: "sub" by default, the one claim OIDC makes stable and unique
     per issuer (an email may change hands or be absent from access tokens)."""
@@ -205,8 +220,7 @@ class AuthSettings(Section):
 
     @field_validator("oidc_algorithms")
     @classmethod
-    def _public_key_algorithms(cls, value: str) -> str:
-        names = [p.strip() for p in value.split(",") if p.strip()]
+    def _public_key_algorithms(cls, names: list[str]) -> list[str]:
         if not names:
             raise ValueError("expected at least one algorithm, e.g. 'RS256,ES256'")
         for name in names:
@@ -215,7 +229,7 @@ class AuthSettings(Section):
                     f"{name!r} is not accepted: only public-key algorithms verify a provider's "
                     f"tokens ({', '.join(PUBLIC_KEY_ALGORITHMS)})"
                 )
-        return ",".join(names)
+        return names
 
     @model_validator(mode="after")
     def _oidc_complete(self) -> AuthSettings:
@@ -234,10 +248,6 @@ class AuthSettings(Section):
     def oidc_enabled(self) -> bool:
         return self.oidc_issuer is not None and self.oidc_audience is not None
 
-    @property
-    def oidc_algorithm_list(self) -> list[str]:
-        return self.oidc_algorithms.split(",")
-
 
 class SecretSettings(Section):
     """Secrets a spec names by reference, and the grant a job redeems them with."""
@@ -253,12 +263,11 @@ class SecretSettings(Section):
 class RecipeSettings(Section):
     """The recipes, and what a spec may ask of the cluster, widened only here."""
 
-    recipe_plugins: str = ""
-    """Extra recipes: comma-separated "module:function" entries, each called with the
-    registry."""
-    env_allow: list[str] = Field(default_factory=list)
+    recipe_plugins: Names = []
+    """Extra recipes: "module:function" entries, each called with the registry."""
+    env_allow: Names = []
     """Env var names exempt from the deny-list."""
-    override_allow: list[str] = Field(default_factory=list)
+    override_allow: Names = []
     """Hydra keys (prefixes) an override may set although refused by default."""
 
 
@@ -299,7 +308,7 @@ class AdmissionSettings(Section):
     team_nodes: dict[str, str] = Field(default_factory=dict)
     """Nodes per team: team -> node group, a Ray custom resource the group's nodes carry, e.g.
     RLRUN_TEAM_NODES='{"vision": "group-a", "*": "shared"}' ("*": every team not named)."""
-    high_priority_teams: list[str] = Field(default_factory=list)
+    high_priority_teams: Names = []
     """Teams whose members may submit priority "high" (admins always may)."""
 
 
@@ -364,9 +373,9 @@ class MetricsSettings(Section):
 class WebhookSettings(Section):
     """Webhooks: where they may call, how often, how long they are retried."""
 
-    webhook_allow: str = ""
-    """Where webhooks may call besides public addresses: host names or CIDRs, comma separated,
-    e.g. "127.0.0.1/32,hooks.internal"."""
+    webhook_allow: Names = []
+    """Where webhooks may call besides public addresses: host names or CIDRs, e.g.
+    "127.0.0.1/32,hooks.internal"."""
     webhook_interval_s: float = Field(default=0.5, gt=0)
     """How often the outbox is read."""
     webhook_timeout_s: float = Field(default=10.0, gt=0, le=60)
@@ -386,11 +395,11 @@ class VerlSettings(Section):
     """Absolute dir on the cluster nodes for models."""
     verl_checkpoint_root: str = "/checkpoints"
     """Absolute dir on the cluster nodes for checkpoints (each run gets <root>/<run id>)."""
-    data_roots: list[str] = Field(default_factory=list)
+    data_roots: Names = []
     """Where else a spec's paths may point, read-only in intent (absolute dirs on the nodes, or
     URI prefixes such as "hdfs://namenode/datasets"), besides the data and model dirs.
     Checkpoints: only the run's own directory, whatever is listed here."""
-    verl_loggers_configured: str = ""
+    verl_loggers_configured: Names = []
     """The logger backends needing credentials (e.g. "wandb,mlflow") that the cluster has set
     up; others are left out of presets."""
     verl_cache_dir: str = Field(
@@ -400,11 +409,12 @@ class VerlSettings(Section):
     verl_index_json_url: str = "https://pypi.org/pypi"
     """The package index's JSON API `rlrun verl add` takes a wheel's SHA-256 from (PyPI's
     <url>/<project>/json); pip downloads from its own configured index."""
-    preflight_packages: str = "auto"
+    preflight_packages: Names = ["auto"]
     """The packages the nodes must carry, checked by the launcher on every node before verl
     starts: "auto" (verl at the validated version, transformers in verl's own range, the
-    accelerator's torch/vllm stack installed) or a comma-separated list of requirements such as
-    "torch-npu==2.10.0.post4,vllm-ascend==0.23.0", verl's pin always added."""
+    accelerator's torch/vllm stack installed) or requirements such as
+    "torch-npu==2.10.0.post4,vllm-ascend==0.23.0" (a JSON list for one with a comma), verl's
+    pin always added."""
     preflight_check_devices: bool = True
     """The preflight checks Ray's accelerators are real device files (off for virtual NPUs)."""
     preflight_timeout_s: float = 60.0
@@ -432,10 +442,6 @@ class VerlSettings(Section):
     def verl_data_roots(self) -> tuple[str, ...]:
         """Every root a spec's paths may point under (the run's own dir apart)."""
         return tuple(dict.fromkeys([self.verl_data_dir, self.verl_model_dir, *self.data_roots]))
-
-    @property
-    def verl_credentialed_loggers(self) -> list[str]:
-        return [p.strip() for p in self.verl_loggers_configured.split(",") if p.strip()]
 
 
 class Settings(

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any, get_origin
+
 import pytest
+from pydantic import ValidationError
+from pydantic_settings import NoDecode
 
 from service.settings import Settings, sections
 
@@ -26,3 +31,47 @@ def test_env_names_stay_flat(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.ray_address == "http://ray.example:8265"
     assert (settings.db_pool_size, settings.webhook_retry_s) == (7, 2.5)
     assert not settings.uses_local_ray
+
+
+LISTS = sorted(
+    name for name, field in Settings.model_fields.items() if get_origin(field.annotation) is list
+)
+SAMPLES: dict[str, list[Any]] = {
+    "data_roots": ["/shared", "hdfs://nn/data"],
+    "oidc_algorithms": ["RS256", "EdDSA"],
+    "local_npus": [8, 8],
+}
+
+
+def test_every_list_setting_is_read_one_way() -> None:
+    assert len(LISTS) >= 13
+    for name in LISTS:
+        assert NoDecode in Settings.model_fields[name].metadata, f"{name}: use Names or Counts"
+
+
+@pytest.mark.parametrize("name", LISTS)
+def test_a_list_setting_is_a_json_list_or_items_between_commas(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    want = SAMPLES.get(name, ["a", "b:c"])
+    env = f"RLRUN_{name.upper()}"
+    for given in (json.dumps(want), ", ".join(map(str, want)), ",".join(map(str, want)) + ","):
+        monkeypatch.setenv(env, given)
+        assert getattr(Settings(), name) == want, given
+    monkeypatch.setenv(env, '["a", ')
+    with pytest.raises(ValidationError, match=name):
+        Settings()
+
+
+def test_a_json_item_may_hold_a_comma(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLRUN_PREFLIGHT_PACKAGES", '["torch>=2.1,<3", "vllm"]')
+    assert Settings().preflight_packages == ["torch>=2.1,<3", "vllm"]
+    monkeypatch.setenv("RLRUN_WEBHOOK_ALLOW", "")
+    assert Settings().webhook_allow == []
+
+
+@pytest.mark.parametrize("given", ["", "8,x", "-1", "[8, 8.5]"])
+def test_local_npus_are_counts_per_node(monkeypatch: pytest.MonkeyPatch, given: str) -> None:
+    monkeypatch.setenv("RLRUN_LOCAL_NPUS", given)
+    with pytest.raises(ValidationError, match="local_npus"):
+        Settings()
