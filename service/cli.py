@@ -200,7 +200,7 @@ def migrate() -> None:
     from service.settings import Settings
     from service.store.db import upgrade
 
-    upgrade(Settings().database_url)
+    upgrade(Settings().database_url.get_secret_value())
     console.print("database is at head")
 
 
@@ -681,7 +681,7 @@ def _database() -> Iterator[Any]:
     from service.settings import Settings
     from service.store.db import Database
 
-    db = Database(Settings().database_url)
+    db = Database(Settings().database_url.get_secret_value())
     try:
         yield db
     finally:

@@ -4,7 +4,8 @@ Grouped in sections, one small class each (its fields, what each means in the do
 it); ``Settings`` composes them, so every setting keeps its flat name (``RLRUN_RAY_ADDRESS``,
 ``settings.ray_address``). A new setting goes into the section it belongs to; the settings page
 of the docs is generated from the sections (``python -m tests.docs_reference``). A list setting
-is given as a JSON list or as items separated by commas.
+is given as a JSON list or as items separated by commas. A credential is a ``SecretStr``: shown
+masked in any repr, dump or log, its value read (``get_secret_value()``) where it is used.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pydantic import (
     ConfigDict,
     Field,
     NonNegativeInt,
+    SecretStr,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -57,8 +59,9 @@ class Section(BaseModel):
 class DatabaseSettings(Section):
     """The database every replica shares: runs, metrics, audit rows and tokens."""
 
-    database_url: str = "sqlite:///rlrun.db"
-    """SQLAlchemy URL of the database (SQLite file or ``postgresql+psycopg://``)."""
+    database_url: SecretStr = SecretStr("sqlite:///rlrun.db")
+    """SQLAlchemy URL of the database (SQLite file or ``postgresql+psycopg://``); a secret, as
+    it may carry a password."""
     db_wait_s: float = 5.0
     """The longest anything waits for the database (a turn to write, a pooled connection, a
     lock); past it a request answers 503 with Retry-After."""
@@ -143,7 +146,7 @@ class RaySettings(Section):
 
     ray_address: str = "local"
     """"local": start an embedded Ray head; otherwise the dashboard address of a cluster."""
-    ray_token: str | None = None
+    ray_token: SecretStr | None = None
     """Bearer token for a token-auth head."""
     ray_timeout_s: float = 10.0
     """The longest one call to Ray's Jobs API may take."""

@@ -1,14 +1,20 @@
-"""The settings: sections that compose one flat ``Settings``, read from ``RLRUN_*``."""
+"""The settings: sections that compose one flat ``Settings``, read from ``RLRUN_*``; every list
+read one way; every credential a secret no dump, log or answer shows."""
 
 from __future__ import annotations
 
 import json
-from typing import Any, get_origin
+import logging
+import re
+from typing import Any, get_args, get_origin
 
 import pytest
-from pydantic import ValidationError
+from fastapi.testclient import TestClient
+from pydantic import SecretStr, ValidationError
 from pydantic_settings import NoDecode
+from sqlalchemy.engine import make_url
 
+from service.app import create_app
 from service.settings import Settings, sections
 
 
@@ -75,3 +81,48 @@ def test_local_npus_are_counts_per_node(monkeypatch: pytest.MonkeyPatch, given: 
     monkeypatch.setenv("RLRUN_LOCAL_NPUS", given)
     with pytest.raises(ValidationError, match="local_npus"):
         Settings()
+
+
+DB_PASSWORD = "pw-never-shown-1f3a"
+RAY_TOKEN = "tok-never-shown-9c2e"
+# A setting named like a credential must be a SecretStr (``secrets_dir`` is a directory).
+CREDENTIAL = re.compile(r"(^|_)(token|password|passwd|secret|credentials?|api_key)(_|$)")
+
+
+def test_every_credential_is_a_secret() -> None:
+    named = {name for name in Settings.model_fields if CREDENTIAL.search(name)}
+    assert named >= {"ray_token"}
+    for name in named | {"database_url"}:
+        annotation = Settings.model_fields[name].annotation
+        assert SecretStr in (annotation, *get_args(annotation)), name
+
+
+def test_no_dump_shows_a_credential(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLRUN_RAY_TOKEN", RAY_TOKEN)
+    monkeypatch.setenv("RLRUN_DATABASE_URL", f"postgresql+psycopg://u:{DB_PASSWORD}@db/rlrun")
+    settings = Settings()
+    dumps = [repr(settings), str(settings), settings.model_dump_json(), f"{settings.model_dump()}"]
+    for text in dumps:
+        assert RAY_TOKEN not in text and DB_PASSWORD not in text, text
+    assert settings.ray_token is not None and settings.ray_token.get_secret_value() == RAY_TOKEN
+    assert DB_PASSWORD in settings.database_url.get_secret_value()
+
+
+@pytest.mark.postgres
+def test_readyz_for_an_admin_and_the_logs_show_no_credential(
+    pg_database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Trust authentication: the server takes the URL whatever its password.
+    url = make_url(pg_database).set(password=DB_PASSWORD).render_as_string(hide_password=False)
+    settings = Settings(
+        database_url=url, ray_address="http://127.0.0.1:9", ray_token=RAY_TOKEN, run_loops=False
+    )
+    caplog.set_level(logging.DEBUG)
+    with TestClient(create_app(settings)) as client:
+        answer = client.get("/readyz")
+        shown = repr(client.app.state.services.settings)  # type: ignore[attr-defined]
+    checks = answer.json()["checks"]
+    assert checks["database"] == {"ok": True}
+    assert checks["ray"]["ok"] is False and checks["ray"]["error"], "an admin sees the error"
+    for text in (answer.text, shown, caplog.text):
+        assert RAY_TOKEN not in text and DB_PASSWORD not in text
