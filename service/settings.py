@@ -15,7 +15,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -51,13 +51,17 @@ Counts = Annotated[list[NonNegativeInt], NoDecode, BeforeValidator(_items)]
 
 
 class Section(BaseModel):
-    """A group of settings; the docstring under each field is its description."""
+    """A group of settings (a table of the docs' settings page, under ``heading``); the
+    docstring under each field is its description."""
 
     model_config = ConfigDict(use_attribute_docstrings=True)
+    heading: ClassVar[str] = ""
 
 
 class DatabaseSettings(Section):
     """The database every replica shares: runs, metrics, audit rows and tokens."""
+
+    heading: ClassVar[str] = "Database"
 
     database_url: SecretStr = SecretStr("sqlite:///rlrun.db")
     """SQLAlchemy URL of the database (SQLite file or ``postgresql+psycopg://``); a secret, as
@@ -80,6 +84,8 @@ class DatabaseSettings(Section):
 
 class ServerSettings(Section):
     """The HTTP server: where it listens, how it is reached, how much it takes at once."""
+
+    heading: ClassVar[str] = "HTTP server"
 
     listen_host: str = "127.0.0.1"
     """The address the API listens on (set by ``rlrun serve --host``)."""
@@ -144,6 +150,8 @@ class ServerSettings(Section):
 class RaySettings(Section):
     """The Ray cluster runs go to."""
 
+    heading: ClassVar[str] = "Ray"
+
     ray_address: str = "local"
     """"local": start an embedded Ray head; otherwise the dashboard address of a cluster."""
     ray_token: SecretStr | None = None
@@ -160,6 +168,8 @@ class RaySettings(Section):
 
 class LocalClusterSettings(Section):
     """The embedded Ray head ``RLRUN_RAY_ADDRESS=local`` starts, with virtual NPUs."""
+
+    heading: ClassVar[str] = "Local Ray cluster"
 
     local_npus: Counts = Field(default=[16], min_length=1)
     """Virtual NPUs per local node, e.g. "16" or "8,8" for two nodes."""
@@ -188,6 +198,8 @@ class AuthSettings(Section):
     OIDC accepts bearer JWTs of an identity provider beside API tokens; it is on when issuer and
     audience are both set. Keys come from the JWKS URL, or else from the provider's discovery
     document (<issuer>/.well-known/openid-configuration). Only public-key algorithms."""
+
+    heading: ClassVar[str] = "Authentication"
 
     auth: Literal["auto", "on", "off"] = "auto"
     """"auto": on unless the service listens only on loopback (``listen_host``, set by
@@ -255,6 +267,8 @@ class AuthSettings(Section):
 class SecretSettings(Section):
     """Secrets a spec names by reference, and the grant a job redeems them with."""
 
+    heading: ClassVar[str] = "Secrets and grants"
+
     secrets_dir: str | None = None
     """Files <dir>/teams/<team>/<name> or <dir>/shared/<name>; besides them, env vars
     RLRUN_SECRET_<NS>__<NAME> / RLRUN_SHARED_SECRET_<NAME> (service.team_secrets)."""
@@ -266,6 +280,8 @@ class SecretSettings(Section):
 class RecipeSettings(Section):
     """The recipes, and what a spec may ask of the cluster, widened only here."""
 
+    heading: ClassVar[str] = "Recipes and what a spec may ask"
+
     recipe_plugins: Names = []
     """Extra recipes: "module:function" entries, each called with the registry."""
     env_allow: Names = []
@@ -276,6 +292,8 @@ class RecipeSettings(Section):
 
 class LimitSettings(Section):
     """What one request, caller, team or run may take."""
+
+    heading: ClassVar[str] = "Limits"
 
     max_body_bytes: int = 1_000_000
     """The largest request body; larger: 413."""
@@ -304,11 +322,13 @@ class LimitSettings(Section):
 class AdmissionSettings(Section):
     """Who gets the accelerators: quotas, node groups, priorities."""
 
-    team_quotas: dict[str, int] = Field(default_factory=dict)
+    heading: ClassVar[str] = "Admission"
+
+    team_quotas: dict[str, int] = {}
     """Accelerators a team may hold at once, e.g. RLRUN_TEAM_QUOTAS='{"vision": 16}'."""
     default_team_quota: int | None = None
     """The quota of teams team_quotas does not list (unset: unlimited)."""
-    team_nodes: dict[str, str] = Field(default_factory=dict)
+    team_nodes: dict[str, str] = {}
     """Nodes per team: team -> node group, a Ray custom resource the group's nodes carry, e.g.
     RLRUN_TEAM_NODES='{"vision": "group-a", "*": "shared"}' ("*": every team not named)."""
     high_priority_teams: Names = []
@@ -317,6 +337,8 @@ class AdmissionSettings(Section):
 
 class LoopSettings(Section):
     """The background loops: submitting, reconciling with Ray, watching for stuck runs."""
+
+    heading: ClassVar[str] = "Background loops"
 
     run_loops: bool = True
     """Run the background loops in this replica (off: an API-only replica)."""
@@ -340,7 +362,7 @@ class LoopSettings(Section):
     stuck_silent_s: float = 1800.0
     """A RUNNING run silent this long is stuck."""
     stop_stuck: bool = False
-    """Stop stuck runs (else they are only marked)."""
+    """Stop stuck runs (else only their health says stuck)."""
     stop_unmanaged_after_s: float | None = Field(default=None, ge=0)
     """Jobs on the cluster that are no runs of the service are stopped this long after Ray
     started them, each with an audit row (unset: never; they are shown and counted all the
@@ -350,6 +372,8 @@ class LoopSettings(Section):
 class MetricsSettings(Section):
     """Metrics: the log follower, its lease, the kept log copy, health from metrics, live
     streams."""
+
+    heading: ClassVar[str] = "Metrics and live streams"
 
     follow_interval_s: float = 1.0
     """How often active runs' logs are read."""
@@ -376,6 +400,8 @@ class MetricsSettings(Section):
 class WebhookSettings(Section):
     """Webhooks: where they may call, how often, how long they are retried."""
 
+    heading: ClassVar[str] = "Webhooks"
+
     webhook_allow: Names = []
     """Where webhooks may call besides public addresses: host names or CIDRs, e.g.
     "127.0.0.1/32,hooks.internal"."""
@@ -391,6 +417,8 @@ class WebhookSettings(Section):
 
 class VerlSettings(Section):
     """The verl fully async recipe: paths on the cluster's nodes, loggers, the preflight."""
+
+    heading: ClassVar[str] = "verl recipe"
 
     verl_data_dir: str = "/data"
     """Absolute dir on the cluster nodes for data."""
@@ -408,7 +436,8 @@ class VerlSettings(Section):
     verl_cache_dir: str = Field(
         default_factory=lambda: str(Path.home() / ".cache" / "rlrun" / "verl")
     )
-    """Where `rlrun verl add X` unpacks other verl versions specs may name (`verl_version`)."""
+    """Where `rlrun verl add X` unpacks other verl versions specs may name (`verl_version`);
+    default: ~/.cache/rlrun/verl."""
     verl_index_json_url: str = "https://pypi.org/pypi"
     """The package index's JSON API `rlrun verl add` takes a wheel's SHA-256 from (PyPI's
     <url>/<project>/json); pip downloads from its own configured index."""
