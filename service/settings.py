@@ -36,12 +36,16 @@ from service.client import DEFAULT_PORT
 
 def _items(value: object) -> object:
     """A list setting as given: a JSON list (``'["a", "b"]'``), or items separated by commas
-    (``a,b``; spaces around them and empty ones dropped)."""
+    (``a,b``; spaces around them and empty ones dropped; ``[::1],localhost`` is two items)."""
     if not isinstance(value, str):
         return value
     text = value.strip()
     if text.startswith("["):
-        return json.loads(text)
+        try:
+            return json.loads(text)
+        except ValueError:
+            if '"' in text:  # meant as JSON: its error, not a guess
+                raise
     return [item.strip() for item in text.split(",") if item.strip()]
 
 

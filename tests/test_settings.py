@@ -69,11 +69,15 @@ def test_a_list_setting_is_a_json_list_or_items_between_commas(
         Settings()
 
 
-def test_a_json_item_may_hold_a_comma(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_json_item_may_hold_a_comma_and_a_bracket_alone_is_no_json(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("RLRUN_PREFLIGHT_PACKAGES", '["torch>=2.1,<3", "vllm"]')
     assert Settings().preflight_packages == ["torch>=2.1,<3", "vllm"]
     monkeypatch.setenv("RLRUN_WEBHOOK_ALLOW", "")
     assert Settings().webhook_allow == []
+    monkeypatch.setenv("RLRUN_ALLOWED_HOSTS", "[::1], localhost")
+    assert Settings().allowed_hosts == ["[::1]", "localhost"]
 
 
 @pytest.mark.parametrize("given", ["", "8,x", "-1", "[8, 8.5]"])
