@@ -82,12 +82,13 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
             )
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.request_threads
         if settings.migrate_on_start:
-            await asyncio.to_thread(dbmod.upgrade, settings.database_url)
+            await asyncio.to_thread(dbmod.upgrade, settings.database_url.get_secret_value())
         cluster: LocalRayCluster | None = None
-        address, token = settings.ray_address, settings.ray_token
+        address = settings.ray_address
+        token = settings.ray_token.get_secret_value() if settings.ray_token else None
         if settings.uses_local_ray:
             cluster = LocalRayCluster(
-                settings.local_npus_per_node,
+                settings.local_npus,
                 cpus_per_node=settings.local_cpus_per_node,
                 base_dir=settings.local_ray_dir,
                 port=settings.local_ray_port,
@@ -170,12 +171,14 @@ def build_services(
     """Everything one replica runs on, built once: the database, the Ray client, the inventory,
     the event broker and (with ``run_loops``) the background loops, wired to wake each other."""
     db = dbmod.Database(
-        settings.database_url,
+        settings.database_url.get_secret_value(),
         wait_s=settings.db_wait_s,
         pool_size=settings.db_pool_size,
         max_overflow=settings.db_max_overflow,
     )
-    ray = RayJobs(ray_address, ray_token or settings.ray_token, settings.ray_timeout_s)
+    if not ray_token and settings.ray_token is not None:
+        ray_token = settings.ray_token.get_secret_value()
+    ray = RayJobs(ray_address, ray_token, settings.ray_timeout_s)
     inventory = InventoryCache(ray, settings.inventory_ttl_s)
     broker = Broker(db, settings.events_poll_s)
     secrets = SecretStore(settings.secrets_dir)
@@ -229,7 +232,7 @@ def build_services(
         notifier = Notifier(
             db,
             owner,
-            AllowList.parse(settings.webhook_allow.split(",")),
+            AllowList.parse(settings.webhook_allow),
             settings.service_url,
             timeout_s=settings.webhook_timeout_s,
             backoff=Backoff(settings.webhook_retry_s, 3600.0),
@@ -265,7 +268,7 @@ def _probe_process(
     if settings.probe_port is None:
         return None
     config = {
-        "database_url": settings.database_url,
+        "database_url": settings.database_url.get_secret_value(),
         "ray_address": ray_address,
         "ray_token": ray_token,
         "stall_s": settings.probe_stall_s,

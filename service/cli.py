@@ -170,8 +170,8 @@ def serve(
         log_level="info",
         timeout_graceful_shutdown=max(1, round(settings.shutdown_grace_s)),
         # Proxy headers only from the proxies named: otherwise any caller could name its address.
-        proxy_headers=bool(settings.forwarded_allow_ips.strip()),
-        forwarded_allow_ips=settings.forwarded_allow_ips.strip() or None,
+        proxy_headers=bool(settings.forwarded_allow_ips),
+        forwarded_allow_ips=settings.forwarded_allow_ips or None,
     )
 
 
@@ -200,7 +200,7 @@ def migrate() -> None:
     from service.settings import Settings
     from service.store.db import upgrade
 
-    upgrade(Settings().database_url)
+    upgrade(Settings().database_url.get_secret_value())
     console.print("database is at head")
 
 
@@ -681,7 +681,7 @@ def _database() -> Iterator[Any]:
     from service.settings import Settings
     from service.store.db import Database
 
-    db = Database(Settings().database_url)
+    db = Database(Settings().database_url.get_secret_value())
     try:
         yield db
     finally:

@@ -1,285 +1,126 @@
-"""Service settings, read once from the environment (prefix ``RLRUN_``)."""
+"""Service settings, read once from the environment (prefix ``RLRUN_``).
+
+Grouped in sections, one small class each (its fields, what each means in the docstring under
+it); ``Settings`` composes them, so every setting keeps its flat name (``RLRUN_RAY_ADDRESS``,
+``settings.ray_address``). A new setting goes into the section it belongs to; the settings page
+of the docs is generated from the sections (``python -m tests.docs_reference``). A list setting
+is given as a JSON list or as items separated by commas. A credential is a ``SecretStr``: shown
+masked in any repr, dump or log, its value read (``get_secret_value()``) where it is used.
+"""
 
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, ClassVar, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from service.client import DEFAULT_PORT
 
 
-class Settings(BaseSettings):
-    """Everything a deployment configures by name; built once and handed to ``create_app``."""
-
-    model_config = SettingsConfigDict(env_prefix="RLRUN_", extra="ignore")
-
-    database_url: str = "sqlite:///rlrun.db"
-    # The longest anything waits for the database (a turn to write, a pooled connection, a
-    # lock); past it a request answers 503 with Retry-After. The pool serves the request
-    # threads, the background loops (4) and the live event streams' reads.
-    db_wait_s: float = 5.0
-    db_pool_size: int = 20
-    db_max_overflow: int = 30
-    # How long an answer of GET /runs/{id} or GET /runs may be served again without reading
-    # the database.
-    # This replica's own writes refresh it at once, so only another replica's write can go
-    # unseen, and for no longer than this. 0: every read reads the database.
-    read_cache_s: float = Field(default=1.0, ge=0)
-    # Worker threads for requests. Python runs one at a time: more only add waiting for the
-    # interpreter lock, the event loop's included (it answers /healthz and live streams).
-    request_threads: int = 8
-    # Requests waiting for their answer (for a thread included) past which new ones get a 503
-    # with Retry-After at once, so that the admitted ones never wait long (/healthz: never).
-    max_requests_in_progress: int = 128
-    # Liveness and readiness on a listener of their own (a thread and port apart from the
-    # API's), which a flood of API calls cannot delay; unset: only on the API's port. Host:
-    # ``listen_host`` unless set. Liveness fails when the API's event loop has been silent
-    # this long (blocked, not merely busy).
-    probe_port: int | None = Field(default=None, ge=0, le=65535)
-    probe_host: str | None = None
-    probe_stall_s: float = Field(default=30.0, gt=0)
-    # SIGTERM: live event streams end at once; other requests get this long to finish.
-    shutdown_grace_s: float = 10.0
-    # "local": start an embedded Ray head; otherwise the dashboard address of a cluster.
-    ray_address: str = "local"
-    ray_token: str | None = Field(default=None, description="Bearer token for a token-auth head")
-    ray_timeout_s: float = 10.0
-    # Virtual NPUs per local node, e.g. "16" or "8,8" for two nodes.
-    local_npus: str = "16"
-    local_cpus_per_node: int = 16
-    # Ray keeps sockets here: the path must stay short (default: a fresh dir under /tmp).
-    local_ray_dir: str | None = None
-    # Unset: free ports chosen at start. Given but in use: the service refuses to start.
-    local_ray_port: int | None = None
-    local_dashboard_port: int | None = None
-    # Where the local nodes' process groups are recorded, so that the next start clears nodes
-    # a killed service left running (default: rlrun-<uid> in the system temp dir).
-    local_ray_state_dir: str | None = None
-
-    submit_interval_s: float = 1.0
-    reconcile_interval_s: float = 2.0
-    claim_ttl_s: float = Field(default=60.0, description="A replica's hold on a run it submits")
-    submit_batch: int = 16
-    max_backoff_s: float = 30.0
-    run_loops: bool = True
-    migrate_on_start: bool = True
-    # Extra recipes: comma-separated "module:function" entries, each called with the registry.
-    recipe_plugins: str = ""
-
-    # Grace period between SIGTERM and SIGKILL when a run is stopped (time to checkpoint).
-    stop_grace_s: int = 120
-    max_body_bytes: int = 1_000_000
-    # A request body not fully arrived this long after its headers: 408 (and the connection
-    # closed). Until it is in, a request holds no slot of max_requests_in_progress.
-    body_timeout_s: float = Field(default=10.0, gt=0)
-
-    # Metrics: the log follower, its lease, the kept log copy, health from metrics, live stream.
-    follow_interval_s: float = 1.0
-    follower_lease_s: float = 15.0
-    # Runs no replica follows yet that one replica starts following per tick (replicas started
-    # together share them); runs of a replica whose lease lapsed are all taken at once.
-    follower_claim_new: int = Field(default=100, ge=1)
-    log_keep_chars: int = 8_000_000
-    stall_after_s: float = Field(
-        default=600.0, description="Health stalled: a RUNNING run logs no new step this long"
-    )
-    collapse_window: int = 20
-    collapse_patience: int = 3
-    collapse_drop: float = 0.5
-    events_poll_s: float = 1.0
-
-    @field_validator("local_npus")
-    @classmethod
-    def _npus_are_counts(cls, value: str) -> str:
-        parts = [p.strip() for p in value.split(",")]
-        if not parts or not all(p.isdigit() for p in parts):
-            raise ValueError("expected comma-separated NPU counts per node, e.g. '16' or '8,8'")
-        return ",".join(parts)
-
-    @property
-    def local_npus_per_node(self) -> list[int]:
-        return [int(p) for p in self.local_npus.split(",")]
-
-    @property
-    def local_ray_state_path(self) -> Path:
-        default = Path(tempfile.gettempdir()) / f"rlrun-{os.getuid()}"
-        return Path(self.local_ray_state_dir) if self.local_ray_state_dir else default
-
-    @property
-    def uses_local_ray(self) -> bool:
-        return self.ray_address == "local"
-
-    # verl fully async recipe: absolute dirs on the cluster nodes for data, models and
-    # checkpoints (each run gets <root>/<run id>), and the logger backends needing credentials
-    # (e.g. "wandb,mlflow") that the cluster has set up; others are left out of presets.
-    verl_data_dir: str = "/data"
-    verl_model_dir: str = "/models"
-    verl_checkpoint_root: str = "/checkpoints"
-    verl_loggers_configured: str = ""
-    # Where else a spec's paths may point, read-only in intent (absolute dirs on the nodes, or
-    # URI prefixes such as "hdfs://namenode/datasets"), besides the data and model dirs above.
-    # Checkpoints: only the run's own directory, whatever is listed here.
-    data_roots: list[str] = Field(default_factory=list)
-
-    # The preflight the verl launcher runs on every node before verl starts: the packages the
-    # nodes must carry ("auto": verl at the validated version, transformers in verl's own range,
-    # the accelerator's torch/vllm stack installed; or a comma-separated list of requirements such
-    # as "torch-npu==2.10.0.post4,vllm-ascend==0.23.0", verl's pin always added), whether Ray's
-    # accelerators must be real device files (off for virtual NPUs), and how long nodes may take.
-    preflight_packages: str = "auto"
-    # Where `rlrun verl add X` unpacks other verl versions specs may name (`verl_version`).
-    verl_cache_dir: str = Field(
-        default_factory=lambda: str(Path.home() / ".cache" / "rlrun" / "verl")
-    )
-    # The package index's JSON API `rlrun verl add` takes a wheel's SHA-256 from (PyPI's
-    # <url>/<project>/json); pip downloads from its own configured index.
-    verl_index_json_url: str = "https://pypi.org/pypi"
-    preflight_check_devices: bool = True
-    preflight_timeout_s: float = 60.0
-
-    @field_validator("verl_data_dir", "verl_model_dir", "verl_checkpoint_root")
-    @classmethod
-    def _absolute(cls, value: str) -> str:
-        if not value.startswith("/"):
-            raise ValueError("expected an absolute path on the cluster nodes")
-        return value.rstrip("/") or "/"
-
-    @field_validator("data_roots")
-    @classmethod
-    def _roots(cls, value: list[str]) -> list[str]:
-        out = []
-        for root in value:
-            root = root.strip()
-            if not (root.startswith("/") or "://" in root) or ".." in root.split("/"):
-                raise ValueError(f"{root!r}: expected an absolute path or a URI prefix, no '..'")
-            out.append(root.rstrip("/") or "/")
-        return out
-
-    @property
-    def verl_data_roots(self) -> tuple[str, ...]:
-        """Every root a spec's paths may point under (the run's own dir apart)."""
-        return tuple(dict.fromkeys([self.verl_data_dir, self.verl_model_dir, *self.data_roots]))
-
-    @property
-    def verl_credentialed_loggers(self) -> list[str]:
-        return [p.strip() for p in self.verl_loggers_configured.split(",") if p.strip()]
-
-    # Admission and stuck runs. Quotas cap the accelerators a team holds at once, e.g.
-    # RLRUN_TEAM_QUOTAS='{"vision": 16}'; teams not listed get the default (None: unlimited).
-    team_quotas: dict[str, int] = Field(default_factory=dict)
-    default_team_quota: int | None = None
-    # How long the cluster inventory read from Ray is reused by the API.
-    inventory_ttl_s: float = 3.0
-    # A submitted run not RUNNING after this long, or a RUNNING one silent this long, is stuck.
-    stuck_submitted_s: float = 600.0
-    stuck_silent_s: float = 1800.0
-    stop_stuck: bool = False
-    watchdog_interval_s: float = 10.0
-    # Jobs on the cluster that are no runs of the service are stopped this long after Ray started
-    # them, each with an audit row (None: never; they are shown and counted all the same).
-    stop_unmanaged_after_s: float | None = Field(default=None, ge=0)
-    # Nodes per team: team -> node group, a Ray custom resource the group's nodes carry, e.g.
-    # RLRUN_TEAM_NODES='{"vision": "group-a", "*": "shared"}' ("*": every team not named).
-    team_nodes: dict[str, str] = Field(default_factory=dict)
-
-    # Webhooks: where they may call besides public addresses (host names or CIDRs, comma
-    # separated, e.g. "127.0.0.1/32,hooks.internal"), how often the outbox is read, how long
-    # a receiver may take, the first retry's delay and how long a delivery is retried.
-    webhook_allow: str = ""
-    webhook_interval_s: float = Field(default=0.5, gt=0)
-    webhook_timeout_s: float = Field(default=10.0, gt=0, le=60)
-    webhook_retry_s: float = Field(default=5.0, gt=0)
-    webhook_max_age_s: float = Field(default=24 * 3600.0, gt=0)
-
-    # Identity. "auto": on unless the service listens only on loopback (``listen_host``, set by
-    # ``rlrun serve --host``); "on"; "off" (open: every caller is an anonymous admin).
-    auth: Literal["auto", "on", "off"] = "auto"
-    listen_host: str = "127.0.0.1"
-    # Proxies whose X-Forwarded-For/-Proto are believed (uvicorn's forwarded_allow_ips: IPs or
-    # networks, comma-separated, "*" any): the client address of audit rows. Empty: none, the
-    # socket's peer is the client.
-    forwarded_allow_ips: str = ""
-    # Teams whose members may submit priority "high" (admins always may).
-    high_priority_teams: list[str] = Field(default_factory=list)
-    # Hosts the service answers for (Host header); "*" answers any.
-    allowed_hosts: list[str] = Field(default_factory=lambda: ["*"])
-    # Open mode answers only for loopback Host names (127.0.0.1, localhost, [::1]), these, and
-    # the names allowed_hosts lists (exact names; its "*" patterns do not count).
-    open_mode_hosts: list[str] = Field(default_factory=list)
-
-    # OpenID Connect: bearer JWTs of an identity provider, beside API tokens. On when issuer and
-    # audience are both set. Keys come from the JWKS URL, or else from the provider's discovery
-    # document (<issuer>/.well-known/openid-configuration). Only public-key algorithms. The user
-    # is "sub" by default: the one claim OIDC makes stable and unique per issuer (an email may
-    # change hands or be absent from access tokens).
-    oidc_issuer: str | None = None
-    oidc_audience: str | None = None
-    oidc_jwks_url: str | None = None
-    oidc_algorithms: str = "RS256,ES256"
-    oidc_user_claim: str = Field(default="sub", min_length=1)
-    oidc_team_claim: str = Field(default="team", min_length=1)
-    oidc_role_claim: str = Field(default="role", min_length=1)
-    oidc_leeway_s: float = Field(default=30.0, ge=0, le=300)
-
-    # Secrets a spec names by reference: files <dir>/teams/<team>/<name> or <dir>/shared/<name>,
-    # or env vars RLRUN_SECRET_<NS>__<NAME> / RLRUN_SHARED_SECRET_<NAME> (service.team_secrets).
-    secrets_dir: str | None = None
-    # The service's URL as the cluster and people reach it: a job redeems its secrets grant
-    # there, webhook messages link there (unset: http://<listen host>:<listen port>, loopback
-    # for a wildcard host).
-    public_url: str | None = None
-    listen_port: int = DEFAULT_PORT
-    # How long a job has to redeem its grant after it is submitted (its runtime env set up,
-    # pip included); a redeemed grant, or one whose run is over, is refused sooner.
-    grant_ttl_s: float = Field(default=3600.0, gt=0, le=86_400)
-
-    # What a spec may ask of the cluster, widened only here: env var names exempt from the
-    # deny-list, and Hydra keys (prefixes) an override may set although refused by default.
-    env_allow: list[str] = Field(default_factory=list)
-    override_allow: list[str] = Field(default_factory=list)
-
-    # Limits: accepted runs per team per minute (0: none), live event streams per caller,
-    # metric keys per request, rows per page of /cluster.
-    runs_per_team_per_minute: int = Field(default=120, ge=0)
-    streams_per_caller: int = Field(default=16, ge=1)
-    # Specs one caller may have validated at once (dry runs and submissions); one more is a 429.
-    validations_per_caller: int = Field(default=2, ge=1)
-    metric_keys_per_request: int = Field(default=200, ge=1)
-    cluster_list_limit: int = Field(default=500, ge=1)
-    # What one run may store: distinct metric keys (verl logs a few hundred; past the limit only
-    # new keys are dropped) and points (100 keys x 200,000 steps: about 2.5 GiB on SQLite and
-    # 5 GiB on PostgreSQL at the measured bytes per point; past it nothing more is stored).
-    metric_keys_per_run: int = Field(default=2_000, ge=1)
-    metric_points_per_run: int = Field(default=20_000_000, ge=1)
-
-    @field_validator("oidc_issuer", "oidc_audience", "oidc_jwks_url")
-    @classmethod
-    def _oidc_names(cls, value: str | None, info: ValidationInfo) -> str | None:
-        value = (value or "").strip() or None
-        if value and info.field_name != "oidc_audience" and not is_secure_url(value):
-            raise ValueError("expected an https:// URL (http:// only on loopback)")
+def _items(value: object) -> object:
+    """A list setting as given: a JSON list (``'["a", "b"]'``), or items separated by commas
+    (``a,b``; spaces around them and empty ones dropped; ``[::1],localhost`` is two items)."""
+    if not isinstance(value, str):
         return value
+    text = value.strip()
+    if text.startswith("["):
+        try:
+            return json.loads(text)
+        except ValueError:
+            if '"' in text:  # meant as JSON: its error, not a guess
+                raise
+    return [item.strip() for item in text.split(",") if item.strip()]
 
-    @field_validator("oidc_algorithms")
-    @classmethod
-    def _public_key_algorithms(cls, value: str) -> str:
-        names = [p.strip() for p in value.split(",") if p.strip()]
-        if not names:
-            raise ValueError("expected at least one algorithm, e.g. 'RS256,ES256'")
-        for name in names:
-            if name not in PUBLIC_KEY_ALGORITHMS:
-                raise ValueError(
-                    f"{name!r} is not accepted: only public-key algorithms verify a provider's "
-                    f"tokens ({', '.join(PUBLIC_KEY_ALGORITHMS)})"
-                )
-        return ",".join(names)
+
+# Every list setting is one of these: read raw from the environment (NoDecode), then ``_items``.
+Names = Annotated[list[str], NoDecode, BeforeValidator(_items)]
+Counts = Annotated[list[NonNegativeInt], NoDecode, BeforeValidator(_items)]
+
+
+class Section(BaseModel):
+    """A group of settings (a table of the docs' settings page, under ``heading``); the
+    docstring under each field is its description."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+    heading: ClassVar[str] = ""
+
+
+class DatabaseSettings(Section):
+    """The database every replica shares: runs, metrics, audit rows and tokens."""
+
+    heading: ClassVar[str] = "Database"
+
+    database_url: SecretStr = SecretStr("sqlite:///rlrun.db")
+    """SQLAlchemy URL of the database (SQLite file or ``postgresql+psycopg://``); a secret, as
+    it may carry a password."""
+    db_wait_s: float = 5.0
+    """The longest anything waits for the database (a turn to write, a pooled connection, a
+    lock); past it a request answers 503 with Retry-After."""
+    db_pool_size: int = 20
+    """Connections kept open. The pool serves the request threads, the background loops (4)
+    and the live event streams' reads."""
+    db_max_overflow: int = 30
+    """Connections opened past the pool's size at a peak, closed when returned."""
+    read_cache_s: float = Field(default=1.0, ge=0)
+    """How long an answer of GET /runs/{id} or GET /runs may be served again without reading
+    the database. This replica's own writes refresh it at once, so only another replica's write
+    can go unseen, and for no longer than this. 0: every read reads the database."""
+    migrate_on_start: bool = True
+    """Upgrade the schema at start (else ``rlrun migrate`` does)."""
+
+
+class ServerSettings(Section):
+    """The HTTP server: where it listens, how it is reached, how much it takes at once."""
+
+    heading: ClassVar[str] = "HTTP server"
+
+    listen_host: str = "127.0.0.1"
+    """The address the API listens on (set by ``rlrun serve --host``)."""
+    listen_port: int = DEFAULT_PORT
+    """The API's port (set by ``rlrun serve --port``)."""
+    public_url: str | None = None
+    """The service's URL as the cluster and people reach it: a job redeems its secrets grant
+    there, webhook messages link there (unset: http://<listen host>:<listen port>, loopback for
+    a wildcard host)."""
+    request_threads: int = 8
+    """Worker threads for requests. Python runs one at a time: more only add waiting for the
+    interpreter lock, the event loop's included (it answers /healthz and live streams)."""
+    max_requests_in_progress: int = 128
+    """Requests waiting for their answer (for a thread included) past which new ones get a 503
+    with Retry-After at once, so that the admitted ones never wait long (/healthz: never)."""
+    shutdown_grace_s: float = 10.0
+    """SIGTERM: live event streams end at once; other requests get this long to finish."""
+    allowed_hosts: Names = ["*"]
+    """Hosts the service answers for (Host header); "*" answers any."""
+    forwarded_allow_ips: Names = []
+    """Proxies whose X-Forwarded-For/-Proto are believed (uvicorn's forwarded_allow_ips: IPs or
+    networks, "*" any): the client address of audit rows. Empty: none, the
+    socket's peer is the client."""
+    probe_port: int | None = Field(default=None, ge=0, le=65535)
+    """Liveness and readiness on a listener of their own (a thread and port apart from the
+    API's), which a flood of API calls cannot delay; unset: only on the API's port."""
+    probe_host: str | None = None
+    """The probe listener's address (unset: ``listen_host``)."""
+    probe_stall_s: float = Field(default=30.0, gt=0)
+    """Liveness fails when the API's event loop has been silent this long (blocked, not merely
+    busy)."""
 
     @field_validator("public_url")
     @classmethod
@@ -309,8 +150,108 @@ class Settings(BaseSettings):
             host = f"[{host}]"
         return f"http://{host}:{self.listen_port}"
 
+
+class RaySettings(Section):
+    """The Ray cluster runs go to."""
+
+    heading: ClassVar[str] = "Ray"
+
+    ray_address: str = "local"
+    """"local": start an embedded Ray head; otherwise the dashboard address of a cluster."""
+    ray_token: SecretStr | None = None
+    """Bearer token for a token-auth head."""
+    ray_timeout_s: float = 10.0
+    """The longest one call to Ray's Jobs API may take."""
+    inventory_ttl_s: float = 3.0
+    """How long the cluster inventory read from Ray is reused by the API."""
+
+    @property
+    def uses_local_ray(self) -> bool:
+        return self.ray_address == "local"
+
+
+class LocalClusterSettings(Section):
+    """The embedded Ray head ``RLRUN_RAY_ADDRESS=local`` starts, with virtual NPUs."""
+
+    heading: ClassVar[str] = "Local Ray cluster"
+
+    local_npus: Counts = Field(default=[16], min_length=1)
+    """Virtual NPUs per local node, e.g. "16" or "8,8" for two nodes."""
+    local_cpus_per_node: int = 16
+    """CPUs each local node offers."""
+    local_ray_dir: str | None = None
+    """Ray keeps sockets here: the path must stay short (default: a fresh dir under /tmp)."""
+    local_ray_port: int | None = None
+    """The head's GCS port. Unset: free ports chosen at start. Given but in use: the service
+    refuses to start."""
+    local_dashboard_port: int | None = None
+    """The head's dashboard (Jobs API) port; unset or in use as for ``local_ray_port``."""
+    local_ray_state_dir: str | None = None
+    """Where the local nodes' process groups are recorded, so that the next start clears nodes
+    a killed service left running (default: rlrun-<uid> in the system temp dir)."""
+
+    @property
+    def local_ray_state_path(self) -> Path:
+        default = Path(tempfile.gettempdir()) / f"rlrun-{os.getuid()}"
+        return Path(self.local_ray_state_dir) if self.local_ray_state_dir else default
+
+
+class AuthSettings(Section):
+    """Identity: API tokens, open mode, and OpenID Connect.
+
+    OIDC accepts bearer JWTs of an identity provider beside API tokens; it is on when issuer and
+    audience are both set. Keys come from the JWKS URL, or else from the provider's discovery
+    document (<issuer>/.well-known/openid-configuration). Only public-key algorithms."""
+
+    heading: ClassVar[str] = "Authentication"
+
+    auth: Literal["auto", "on", "off"] = "auto"
+    """"auto": on unless the service listens only on loopback (``listen_host``, set by
+    ``rlrun serve --host``); "on"; "off" (open: every caller is an anonymous admin)."""
+    open_mode_hosts: Names = []
+    """Open mode answers only for loopback Host names (127.0.0.1, localhost, [::1]), these, and
+    the names allowed_hosts lists (exact names; its "*" patterns do not count)."""
+    oidc_issuer: str | None = None
+    """The provider's issuer URL (the tokens' "iss")."""
+    oidc_audience: str | None = None
+    """The audience the tokens must name ("aud")."""
+    oidc_jwks_url: str | None = None
+    """Where the provider's keys are (unset: from its discovery document)."""
+    oidc_algorithms: Names = ["RS256", "ES256"]
+    """Signature algorithms accepted (public-key ones only)."""
+    oidc_user_claim: str = Field(default="sub", min_length=1)
+    """The claim naming the user: "sub" by default, the one claim OIDC makes stable and unique
+    per issuer (an email may change hands or be absent from access tokens)."""
+    oidc_team_claim: str = Field(default="team", min_length=1)
+    """The claim naming the caller's team."""
+    oidc_role_claim: str = Field(default="role", min_length=1)
+    """The claim naming the caller's role."""
+    oidc_leeway_s: float = Field(default=30.0, ge=0, le=300)
+    """Clock skew allowed on a token's times (exp, nbf, iat)."""
+
+    @field_validator("oidc_issuer", "oidc_audience", "oidc_jwks_url")
+    @classmethod
+    def _oidc_names(cls, value: str | None, info: ValidationInfo) -> str | None:
+        value = (value or "").strip() or None
+        if value and info.field_name != "oidc_audience" and not is_secure_url(value):
+            raise ValueError("expected an https:// URL (http:// only on loopback)")
+        return value
+
+    @field_validator("oidc_algorithms")
+    @classmethod
+    def _public_key_algorithms(cls, names: list[str]) -> list[str]:
+        if not names:
+            raise ValueError("expected at least one algorithm, e.g. 'RS256,ES256'")
+        for name in names:
+            if name not in PUBLIC_KEY_ALGORITHMS:
+                raise ValueError(
+                    f"{name!r} is not accepted: only public-key algorithms verify a provider's "
+                    f"tokens ({', '.join(PUBLIC_KEY_ALGORITHMS)})"
+                )
+        return names
+
     @model_validator(mode="after")
-    def _oidc_complete(self) -> Settings:
+    def _oidc_complete(self) -> AuthSettings:
         if (self.oidc_issuer is None) != (self.oidc_audience is None):
             raise ValueError(
                 "RLRUN_OIDC_ISSUER and RLRUN_OIDC_AUDIENCE go together: both turn OIDC on, "
@@ -326,9 +267,241 @@ class Settings(BaseSettings):
     def oidc_enabled(self) -> bool:
         return self.oidc_issuer is not None and self.oidc_audience is not None
 
+
+class SecretSettings(Section):
+    """Secrets a spec names by reference, and the grant a job redeems them with."""
+
+    heading: ClassVar[str] = "Secrets and grants"
+
+    secrets_dir: str | None = None
+    """Files <dir>/teams/<team>/<name> or <dir>/shared/<name>; besides them, env vars
+    RLRUN_SECRET_<NS>__<NAME> / RLRUN_SHARED_SECRET_<NAME> (service.team_secrets)."""
+    grant_ttl_s: float = Field(default=3600.0, gt=0, le=86_400)
+    """How long a job has to redeem its grant after it is submitted (its runtime env set up,
+    pip included); a redeemed grant, or one whose run is over, is refused sooner."""
+
+
+class RecipeSettings(Section):
+    """The recipes, and what a spec may ask of the cluster, widened only here."""
+
+    heading: ClassVar[str] = "Recipes and what a spec may ask"
+
+    recipe_plugins: Names = []
+    """Extra recipes: "module:function" entries, each called with the registry."""
+    env_allow: Names = []
+    """Env var names exempt from the deny-list."""
+    override_allow: Names = []
+    """Hydra keys (prefixes) an override may set although refused by default."""
+
+
+class LimitSettings(Section):
+    """What one request, caller, team or run may take."""
+
+    heading: ClassVar[str] = "Limits"
+
+    max_body_bytes: int = 1_000_000
+    """The largest request body; larger: 413."""
+    body_timeout_s: float = Field(default=10.0, gt=0)
+    """A request body not fully arrived this long after its headers: 408 (and the connection
+    closed). Until it is in, a request holds no slot of max_requests_in_progress."""
+    runs_per_team_per_minute: int = Field(default=120, ge=0)
+    """Accepted runs per team per minute (0: no limit)."""
+    streams_per_caller: int = Field(default=16, ge=1)
+    """Live event streams one caller may hold open."""
+    validations_per_caller: int = Field(default=2, ge=1)
+    """Specs one caller may have validated at once (dry runs and submissions); one more is a
+    429."""
+    metric_keys_per_request: int = Field(default=200, ge=1)
+    """Metric keys one request may ask for."""
+    cluster_list_limit: int = Field(default=500, ge=1)
+    """Rows per page of /cluster."""
+    metric_keys_per_run: int = Field(default=2_000, ge=1)
+    """Distinct metric keys one run may store (verl logs a few hundred; past the limit only new
+    keys are dropped)."""
+    metric_points_per_run: int = Field(default=20_000_000, ge=1)
+    """Metric points one run may store (100 keys x 200,000 steps: about 2.5 GiB on SQLite and
+    5 GiB on PostgreSQL at the measured bytes per point; past it nothing more is stored)."""
+
+
+class AdmissionSettings(Section):
+    """Who gets the accelerators: quotas, node groups, priorities."""
+
+    heading: ClassVar[str] = "Admission"
+
+    team_quotas: dict[str, int] = {}
+    """Accelerators a team may hold at once, e.g. RLRUN_TEAM_QUOTAS='{"vision": 16}'."""
+    default_team_quota: int | None = None
+    """The quota of teams team_quotas does not list (unset: unlimited)."""
+    team_nodes: dict[str, str] = {}
+    """Nodes per team: team -> node group, a Ray custom resource the group's nodes carry, e.g.
+    RLRUN_TEAM_NODES='{"vision": "group-a", "*": "shared"}' ("*": every team not named)."""
+    high_priority_teams: Names = []
+    """Teams whose members may submit priority "high" (admins always may)."""
+
+
+class LoopSettings(Section):
+    """The background loops: submitting, reconciling with Ray, watching for stuck runs."""
+
+    heading: ClassVar[str] = "Background loops"
+
+    run_loops: bool = True
+    """Run the background loops in this replica (off: an API-only replica)."""
+    submit_interval_s: float = 1.0
+    """How often queued runs are admitted and submitted."""
+    reconcile_interval_s: float = 2.0
+    """How often submitted runs' states are read back from Ray (and unmanaged jobs looked
+    at)."""
+    claim_ttl_s: float = 60.0
+    """A replica's hold on a run it submits."""
+    submit_batch: int = 16
+    """Runs admitted per round at most."""
+    max_backoff_s: float = 30.0
+    """The longest a failing loop waits before its next try."""
+    stop_grace_s: int = 120
+    """Grace period between SIGTERM and SIGKILL when a run is stopped (time to checkpoint)."""
+    watchdog_interval_s: float = 10.0
+    """How often the watchdog looks for stuck runs."""
+    stuck_submitted_s: float = 600.0
+    """A submitted run not RUNNING after this long is stuck."""
+    stuck_silent_s: float = 1800.0
+    """A RUNNING run silent this long is stuck."""
+    stop_stuck: bool = False
+    """Stop stuck runs (else only their health says stuck)."""
+    stop_unmanaged_after_s: float | None = Field(default=None, ge=0)
+    """Jobs on the cluster that are no runs of the service are stopped this long after Ray
+    started them, each with an audit row (unset: never; they are shown and counted all the
+    same)."""
+
+
+class MetricsSettings(Section):
+    """Metrics: the log follower, its lease, the kept log copy, health from metrics, live
+    streams."""
+
+    heading: ClassVar[str] = "Metrics and live streams"
+
+    follow_interval_s: float = 1.0
+    """How often active runs' logs are read."""
+    follower_lease_s: float = 15.0
+    """A replica's hold on the runs it follows; past it another replica takes them."""
+    follower_claim_new: int = Field(default=100, ge=1)
+    """Runs no replica follows yet that one replica starts following per tick (replicas started
+    together share them); runs of a replica whose lease lapsed are all taken at once."""
+    log_keep_chars: int = 8_000_000
+    """Characters of a run's log kept in the database (the newest)."""
+    stall_after_s: float = 600.0
+    """Health stalled: a RUNNING run logs no new step this long."""
+    collapse_window: int = 20
+    """Health collapsed: the newest rewards whose best the last ones are measured against."""
+    collapse_patience: int = 3
+    """Health collapsed: the last this many rewards all below (1 - collapse_drop) x the best
+    of the window."""
+    collapse_drop: float = 0.5
+    """Health collapsed: the fraction of the window's best reward lost."""
+    events_poll_s: float = 1.0
+    """How often live streams look for another replica's writes."""
+
+
+class WebhookSettings(Section):
+    """Webhooks: where they may call, how often, how long they are retried."""
+
+    heading: ClassVar[str] = "Webhooks"
+
+    webhook_allow: Names = []
+    """Where webhooks may call besides public addresses: host names or CIDRs, e.g.
+    "127.0.0.1/32,hooks.internal"."""
+    webhook_interval_s: float = Field(default=0.5, gt=0)
+    """How often the outbox is read."""
+    webhook_timeout_s: float = Field(default=10.0, gt=0, le=60)
+    """How long a receiver may take."""
+    webhook_retry_s: float = Field(default=5.0, gt=0)
+    """The first retry's delay (doubling after)."""
+    webhook_max_age_s: float = Field(default=24 * 3600.0, gt=0)
+    """How long a delivery is retried."""
+
+
+class VerlSettings(Section):
+    """The verl fully async recipe: paths on the cluster's nodes, loggers, the preflight."""
+
+    heading: ClassVar[str] = "verl recipe"
+
+    verl_data_dir: str = "/data"
+    """Absolute dir on the cluster nodes for data."""
+    verl_model_dir: str = "/models"
+    """Absolute dir on the cluster nodes for models."""
+    verl_checkpoint_root: str = "/checkpoints"
+    """Absolute dir on the cluster nodes for checkpoints (each run gets <root>/<run id>)."""
+    data_roots: Names = []
+    """Where else a spec's paths may point, read-only in intent (absolute dirs on the nodes, or
+    URI prefixes such as "hdfs://namenode/datasets"), besides the data and model dirs.
+    Checkpoints: only the run's own directory, whatever is listed here."""
+    verl_loggers_configured: Names = []
+    """The logger backends needing credentials (e.g. "wandb,mlflow") that the cluster has set
+    up; others are left out of presets."""
+    verl_cache_dir: str = Field(
+        default_factory=lambda: str(Path.home() / ".cache" / "rlrun" / "verl")
+    )
+    """Where `rlrun verl add X` unpacks other verl versions specs may name (`verl_version`);
+    default: ~/.cache/rlrun/verl."""
+    verl_index_json_url: str = "https://pypi.org/pypi"
+    """The package index's JSON API `rlrun verl add` takes a wheel's SHA-256 from (PyPI's
+    <url>/<project>/json); pip downloads from its own configured index."""
+    preflight_packages: Names = ["auto"]
+    """The packages the nodes must carry, checked by the launcher on every node before verl
+    starts: "auto" (verl at the validated version, transformers in verl's own range, the
+    accelerator's torch/vllm stack installed) or requirements such as
+    "torch-npu==2.10.0.post4,vllm-ascend==0.23.0" (a JSON list for one with a comma), verl's
+    pin always added."""
+    preflight_check_devices: bool = True
+    """The preflight checks Ray's accelerators are real device files (off for virtual NPUs)."""
+    preflight_timeout_s: float = 60.0
+    """How long the nodes' preflight may take."""
+
+    @field_validator("verl_data_dir", "verl_model_dir", "verl_checkpoint_root")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("expected an absolute path on the cluster nodes")
+        return value.rstrip("/") or "/"
+
+    @field_validator("data_roots")
+    @classmethod
+    def _roots(cls, value: list[str]) -> list[str]:
+        out = []
+        for root in value:
+            root = root.strip()
+            if not (root.startswith("/") or "://" in root) or ".." in root.split("/"):
+                raise ValueError(f"{root!r}: expected an absolute path or a URI prefix, no '..'")
+            out.append(root.rstrip("/") or "/")
+        return out
+
     @property
-    def oidc_algorithm_list(self) -> list[str]:
-        return self.oidc_algorithms.split(",")
+    def verl_data_roots(self) -> tuple[str, ...]:
+        """Every root a spec's paths may point under (the run's own dir apart)."""
+        return tuple(dict.fromkeys([self.verl_data_dir, self.verl_model_dir, *self.data_roots]))
+
+
+class Settings(
+    DatabaseSettings,
+    ServerSettings,
+    RaySettings,
+    LocalClusterSettings,
+    AuthSettings,
+    SecretSettings,
+    RecipeSettings,
+    LimitSettings,
+    AdmissionSettings,
+    LoopSettings,
+    MetricsSettings,
+    WebhookSettings,
+    VerlSettings,
+    BaseSettings,
+):
+    """Everything a deployment configures by name; built once and handed to ``create_app``.
+    Its sections, in the order the docs show them, are its bases (``sections()``)."""
+
+    model_config = SettingsConfigDict(env_prefix="RLRUN_", extra="ignore")
+
+    # What follows needs settings of two sections.
 
     @property
     def open_mode_host_names(self) -> list[str]:
@@ -340,6 +513,11 @@ class Settings(BaseSettings):
         if self.auth != "auto":
             return self.auth == "on"
         return not is_loopback(self.listen_host)
+
+
+def sections() -> list[type[Section]]:
+    """The sections ``Settings`` is made of, in order."""
+    return [base for base in Settings.__bases__ if issubclass(base, Section)]
 
 
 # What a provider's JWKS may sign with: asymmetric only, so a public key can never verify a MAC.

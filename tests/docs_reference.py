@@ -1,24 +1,22 @@
 """The generated pages of the documentation site, from the code they describe: the HTTP API
 (the service's OpenAPI document), the ``rlrun`` command (typer's own docs generator) and the
-settings table (``service.settings.Settings``: each field, its variable, default and the
-comment or description written beside it). ``tests/test_docs.py`` checks the committed pages
+settings tables (``service.settings``: a table per section, each field's variable, type,
+default and the docstring under it). ``tests/test_docs.py`` checks the committed pages
 are current; ``python -m tests.docs_reference`` writes them again.
 """
 
 from __future__ import annotations
 
-import ast
-import inspect
 import json
 import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel
+from pydantic import SecretStr
 from pydantic_core import PydanticUndefined
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,29 +129,27 @@ def cli_page() -> str:
     return f"{GENERATED}\n\n{text.rstrip()}\n"
 
 
-# The settings, from the class: names, defaults, and the words written beside each field.
+# The settings, from their sections: one table each, a row per field (its variable, type,
+# default and the docstring under it).
 
 
-def _comments(cls: type) -> dict[str, str]:
-    """Field -> the comment block just above it in the class body, or its trailing comment."""
-    source = inspect.getsource(cls)
-    lines = source.splitlines()
-    found: dict[str, str] = {}
-    tree = ast.parse(source)
-    body = tree.body[0].body if isinstance(tree.body[0], ast.ClassDef) else []
-    for node in body:
-        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
-            continue
-        above: list[str] = []
-        i = node.lineno - 2
-        while i >= 0 and lines[i].strip().startswith("#"):
-            above.insert(0, lines[i].strip().lstrip("#").strip())
-            i -= 1
-        trailing = lines[node.lineno - 1].partition("  # ")[2]
-        text = " ".join(above) or trailing
-        if text:
-            found[node.target.id] = text
-    return found
+def _type(annotation: Any) -> str:
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Annotated:
+        return _type(args[0])
+    if origin in (Union, UnionType):
+        given = [a for a in args if a is not type(None)]
+        unset = " or unset" if len(given) < len(args) else ""
+        return " or ".join(_type(a) for a in given) + unset
+    if origin is Literal:
+        return " or ".join(f"`{a}`" for a in args)
+    if origin is list:
+        return f"list of {_type(args[0])}"
+    if origin is dict:
+        return f"JSON object of {_type(args[1])}"
+    if annotation is SecretStr:
+        return "secret"
+    return str(getattr(annotation, "__name__", annotation))
 
 
 def _default(field: Any) -> str:
@@ -162,42 +158,33 @@ def _default(field: Any) -> str:
     value = field.default
     if value is PydanticUndefined or value is None:
         return "—"
-    if isinstance(value, BaseModel):
-        return "(section)"
-    if hasattr(value, "get_secret_value"):
-        return "—"
+    if isinstance(value, SecretStr):  # a default in the code is no credential
+        value = value.get_secret_value()
     text = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
     return f"`{text}`" if text != "" else '`""`'
 
 
-def _rows(model: type[BaseModel], prefix: str, delimiter: str | None) -> Iterator[str]:
-    comments = _comments(model)
-    for name, field in model.model_fields.items():
-        annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel) and delimiter:
-            yield from _rows(annotation, f"{prefix}{name.upper()}{delimiter}", delimiter)
-            continue
-        words = field.description or comments.get(name, "")
-        yield f"| `{prefix}{name.upper()}` | {_cell(_default(field))} | {_cell(words)} |"
-
-
 def settings_page() -> str:
-    from service.settings import Settings
+    from service.settings import Settings, sections
 
     prefix = str(Settings.model_config.get("env_prefix", ""))
-    delimiter = Settings.model_config.get("env_nested_delimiter")
     out = [
         GENERATED,
         "",
         "# Settings",
         "",
-        f"Environment variables, prefix `{prefix}`, read once at start (`service/settings.py`).",
-        "A comment over a group of fields is shown on the first of them.",
-        "",
-        "| variable | default | meaning |",
-        "| --- | --- | --- |",
-        *_rows(Settings, prefix, str(delimiter) if delimiter else None),
+        f"Environment variables, prefix `{prefix}`, read once at start (`service/settings.py`),",
+        'one table per section. A list is given as a JSON list (`["a", "b"]`) or as items',
+        "between commas (`a,b`); a secret is never shown (logs, dumps, answers).",
     ]
+    for section in sections():
+        out += ["", f"## {section.heading}", "", _cell(section.__doc__ or ""), ""]
+        out += ["| variable | type | default | meaning |", "| --- | --- | --- | --- |"]
+        for name, field in section.model_fields.items():
+            out.append(
+                f"| `{prefix}{name.upper()}` | {_cell(_type(field.annotation))} |"
+                f" {_cell(_default(field))} | {_cell(field.description or '')} |"
+            )
     return "\n".join(out) + "\n"
 
 

@@ -40,6 +40,19 @@ def test_the_settings_page_lists_every_setting() -> None:
         assert f"`RLRUN_{name.upper()}" in text, name
 
 
+def test_the_settings_page_has_a_table_per_section() -> None:
+    from service.settings import sections
+
+    text = docs_reference.PAGES["settings"].read_text()
+    parts = text.split("\n## ")[1:]
+    assert [part.split("\n", 1)[0] for part in parts] == [s.heading for s in sections()]
+    for part, section in zip(parts, sections(), strict=True):
+        for name in section.model_fields:
+            assert f"| `RLRUN_{name.upper()}` |" in part, (section.heading, name)
+    assert "| `RLRUN_RAY_TOKEN` | secret or unset | — |" in text
+    assert "| `RLRUN_LOCAL_NPUS` | list of int | `[16]` |" in text
+
+
 def test_the_readme_is_a_front_page_with_its_first_two_commands() -> None:
     text = README.read_text()
     assert len(text.splitlines()) <= 200

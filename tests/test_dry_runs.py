@@ -71,7 +71,7 @@ def test_a_repeated_dry_run_is_not_composed_again(
 
 
 def test_the_run_dir_applied_after_the_kept_composition_gives_hydras_config() -> None:
-    registry = default_registry("", Settings())
+    registry = default_registry((), Settings())
     recipe, spec = registry.parse(with_group_override("same"))
     assert isinstance(recipe, VerlFullyAsyncRecipe) and isinstance(spec, VerlFullyAsyncSpec)
     full = recipe.resolve(spec)

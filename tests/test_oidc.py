@@ -367,7 +367,7 @@ def test_the_openapi_document_lists_what_a_token_call_may_answer(oidc: dict[str,
 def test_oidc_is_off_by_default() -> None:
     settings = Settings()
     assert not settings.oidc_enabled
-    assert settings.oidc_algorithm_list == ["RS256", "ES256"]
+    assert settings.oidc_algorithms == ["RS256", "ES256"]
     assert (settings.oidc_user_claim, settings.oidc_team_claim) == ("sub", "team")
     assert (settings.oidc_role_claim, settings.oidc_leeway_s) == ("role", 30.0)
 

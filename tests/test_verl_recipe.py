@@ -37,7 +37,7 @@ ADDED = {"trainer.device": "npu", "trainer.default_local_dir": "/mnt/ckpt/run-go
 
 
 def build(body: dict[str, Any], settings: Settings = SETTINGS, run_id: str = "run-x") -> Launch:
-    return default_registry("", settings).build(body, LaunchContext(run_id, stop_grace_s=300))[1]
+    return default_registry((), settings).build(body, LaunchContext(run_id, stop_grace_s=300))[1]
 
 
 def verl_argv(argv: list[str] | Launch) -> list[str]:
@@ -86,7 +86,7 @@ def test_preset_reproduces_the_reference_override_for_override_except_listed_dif
 
 
 def test_preset_keeps_a_credentialed_logger_the_deployment_configured() -> None:
-    settings = SETTINGS.model_copy(update={"verl_loggers_configured": "wandb"})
+    settings = SETTINGS.model_copy(update={"verl_loggers_configured": ["wandb"]})
     ours = as_mapping(verl_argv(build(PRESET, settings))[5:])
     assert ours["trainer.logger"] == ["console", "wandb"]
 

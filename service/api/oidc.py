@@ -60,7 +60,7 @@ class OidcVerifier:
             raise ValueError("OIDC needs an issuer and an audience")
         self.issuer = settings.oidc_issuer
         self.audience = settings.oidc_audience
-        self.algorithms = settings.oidc_algorithm_list
+        self.algorithms = list(settings.oidc_algorithms)
         self.user_claim = settings.oidc_user_claim
         self.team_claim = settings.oidc_team_claim
         self.role_claim = settings.oidc_role_claim

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import secrets
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Annotated, Any, Literal
 
@@ -89,9 +90,9 @@ def new_secret() -> str:
     return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
 
 
-def _checked_url(url: str, allow: str) -> str:
+def _checked_url(url: str, allow: Sequence[str]) -> str:
     try:
-        return check(url, AllowList.parse(allow.split(","))).url
+        return check(url, AllowList.parse(allow)).url
     except UnsafeUrl as exc:
         raise InvalidSpec(str(exc), [field_error(["url"], str(exc))]) from None
 

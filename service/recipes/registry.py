@@ -75,12 +75,14 @@ class RecipeRegistry:
         return spec, dataclasses.replace(launch, secrets=dict(spec.secrets))
 
 
-def default_registry(plugins: str = "", settings: Settings | None = None) -> RecipeRegistry:
+def default_registry(
+    plugins: Sequence[str] = (), settings: Settings | None = None
+) -> RecipeRegistry:
     """The recipes rlrun ships, plus any ``module:function`` plugins that register more."""
     registry = RecipeRegistry(settings.env_allow if settings else ())
     registry.register(VerlFullyAsyncRecipe(settings or Settings()))
     registry.register(TinyGrpoRecipe())
-    for entry in filter(None, (p.strip() for p in plugins.split(","))):
+    for entry in plugins:
         module, _, func = entry.partition(":")
         getattr(importlib.import_module(module), func or "register")(registry)
     return registry

@@ -34,7 +34,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small, in seconds (what CI runs)")
     specs = 20 if parser.parse_args().quick else 300
     report = Report("verl spec validation")
-    registry = default_registry("", Settings())
+    registry = default_registry((), Settings())
     bodies: list[dict[str, Any]] = [PRESET]
     bodies += [json.loads(p.read_text())["spec"] for p in sorted(EXAMPLES.glob("*.json"))]
     start = time.perf_counter()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -79,15 +80,15 @@ def _model_dirs(cfg: dict[str, Any]) -> list[PathCheck]:
 
 
 def packages(
-    accelerator: str, setting: str, verl_version: str, verl_requires: list[str]
+    accelerator: str, setting: Sequence[str], verl_version: str, verl_requires: list[str]
 ) -> dict[str, str]:
     """Distribution -> specifier the nodes must satisfy; verl's validated version always."""
     out = {"verl": f"=={verl_version}"}
-    if setting.strip() == "auto":
+    if list(setting) == ["auto"]:
         out |= dict.fromkeys(STACK[accelerator], "")
         out |= _verl_ranges(tuple(verl_requires))
         return out
-    for text in filter(None, (p.strip() for p in setting.split(","))):
+    for text in setting:
         req = Requirement(text)
         out[req.name] = str(req.specifier)
     return out

@@ -20,7 +20,7 @@ Preset = Callable[[Settings], dict[str, Any]]
 
 def geo3k_qwen3vl_8b_npu(settings: Settings) -> dict[str, Any]:
     data_dir = PurePosixPath(settings.verl_data_dir)
-    configured = set(settings.verl_credentialed_loggers)
+    configured = set(settings.verl_loggers_configured)
     return {
         "data": {
             "train_files": str(data_dir / "geo3k" / "train.parquet"),

@@ -90,7 +90,7 @@ class VerlFullyAsyncRecipe:
             errors = [field_error(item.loc, why, "verl_config") for item, why in added]
             raise InvalidSpec(f"verl's config refuses: {added[0][1]}", errors)
         where = rules.Locator(items, _spec_keys())
-        errors, warnings = rules.check(cfg, full, where, self.settings.verl_credentialed_loggers)
+        errors, warnings = rules.check(cfg, full, where, self.settings.verl_loggers_configured)
         errors += [
             field_error(where(key), f"{key}: {path!r} {why}", "verl_rule")
             for key, path, why in preflight.unshipped(cfg, full.files)
