@@ -25,8 +25,9 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 from service.errors import field_error
 from service.recipes import env_names
-from service.recipes.verl.hydra_check import FULLY_ASYNC_CONFIG, TRAINER_CONFIG, parse, verl_root
+from service.recipes.verl.hydra_check import FULLY_ASYNC_CONFIG, TRAINER_CONFIG, verl_root
 from service.recipes.verl.hydra_check import select as cfg_select
+from service.recipes.verl.overrides import Override, read
 
 DENIED_KEYS = ("ray_kwargs", "hydra")
 VERSION = r"[A-Za-z0-9.*+!_-]+"
@@ -72,12 +73,16 @@ def _under(key: str, prefix: str) -> bool:
 
 
 def override_refusal(text: str, allow: Sequence[str] = ()) -> str | None:
+    """Why one override string may not pass, or None (``refusal`` of it parsed)."""
+    return refusal(read(text, ("overrides",)), allow)
+
+
+def refusal(o: Override, allow: Sequence[str] = ()) -> str | None:
     """Why one override may not pass, or None. Messages name the key, never a composed value."""
-    if "${" in text:
+    if "${" in o.text:
         return "interpolations ('${') are not allowed in overrides"
-    try:
-        p = parse(text)
-    except ValueError:
+    p = o.parsed
+    if p is None:
         return None  # a syntax error: composition reports it with Hydra's parser message
     allowed = any(_under(p.key, a) for a in allow)
     if any(part == "_target_" for part in re.split(r"[./]", p.key)):
@@ -102,13 +107,13 @@ def override_refusal(text: str, allow: Sequence[str] = ()) -> str | None:
     return None
 
 
-def check_overrides(overrides: Sequence[str], allow: Sequence[str]) -> list[dict[str, Any]]:
-    errors = []
-    for i, text in enumerate(overrides):
-        why = override_refusal(text, allow)
-        if why:
-            errors.append(field_error(["overrides", i], why, "forbidden_override"))
-    return errors
+def check_overrides(overrides: Sequence[Override], allow: Sequence[str]) -> list[dict[str, Any]]:
+    """The spec's own overrides (parsed), each refused under its field."""
+    return [
+        field_error(o.loc, why, "forbidden_override")
+        for o in overrides
+        if (why := refusal(o, allow))
+    ]
 
 
 def pip_refusal(requirement: str) -> str | None:
