@@ -13,13 +13,14 @@ from typing import Any, ClassVar
 
 from pydantic import ValidationError
 
-from service.errors import InvalidSpec, field_error, invalid_from_pydantic
+from service.errors import InvalidSpec, dotted, field_error, invalid_from_pydantic
 from service.recipes.base import Launch, LaunchContext, RunSpec
 from service.recipes.verl import (
     command,
     guard,
     overrides,
     preflight,
+    read_keys,
     rules,
     shipped,
     typed_keys,
@@ -41,6 +42,7 @@ class VerlFullyAsyncRecipe:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self._cache = Path(settings.verl_cache_dir)
 
     def resolve(self, spec: VerlFullyAsyncSpec) -> VerlFullyAsyncSpec:
         """The request on top of its preset: the spec the launch is built from."""
@@ -92,7 +94,7 @@ class VerlFullyAsyncRecipe:
         except command.Unexpressible as exc:
             raise InvalidSpec(str(exc), [field_error(exc.loc, str(exc))]) from exc
         name = command.config_name(full)
-        version, root = versions.root_for(full.verl_version, Path(self.settings.verl_cache_dir))
+        version, root = versions.root_for(full.verl_version, self._cache)
         shared, own = _per_run(items)
         ordered = shared + own
         try:
@@ -117,11 +119,19 @@ class VerlFullyAsyncRecipe:
             for item in c.overrides
             if (why := _untyped(c.config_name, item, c.root, added_only=True))
         ]
+        unread = [
+            (item, found)
+            for item in c.overrides
+            if item.parsed and item.op in ("+", "++") and not item.group
+            if (found := read_keys.problem(c.config_name, item.parsed.key, c.root, self._cache))
+        ]
+        added += [(item, why) for item, (refused, why) in unread if refused]
         if added:
             errors = [field_error(item.loc, why, "verl_config") for item, why in added]
             raise InvalidSpec(f"verl's config refuses: {added[0][1]}", errors)
         where = rules.Locator(c.overrides, _spec_keys())
         errors, warnings = rules.check(cfg, full, where, self.settings.verl_credentialed_loggers)
+        warnings += [f"{dotted(item.loc)}: {why}" for item, (refused, why) in unread if not refused]
         errors += [
             field_error(where(key), f"{key}: {path!r} {why}", "verl_rule")
             for key, path, why in preflight.unshipped(cfg, full.files)
