@@ -19,6 +19,7 @@ from service.recipes.verl import (
     command,
     guard,
     overrides,
+    paths,
     preflight,
     read_keys,
     rules,
@@ -136,8 +137,8 @@ class VerlFullyAsyncRecipe:
             field_error(where(key), f"{key}: {path!r} {why}", "verl_rule")
             for key, path, why in preflight.unshipped(cfg, full.files)
         ]
-        pins = guard.PathPins(self.settings.verl_checkpoint_root, self.settings.verl_data_roots)
-        errors += guard.check_paths(
+        pins = paths.PathPins(self.settings.verl_checkpoint_root, self.settings.verl_data_roots)
+        errors += paths.check_paths(
             cfg,
             self.checkpoint_dir(c.guarded.ctx.run_id),
             where,

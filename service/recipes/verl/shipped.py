@@ -17,8 +17,8 @@ from typing import Any
 
 from service.recipes.base import RUN_FILES_DIR
 from service.recipes.verl.command import hydra_value
-from service.recipes.verl.guard import PATH_NAME
 from service.recipes.verl.overrides import Override
+from service.recipes.verl.paths import PATH_NAME
 
 
 def place(name: str) -> str:
