@@ -32,12 +32,12 @@ class Locator:
     def __init__(self, items: list[Override], spec_keys: dict[str, Loc]) -> None:
         self.items = items
         self.spec_keys = spec_keys
+        self._last = [(item.key, item.loc) for item in reversed(items) if item.key is not None]
 
     def set_by(self, key: str) -> Loc | None:
-        for item in reversed(self.items):
-            k = item.key
-            if k is not None and (k == key or key.startswith(k + ".")):
-                return item.loc
+        for k, loc in self._last:
+            if k == key or key.startswith(k + "."):
+                return loc
         return None
 
     def __call__(self, key: str) -> Loc:
