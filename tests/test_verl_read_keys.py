@@ -7,12 +7,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 
+from service.app import create_app
 from service.errors import InvalidSpec
 from service.recipes.base import Launch, LaunchContext
 from service.recipes.registry import default_registry
 from service.recipes.verl import hydra_check, read_keys
 from service.settings import Settings
+from tests.conftest import make_settings
 
 PRESET = {"recipe": "verl-fully-async", "preset": "geo3k-qwen3vl-8b-npu"}
 
@@ -94,3 +97,18 @@ def test_the_scan_is_kept_per_version(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setattr(read_keys.ast, "parse", lambda *a, **k: parsed.append(a))
     assert ("trainer", "alpha") in chains(read_keys.scan(again, cache))
     assert parsed == []
+
+
+def test_the_dry_run_answer_carries_the_warning(tmp_path: Path, settings: Settings) -> None:
+    app_settings = make_settings(
+        f"sqlite:///{tmp_path}/db.sqlite",
+        "http://127.0.0.1:9",
+        run_loops=False,
+        verl_cache_dir=settings.verl_cache_dir,
+    )
+    body = PRESET | {"overrides": ["+trainer.total_epoch=3"]}
+    with TestClient(create_app(app_settings)) as client:
+        answer = client.post("/runs", params={"dry_run": True}, json=body)
+    assert answer.status_code == 200, answer.text
+    (warning,) = [w for w in answer.json()["warnings"] if "never reads" in w]
+    assert warning.startswith("overrides[0]: ") and "trainer.total_epochs" in warning
