@@ -26,6 +26,7 @@ import functools
 import json
 import os
 import re
+import threading
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -71,7 +72,10 @@ def scan(root: Path, cache_dir: Path | None = None) -> Scan:
 
 @functools.cache
 def _scan(root: Path, cache_dir: Path | None) -> Scan:
-    kept = cache_dir / "read-keys" / f"{version(root)}.json" if cache_dir else None
+    release = version(root)
+    kept = (
+        cache_dir / "read-keys" / f"{release}.json" if cache_dir and release != "unknown" else None
+    )
     if kept is not None and kept.is_file():
         try:
             data = json.loads(kept.read_text(encoding="utf-8"))
@@ -89,10 +93,10 @@ def _scan(root: Path, cache_dir: Path | None) -> Scan:
             continue
         _collect(tree, path.relative_to(root).as_posix(), groups)
     found = Scan(tuple(frozenset(chains) for chains in groups.values() if chains))
-    if kept is not None and version(root) != "unknown":
+    if kept is not None:
         with contextlib.suppress(OSError):
             kept.parent.mkdir(parents=True, exist_ok=True)
-            tmp = kept.with_suffix(f".{os.getpid()}.tmp")
+            tmp = kept.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
             tmp.write_text(json.dumps({"groups": [sorted(g) for g in found.groups]}))
             tmp.replace(kept)
     return found
