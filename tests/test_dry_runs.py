@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.recipes.registry import default_registry
-from service.recipes.verl import command, hydra_check
+from service.recipes.verl import command, hydra_check, overrides
 from service.recipes.verl.recipe import VerlFullyAsyncRecipe, _per_run
 from service.recipes.verl.spec import VerlFullyAsyncSpec
 from service.settings import Settings
@@ -75,22 +75,24 @@ def test_the_run_dir_applied_after_the_kept_composition_gives_hydras_config() ->
     recipe, spec = registry.parse(with_group_override("same"))
     assert isinstance(recipe, VerlFullyAsyncRecipe) and isinstance(spec, VerlFullyAsyncSpec)
     full = recipe.resolve(spec)
-    items = command.overrides(full, "/checkpoints/run-x")
+    items = overrides.parse_all(command.overrides(full, "/checkpoints/run-x"))
     shared, own = _per_run(items)
     assert [i.loc for i in own] == [("trainer", "default_local_dir")]
     name = command.config_name(full)
-    ours = hydra_check.compose(name, [i.text for i in shared], then=tuple(i.text for i in own))
+    ours = hydra_check.compose_typed(name, shared, then=own)
     assert ours == hydra_check._compose(name, tuple(i.text for i in items))
     assert ours["trainer"]["default_local_dir"] == "/checkpoints/run-x"
 
 
 def test_a_later_override_of_the_run_dir_keeps_it_in_the_composition() -> None:
-    items = [
-        command.Item(
-            "trainer.default_local_dir=/checkpoints/run-x", ("trainer", "default_local_dir")
-        ),
-        command.Item("++trainer={default_local_dir: /elsewhere}", ("overrides", 0)),
-    ]
+    items = overrides.parse_all(
+        [
+            command.Item(
+                "trainer.default_local_dir=/checkpoints/run-x", ("trainer", "default_local_dir")
+            ),
+            command.Item("++trainer={default_local_dir: /elsewhere}", ("overrides", 0)),
+        ]
+    )
     assert _per_run(items) == (items, [])
 
 

@@ -1,5 +1,7 @@
 """How long validating one verl-fully-async spec takes: cold (first compose of verl's config)
-and warm (per spec, every run a new id and checkpoint dir), against a full Hydra compose.
+and warm (per spec, every run a new id and checkpoint dir), against a full Hydra compose; and
+how often Hydra's parser sees each override string in one accept (once: the pipeline parses
+before its stages, which take the parsed overrides).
 
 Run: PYTHONPATH=. python tests/benchmarks/bench_verl_validation.py [--quick]
 
@@ -11,7 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +64,32 @@ def main() -> None:
     start = time.perf_counter()
     hydra_check._compose("fully_async_ppo_trainer", tuple(argv))
     report.add("one full Hydra compose of the preset", ms(time.perf_counter() - start))
+    report.add("Hydra parser calls per override string, per accept", parses_per_override(registry))
     report.print()
+
+
+def parses_per_override(registry: Any) -> str:
+    real, counts = hydra_check.parse, Counter[str]()
+
+    def counted(text: str) -> Any:
+        counts[text] += 1
+        return real(text)
+
+    modules = [
+        m
+        for name, m in list(sys.modules.items())
+        if name.startswith("service.recipes.verl") and getattr(m, "parse", None) is real
+    ]
+    for m in modules:
+        m.parse = counted  # type: ignore[attr-defined]
+    try:
+        argv = registry.build(PRESET, LaunchContext("parses"))[1].argv
+    finally:
+        for m in modules:
+            m.parse = real  # type: ignore[attr-defined]
+    texts = argv[argv.index("--") + 6 :]  # verl's Hydra overrides, after its --config-name
+    calls = [counts[t] for t in texts]
+    return f"{statistics.mean(calls):.2f} (max {max(calls)}, {len(texts)} overrides)"
 
 
 if __name__ == "__main__":

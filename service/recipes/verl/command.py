@@ -4,14 +4,16 @@ the argv of verl's fully async entry point, the job's runtime env, and what it h
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from pydantic import BaseModel
 
 from service.recipes.verl import pools
 from service.recipes.verl.hydra_check import parse, select
+from service.recipes.verl.overrides import Item as Item
+from service.recipes.verl.overrides import Loc as Loc
+from service.recipes.verl.overrides import Override
 from service.recipes.verl.spec import Block, VerlFullyAsyncSpec
 from service.scheduling.shape import Group, ResourceShape
 
@@ -40,16 +42,6 @@ BASE_ENV = {
 COMMON_ENV = {"HYDRA_FULL_ERROR": "1", "RAY_DEDUP_LOGS": "0"}
 PLAIN = re.compile(r"[A-Za-z0-9_./-][A-Za-z0-9_./:+-]*")
 
-Loc = tuple[str | int, ...]
-
-
-@dataclass(frozen=True)
-class Item:
-    """One Hydra override and the spec field (``loc``) that produced it."""
-
-    text: str
-    loc: Loc
-
 
 class Unexpressible(ValueError):
     def __init__(self, loc: Loc, message: str) -> None:
@@ -63,6 +55,16 @@ def config_name(spec: VerlFullyAsyncSpec) -> str:
 
 def overrides(spec: VerlFullyAsyncSpec, checkpoint_dir: str) -> list[Item]:
     """Every override the spec sets, in the launch script's block order, then ``overrides``."""
+    return [*field_overrides(spec, checkpoint_dir), *user_overrides(spec)]
+
+
+def user_overrides(spec: VerlFullyAsyncSpec) -> list[Item]:
+    """The spec's own ``overrides``, each under its index."""
+    return [Item(text, ("overrides", i)) for i, text in enumerate(spec.overrides)]
+
+
+def field_overrides(spec: VerlFullyAsyncSpec, checkpoint_dir: str) -> list[Item]:
+    """The overrides the spec's fields set, in the launch script's block order."""
     items: list[Item] = []
     for block in spec.BLOCKS:
         model = getattr(spec, block)
@@ -80,7 +82,6 @@ def overrides(spec: VerlFullyAsyncSpec, checkpoint_dir: str) -> list[Item]:
                 items.append(
                     Item(f"trainer.default_local_dir={hydra_value(checkpoint_dir, loc)}", loc)
                 )
-    items.extend(Item(text, ("overrides", i)) for i, text in enumerate(spec.overrides))
     return items
 
 
@@ -135,7 +136,7 @@ def _quote(value: str) -> str:
     return f"{quote}{escaped}{quote}"
 
 
-def argv(spec: VerlFullyAsyncSpec, items: list[Item]) -> list[str]:
+def argv(spec: VerlFullyAsyncSpec, items: Sequence[Item | Override]) -> list[str]:
     return [
         "python3",
         "-m",

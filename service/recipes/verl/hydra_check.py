@@ -3,7 +3,8 @@
 The YAML trees ship in the ``verl`` wheel; ``importlib.util.find_spec`` finds them without
 running verl's ``__init__`` (which needs torch). The base config of each entry config is composed
 once with hydra-core and kept as a plain container. A spec's overrides are parsed with Hydra's
-own override parser (cached per string) and applied to a copy of that container with the rules
+own override parser (``parse``, cached per string; ``overrides.read`` is its one caller on
+the accept path) and applied to a copy of that container with the rules
 Hydra applies in struct mode: a plain ``key=value`` must name an existing key, ``+key`` must not
 (unless it is null), ``++key`` may, ``~key`` deletes. Overrides that change the defaults list
 (config groups such as ``model_engine=megatron``) cannot be applied that way; those lists, and
@@ -16,11 +17,16 @@ from __future__ import annotations
 import functools
 import importlib.util
 import threading
+from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from service.errors import Unavailable
+
+if TYPE_CHECKING:
+    from service.recipes.verl.overrides import Override
 
 FULLY_ASYNC_CONFIG = "experimental/fully_async_policy/config"
 TRAINER_CONFIG = "trainer/config"
@@ -54,6 +60,11 @@ class Parsed:
     value: Any
     group: bool
     package: str | None = None
+
+    @property
+    def op(self) -> str:
+        """``=``, ``+``, ``++`` or ``~``."""
+        return self.kind or "="
 
 
 def verl_root() -> Path:
@@ -158,45 +169,75 @@ def compose(
     root: Path | None = None,
     then: tuple[str, ...] = (),
 ) -> dict[str, Any]:
+    """``compose_typed`` of override strings (parsed here)."""
+    from service.recipes.verl.overrides import read  # the typed form is built on this module
+
+    return compose_typed(
+        config_name,
+        [read(text, ("overrides", i)) for i, text in enumerate(overrides)],
+        root,
+        [read(text, ("overrides", i)) for i, text in enumerate(then, start=len(overrides))],
+    )
+
+
+def compose_typed(
+    config_name: str,
+    overrides: Sequence[Override],
+    root: Path | None = None,
+    then: Sequence[Override] = (),
+) -> dict[str, Any]:
     """verl's config with ``overrides`` applied, as Hydra would compose it (a fresh container),
     for the verl at ``root`` (default: the installed one), and then the plain overrides ``then``
     (values that differ per run, on keys no other override touches).
 
-    Compositions are kept by their inputs (entry config, the exact override list, the verl
+    Compositions are kept by their inputs (entry config, the exact override texts, the verl
     tree), so the same spec is composed once however often it is checked. Raises
     ``OverrideError`` naming each override Hydra would refuse (those in ``then`` numbered after
     ``overrides``).
     """
-    cfg: dict[str, Any] = copy_tree(_composed(config_name, tuple(overrides), root))
-    for i, text in enumerate(then, start=len(overrides)):
+    cfg: dict[str, Any] = copy_tree(_composed(config_name, overrides, root))
+    for i, o in enumerate(then, start=len(overrides)):
+        if o.parsed is None:
+            raise OverrideError([(i, o.error or COMPOSE_REFUSED)])
         try:
-            _apply(cfg, parse(text))
+            _apply(cfg, o.parsed)
         except (KeyError, ValueError) as exc:
             raise OverrideError([(i, str(exc.args[0]))]) from None
     return cfg
 
 
-@functools.lru_cache(maxsize=128)
-def _composed(config_name: str, overrides: tuple[str, ...], root: Path | None) -> dict[str, Any]:
-    # Never handed out: ``compose`` copies it.
-    return _compose_overrides(config_name, list(overrides), root)
+KEPT = 128
+_kept: OrderedDict[tuple[str, tuple[str, ...], Path | None], dict[str, Any]] = OrderedDict()
+_kept_lock = threading.Lock()
 
 
-def _compose_overrides(config_name: str, overrides: list[str], root: Path | None) -> dict[str, Any]:
-    parsed: list[Parsed] = []
-    problems: list[tuple[int, str]] = []
-    for i, text in enumerate(overrides):
-        try:
-            parsed.append(parse(text))
-        except ValueError as exc:
-            problems.append((i, str(exc)))
+def _composed(config_name: str, overrides: Sequence[Override], root: Path | None) -> dict[str, Any]:
+    # Kept by the override texts (what Hydra would be given); never handed out, ``compose``
+    # copies it. A refusal is not kept.
+    key = (config_name, tuple(o.text for o in overrides), root)
+    with _kept_lock:
+        if key in _kept:
+            _kept.move_to_end(key)
+            return _kept[key]
+    cfg = _compose_overrides(config_name, overrides, root)
+    with _kept_lock:
+        _kept[key] = cfg
+        while len(_kept) > KEPT:
+            _kept.popitem(last=False)
+    return cfg
+
+
+def _compose_overrides(
+    config_name: str, overrides: Sequence[Override], root: Path | None
+) -> dict[str, Any]:
+    problems = [(i, o.error or COMPOSE_REFUSED) for i, o in enumerate(overrides) if not o.parsed]
     if problems:
         raise OverrideError(problems)
+    parsed = [o.parsed for o in overrides if o.parsed is not None]
+    texts = tuple(o.text for o in overrides)
     if any(p.group for p in parsed):
         try:
-            composed: dict[str, Any] = copy_tree(
-                _composed_with_groups(config_name, tuple(overrides), root)
-            )
+            composed: dict[str, Any] = copy_tree(_composed_with_groups(config_name, texts, root))
             return composed
         except OverrideError as exc:
             culprit = _culprit(parsed, exc.hint)
@@ -211,9 +252,7 @@ def _compose_overrides(config_name: str, overrides: list[str], root: Path | None
     if problems:
         # Hydra has the last word on a refusal (and the odd form, like a list index, it takes).
         try:
-            hydra_composed: dict[str, Any] = _composed_with_groups(
-                config_name, tuple(overrides), root
-            )
+            hydra_composed: dict[str, Any] = _composed_with_groups(config_name, texts, root)
         except OverrideError:
             raise OverrideError(problems) from None
         cfg = copy_tree(hydra_composed)

@@ -1,17 +1,34 @@
-"""The ``verl-fully-async`` recipe: preset + request -> overrides -> verl's config -> launch."""
+"""The ``verl-fully-async`` recipe: preset + request -> overrides -> verl's config -> launch.
+
+One straight pipeline (``build``): the overrides are parsed once (``overrides.parse_all``), then
+guard -> compose -> check -> launch, each stage taking the previous one's output.
+"""
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
 
 from pydantic import ValidationError
 
-from service.errors import InvalidSpec, field_error, invalid_from_pydantic
+from service.errors import InvalidSpec, dotted, field_error, invalid_from_pydantic
 from service.recipes.base import Launch, LaunchContext, RunSpec
-from service.recipes.verl import command, guard, preflight, rules, shipped, typed_keys, versions
-from service.recipes.verl.hydra_check import OverrideError, base_config, compose, parse
+from service.recipes.verl import (
+    command,
+    guard,
+    overrides,
+    paths,
+    preflight,
+    read_keys,
+    rules,
+    shipped,
+    typed_keys,
+    versions,
+)
+from service.recipes.verl.hydra_check import OverrideError, base_config, compose_typed
+from service.recipes.verl.overrides import Override
 from service.recipes.verl.preset import PRESETS, deep_merge
 from service.recipes.verl.spec import VerlFullyAsyncSpec
 from service.settings import Settings
@@ -26,6 +43,7 @@ class VerlFullyAsyncRecipe:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self._cache = Path(settings.verl_cache_dir)
 
     def resolve(self, spec: VerlFullyAsyncSpec) -> VerlFullyAsyncSpec:
         """The request on top of its preset: the spec the launch is built from."""
@@ -46,9 +64,15 @@ class VerlFullyAsyncRecipe:
         return str(PurePosixPath(self.settings.verl_checkpoint_root) / run_id)
 
     def build(self, spec: Any, ctx: LaunchContext) -> Launch:
+        """The accept path, one stage after another, each on the one before's output: the
+        overrides parsed once, guarded, composed into verl's config, checked, built."""
         assert isinstance(spec, VerlFullyAsyncSpec)
-        full = self.resolve(spec)
-        refused = guard.check_overrides(full.overrides, self.settings.override_allow)
+        return self.launch(self.check(self.compose(self.guard(self.resolve(spec), ctx))))
+
+    def guard(self, full: VerlFullyAsyncSpec, ctx: LaunchContext) -> Guarded:
+        """The spec's own overrides parsed (the only time), and what the service refuses."""
+        own = overrides.parse_all(command.user_overrides(full))
+        refused = guard.check_overrides(own, self.settings.override_allow)
         refused += guard.check_runtime_env(
             full.runtime_env.env_vars,
             full.runtime_env.pip,
@@ -57,48 +81,66 @@ class VerlFullyAsyncRecipe:
         )
         if refused:
             raise InvalidSpec(f"{len(refused)} field(s) refused: {refused[0]['msg']}", refused)
+        return Guarded(full, ctx, own)
+
+    def compose(self, g: Guarded) -> Composed:
+        """Every override verl is given (the spec's fields, then its own), and verl's config
+        with them applied; Hydra's refusals under the field of each override."""
+        full = g.spec
         try:
-            items = shipped.rewrite(
-                command.overrides(full, self.checkpoint_dir(ctx.run_id)), full.files
+            fields = overrides.parse_all(
+                command.field_overrides(full, self.checkpoint_dir(g.ctx.run_id))
             )
+            items = shipped.rewrite([*fields, *g.overrides], full.files)
         except command.Unexpressible as exc:
             raise InvalidSpec(str(exc), [field_error(exc.loc, str(exc))]) from exc
         name = command.config_name(full)
-        version, root = versions.root_for(full.verl_version, Path(self.settings.verl_cache_dir))
+        version, root = versions.root_for(full.verl_version, self._cache)
         shared, own = _per_run(items)
         ordered = shared + own
         try:
-            cfg = compose(
-                name, [item.text for item in shared], root, then=tuple(i.text for i in own)
-            )
+            cfg = compose_typed(name, shared, root, then=own)
         except OverrideError as exc:
             errors = [
                 field_error(
                     ordered[i].loc if i >= 0 else ("overrides",),
-                    (_untyped(name, ordered[i].text, root) if i >= 0 else None) or msg,
+                    (_untyped(name, ordered[i], root) if i >= 0 else None) or msg,
                     "verl_config",
                 )
                 for i, msg in exc.problems
             ]
             raise InvalidSpec(f"verl's config refuses: {errors[0]['msg']}", errors) from exc
+        return Composed(g, items, name, version, root, cfg)
+
+    def check(self, c: Composed) -> Checked:
+        """The composed config against what verl reads and the rules it enforces at run time."""
+        full, cfg = c.guarded.spec, c.cfg
         added = [
             (item, why)
-            for item in items
-            if (why := _untyped(name, item.text, root, added_only=True))
+            for item in c.overrides
+            if (why := _untyped(c.config_name, item, c.root, added_only=True))
         ]
+        unread = [
+            (item, found)
+            for item in c.overrides
+            if item.parsed and item.op in ("+", "++") and not item.group
+            if (found := read_keys.problem(c.config_name, item.parsed.key, c.root, self._cache))
+        ]
+        added += [(item, why) for item, (refused, why) in unread if refused]
         if added:
             errors = [field_error(item.loc, why, "verl_config") for item, why in added]
             raise InvalidSpec(f"verl's config refuses: {added[0][1]}", errors)
-        where = rules.Locator(items, _spec_keys())
+        where = rules.Locator(c.overrides, _spec_keys())
         errors, warnings = rules.check(cfg, full, where, self.settings.verl_loggers_configured)
+        warnings += [f"{dotted(item.loc)}: {why}" for item, (refused, why) in unread if not refused]
         errors += [
             field_error(where(key), f"{key}: {path!r} {why}", "verl_rule")
             for key, path, why in preflight.unshipped(cfg, full.files)
         ]
-        pins = guard.PathPins(self.settings.verl_checkpoint_root, self.settings.verl_data_roots)
-        errors += guard.check_paths(
+        pins = paths.PathPins(self.settings.verl_checkpoint_root, self.settings.verl_data_roots)
+        errors += paths.check_paths(
             cfg,
-            self.checkpoint_dir(ctx.run_id),
+            self.checkpoint_dir(c.guarded.ctx.run_id),
             where,
             pins,
             lambda key: where.set_by(key) is not None,
@@ -107,25 +149,61 @@ class VerlFullyAsyncRecipe:
             raise InvalidSpec(
                 f"{len(errors)} verl rule(s) broken, first: {errors[0]['field']}", errors
             )
+        return Checked(c, warnings)
+
+    def launch(self, k: Checked) -> Launch:
+        c = k.composed
+        full, cfg, stop_grace_s = c.guarded.spec, c.cfg, c.guarded.ctx.stop_grace_s
         return Launch(
             argv=preflight.launcher_argv(
                 preflight.plan(
-                    cfg, full.resources.accelerator, self.settings, version, versions.requires(root)
+                    cfg,
+                    full.resources.accelerator,
+                    self.settings,
+                    c.version,
+                    versions.requires(c.root),
                 ),
-                command.argv(full, items),
+                command.argv(full, c.overrides),
             ),
-            runtime_env=command.runtime_env(full, ctx.stop_grace_s),
+            runtime_env=command.runtime_env(full, stop_grace_s),
             shape=command.shape(cfg, full.resources.accelerator),
-            warnings=warnings,
+            warnings=k.warnings,
             total_steps=command.planned_syncs(cfg),
             files=dict(full.files),
         )
 
 
+@dataclass(frozen=True)
+class Guarded:
+    """The resolved spec and its own overrides, parsed and allowed."""
+
+    spec: VerlFullyAsyncSpec
+    ctx: LaunchContext
+    overrides: list[Override]
+
+
+@dataclass(frozen=True)
+class Composed:
+    """Every override verl is given, in order, and verl's config composed with them."""
+
+    guarded: Guarded
+    overrides: list[Override]
+    config_name: str
+    version: str
+    root: Path | None
+    cfg: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Checked:
+    composed: Composed
+    warnings: list[str]
+
+
 RUN_DIR_LOC = ("trainer", "default_local_dir")
 
 
-def _per_run(items: list[command.Item]) -> tuple[list[command.Item], list[command.Item]]:
+def _per_run(items: list[Override]) -> tuple[list[Override], list[Override]]:
     """The overrides split into those a composition is kept by, and the run's own checkpoint
     dir (new with every run id), applied after it when no other override touches its key: a
     spec checked again (a repeated dry run) is then not composed again."""
@@ -136,9 +214,8 @@ def _per_run(items: list[command.Item]) -> tuple[list[command.Item], list[comman
     for item in items:
         if item is own[0]:
             continue
-        try:
-            other = parse(item.text).key
-        except ValueError:
+        other = item.key
+        if other is None:
             return items, []
         if other == key or key.startswith(other + ".") or other.startswith(key + "."):
             return items, []
@@ -146,17 +223,14 @@ def _per_run(items: list[command.Item]) -> tuple[list[command.Item], list[comman
 
 
 def _untyped(
-    config_name: str, text: str, root: Path | None, added_only: bool = False
+    config_name: str, item: Override, root: Path | None, added_only: bool = False
 ) -> str | None:
     """The refusal for an override whose key lands in a typed section of verl's config that
     lacks it (Hydra lets ``+key``/``++key`` add any key; verl's dataclasses do not)."""
-    try:
-        parsed = parse(text)
-    except ValueError:
+    p = item.parsed
+    if p is None or p.group or (added_only and p.kind not in ("+", "++")):
         return None
-    if parsed.group or (added_only and parsed.kind not in ("+", "++")):
-        return None
-    return typed_keys.missing_field(base_config(config_name, root), parsed.key, root)
+    return typed_keys.missing_field(base_config(config_name, root), p.key, root)
 
 
 @functools.cache

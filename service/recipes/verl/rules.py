@@ -8,8 +8,9 @@ from typing import Any
 
 from service.errors import field_error
 from service.recipes.verl import pools
-from service.recipes.verl.command import DEVICE, RESOURCE_KEYS, Item, Loc, rollout_replica_size
-from service.recipes.verl.hydra_check import parse, select
+from service.recipes.verl.command import DEVICE, RESOURCE_KEYS, rollout_replica_size
+from service.recipes.verl.hydra_check import select
+from service.recipes.verl.overrides import Loc, Override
 from service.recipes.verl.spec import VerlFullyAsyncSpec
 
 LOGGERS = {
@@ -28,26 +29,19 @@ RC = "algorithm.rollout_correction"
 class Locator:
     """Maps a verl key to the spec field that set it last (or that would set it)."""
 
-    def __init__(self, items: list[Item], spec_keys: dict[str, Loc]) -> None:
+    def __init__(self, items: list[Override], spec_keys: dict[str, Loc]) -> None:
         self.items = items
         self.spec_keys = spec_keys
-        self.keys = [_key(item.text) for item in items]
+        self._last = [(item.key, item.loc) for item in reversed(items) if item.key is not None]
 
     def set_by(self, key: str) -> Loc | None:
-        for item, k in zip(reversed(self.items), reversed(self.keys), strict=True):
-            if k is not None and (k == key or key.startswith(k + ".")):
-                return item.loc
+        for k, loc in self._last:
+            if k == key or key.startswith(k + "."):
+                return loc
         return None
 
     def __call__(self, key: str) -> Loc:
         return self.set_by(key) or self.spec_keys.get(key) or ("overrides",)
-
-
-def _key(text: str) -> str | None:
-    try:
-        return parse(text).key
-    except ValueError:
-        return None
 
 
 def _int(value: Any) -> int | None:
@@ -76,7 +70,7 @@ def check(
             err(key, f"{msg} (got {get(key)!r})")
 
     for item in where.items:
-        key = _key(item.text)
+        key = item.key
         if item.loc[0] == "overrides" and key is not None:
             owned = [k for k in RESOURCE_KEYS if k == key or k.startswith(key + ".")]
             if owned:
@@ -267,7 +261,7 @@ def _warnings(
     get: Callable[..., Any],
     spec: VerlFullyAsyncSpec,
     configured_loggers: list[str],
-    where_items: list[Item],
+    where_items: list[Override],
 ) -> list[str]:
     out: list[str] = []
     if (
@@ -306,7 +300,7 @@ def _warnings(
             'name them as secrets the service holds (e.g. "secrets": {"WANDB_API_KEY": '
             '"wandb-team-key"}) or the run may fail at start'
         )
-    if any(_key(item.text) == "rollout.n" for item in where_items):
+    if any(item.key == "rollout.n" for item in where_items):
         out.append(
             "rollout.n (top level) is unused by verl; responses per prompt are "
             "actor_rollout_ref.rollout.n (the spec's rollout.n)"

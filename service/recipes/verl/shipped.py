@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from service.recipes.base import RUN_FILES_DIR
-from service.recipes.verl.command import Item, hydra_value
-from service.recipes.verl.guard import PATH_NAME
-from service.recipes.verl.hydra_check import parse
+from service.recipes.verl.command import hydra_value
+from service.recipes.verl.overrides import Override
+from service.recipes.verl.paths import PATH_NAME
 
 
 def place(name: str) -> str:
@@ -34,26 +34,21 @@ def _moved(value: Any, files: Mapping[str, str]) -> Any:
     return value
 
 
-def rewrite(items: list[Item], files: Mapping[str, str]) -> list[Item]:
-    """``items`` with each path value naming a shipped file pointed at its place."""
+def rewrite(overrides: list[Override], files: Mapping[str, str]) -> list[Override]:
+    """``overrides`` with each path value naming a shipped file pointed at its place."""
     if not files:
-        return items
+        return overrides
     out = []
-    for item in items:
-        try:
-            parsed = parse(item.text)
-        except ValueError:  # composing reports it, naming the field
-            out.append(item)
+    for o in overrides:
+        p = o.parsed
+        if p is None or p.group or p.kind == "~" or not PATH_NAME.search(p.key.rsplit(".")[-1]):
+            out.append(o)  # a syntax error is left to the composition, naming the field
             continue
-        name = parsed.key.rsplit(".", 1)[-1]
-        if parsed.group or parsed.kind == "~" or not PATH_NAME.search(name):
-            out.append(item)
-            continue
-        value = _moved(parsed.value, files)
-        if value == parsed.value:
-            out.append(item)
+        value = _moved(p.value, files)
+        if value == p.value:
+            out.append(o)
         else:
-            out.append(Item(f"{parsed.kind}{parsed.key}={hydra_value(value, item.loc)}", item.loc))
+            out.append(o.rewritten(f"{p.kind}{p.key}={hydra_value(value, o.loc)}", value))
     return out
 
 
