@@ -4,6 +4,7 @@ what it answered, and can fail every n-th call."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -22,13 +23,19 @@ class Received:
     at: float  # time.time() on arrival
     status: int  # what the receiver answered
     message: dict[str, Any] | None  # the verified message; None if it did not verify
+    complete: bool  # the whole body came (a sender killed mid-send sends part of one)
+
+
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a sender killed mid-call resets its connection: expected here
 
 
 class VerifyingReceiver:
-    def __init__(self, fail_every: int = 0) -> None:
+    def __init__(self, fail_every: int = 0, delay_s: float = 0.0) -> None:
         self.secrets: dict[str, str] = {}  # path -> whsec_...
         self.calls: list[Received] = []
-        self.fail_every = fail_every
+        self.fail_every, self.delay_s = fail_every, delay_s
         self._lock = threading.Lock()
         receiver = self
 
@@ -42,7 +49,7 @@ class VerifyingReceiver:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = _QuietServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
@@ -50,11 +57,10 @@ class VerifyingReceiver:
     def _take(self, handler: BaseHTTPRequestHandler, body: bytes) -> None:
         at = time.time()
         headers = {k.lower(): v for k, v in handler.headers.items()}
-        message: dict[str, Any] | None
-        try:
+        message: dict[str, Any] | None = None
+        complete = len(body) == int(headers.get("content-length", -1))
+        with contextlib.suppress(KeyError, WebhookVerificationError):
             message = Verifier(self.secrets[handler.path]).verify(body, headers)
-        except (KeyError, WebhookVerificationError):
-            message = None
         with self._lock:
             n = len(self.calls) + 1
             if message is None:
@@ -64,8 +70,9 @@ class VerifyingReceiver:
             else:
                 status = 200
             self.calls.append(
-                Received(handler.path, headers.get("webhook-id", ""), at, status, message)
+                Received(handler.path, headers.get("webhook-id", ""), at, status, message, complete)
             )
+        time.sleep(self.delay_s)  # taken, not yet answered: a sender that dies now sends again
         answer = json.dumps({"ok": status == 200}).encode()
         handler.send_response(status)
         handler.send_header("content-length", str(len(answer)))

@@ -17,7 +17,7 @@ import random
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -89,10 +89,12 @@ class Notifier:
             claimed = self._claim()
             if not claimed:
                 return
-            results = list(self.pool.map(lambda item: self._send(*item), claimed))
-            with self.db.transaction() as session:
-                for (delivery, hook), sent in zip(claimed, results, strict=True):
-                    self._record(session, delivery.id, hook.id, sent)
+            sending = {self.pool.submit(self._send, d, h): (d.id, h.id) for d, h in claimed}
+            # Each result recorded as it comes: a crash re-sends (same webhook-id) only what
+            # was in flight, not the whole round.
+            for done in as_completed(sending):
+                with self.db.transaction() as session:
+                    self._record(session, *sending[done], done.result())
 
     def _claim(self) -> list[tuple[WebhookDelivery, Webhook]]:
         now = utcnow()
