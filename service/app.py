@@ -54,6 +54,7 @@ from service.loops.watchdog import Watchdog
 from service.metrics import store
 from service.metrics.broker import Broker
 from service.metrics.health import HealthRules
+from service.metrics.rl_signals import SignalRules
 from service.notify.guard import AllowList
 from service.notify.sender import Notifier
 from service.recipes.registry import RecipeRegistry, default_registry
@@ -224,6 +225,9 @@ def build_services(
                 settings.collapse_window,
                 settings.collapse_patience,
                 settings.collapse_drop,
+                signals=SignalRules(
+                    settings.signal_window, settings.idle_gap, settings.signal_growth
+                ),
             ),
             broker.notify,
             limits=store.Limits(settings.metric_keys_per_run, settings.metric_points_per_run),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import re
 import socket
 import sys
 import unicodedata
@@ -796,7 +797,18 @@ def webhook_add(
     url: Annotated[str, typer.Argument(help="Where to send (https, or an allowed address)")],
     event: Annotated[
         list[str] | None,
-        typer.Option("--event", help="run.status, run.health or run.failed (repeat for more)"),
+        typer.Option(
+            "--event",
+            help="run.status, run.health, run.failed or metric.threshold (repeat for more)",
+        ),
+    ] = None,
+    threshold: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--threshold",
+            help="metric.threshold rule 'KEY OP VALUE [for N]', e.g. "
+            "'critic/score/mean < 0.1 for 20' (repeat for more)",
+        ),
     ] = None,
     status: Annotated[
         list[str] | None, typer.Option("--status", help="run.status only for this status")
@@ -818,6 +830,10 @@ def webhook_add(
     }
     optional = {"name_pattern": name_pattern, "recipe": recipe, "team": team}
     subscription |= {k: v for k, v in optional.items() if v is not None}
+    if threshold:
+        subscription["thresholds"] = [_threshold_rule(t) for t in threshold]
+        if "metric.threshold" not in subscription["events"]:
+            subscription["events"] = [*(event or []), "metric.threshold"]
     with connect(server, token) as client:
         hook = client.create_webhook(subscription)
     if output == Output.json:
@@ -825,6 +841,19 @@ def webhook_add(
         return
     sys.stdout.write(hook["id"] + "\n")
     say(f"secret (shown once): {hook['secret']}", to=errors)
+
+
+_RULE = re.compile(r"^\s*(\S+?)\s*(<=|>=|<|>)\s*(\S+?)(?:\s+for\s+(\d+))?\s*$")
+
+
+def _threshold_rule(text: str) -> dict[str, Any]:
+    """``critic/score/mean < 0.1 for 20`` as the API's rule (the service validates it)."""
+    found = _RULE.match(text)
+    if found is None:
+        why = f"{text!r} is not 'KEY OP VALUE [for N]'"
+        raise typer.BadParameter(why, param_hint="--threshold")
+    key, op, value, steps = found.groups()
+    return {"key": key, "op": op, "value": value, "for_steps": int(steps or 1)}
 
 
 @webhook_app.command("list")

@@ -399,6 +399,16 @@ class MetricsSettings(Section):
     """Health collapsed: the fraction of the window's best reward lost."""
     events_poll_s: float = 1.0
     """How often live streams look for another replica's writes."""
+    signal_window: int = Field(default=10, ge=2)
+    """Health from verl's fully async metrics (staleness drift, a growing weight sync, idle
+    imbalance): the steps each signal reads."""
+    idle_gap: float = Field(default=0.3, gt=0, le=1)
+    """Health idle_imbalance: how far apart the trainer's and the rollouter's mean idle ratio
+    over the window may be."""
+    signal_growth: float = Field(default=1.5, gt=1)
+    """Health sync_growing and staleness_drift: how many times the weight sync's time, or the
+    stale trajectories per step, of the newest half-window may be those of the run's first
+    window."""
 
 
 class WebhookSettings(Section):

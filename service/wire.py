@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from datetime import date, datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import to_json
@@ -277,6 +277,21 @@ class UsageOut(BaseModel):
 # Webhooks
 
 
+# A metric.threshold rule's comparison (``service.notify.thresholds`` evaluates it).
+ThresholdOp = Literal["<", "<=", ">", ">="]
+
+
+class Threshold(BaseModel):
+    """Fires when ``key op value`` holds for ``for_steps`` consecutive logged steps."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: str = Field(min_length=1, max_length=200, pattern=r"^[^\s:]+$", examples=[REWARD_KEY])
+    op: ThresholdOp
+    value: float = Field(allow_inf_nan=False)
+    for_steps: int = Field(default=1, ge=1, le=1_000_000)
+
+
 class WebhookOut(BaseModel):
     id: str
     team: str | None
@@ -286,6 +301,7 @@ class WebhookOut(BaseModel):
     statuses: list[str]
     recipe: str | None
     name_pattern: str | None
+    thresholds: list[Threshold]
     created_by: str
     created_at: datetime
     paused_at: datetime | None

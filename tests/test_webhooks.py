@@ -368,6 +368,18 @@ def test_the_cli_adds_lists_and_removes_subscriptions(db_url: str) -> None:
         ]
         refused = runner.invoke(cli, ["webhook", "add", "http://10.0.0.1/x", *server])
         assert refused.exit_code == 3 and "url" in refused.stderr
+        rule = ["--threshold", "critic/score/mean < 0.1 for 20"]
+        low = runner.invoke(cli, ["webhook", "add", "http://127.0.0.1:9/y", *rule, *server])
+        assert low.exit_code == 0, low.output
+        low_id = low.stdout.strip().splitlines()[0]
+        listed = json.loads(runner.invoke(cli, ["webhook", "list", "-o", "json", *server]).stdout)
+        assert [(h["events"], h["thresholds"]) for h in listed if h["id"] == low_id] == [
+            (
+                ["metric.threshold"],
+                [{"key": "critic/score/mean", "op": "<", "value": 0.1, "for_steps": 20}],
+            )
+        ]
+        assert runner.invoke(cli, ["webhook", "rm", low_id, *server]).exit_code == 0
         assert runner.invoke(cli, ["webhook", "rm", hook_id, *server]).exit_code == 0
         assert (
             json.loads(runner.invoke(cli, ["webhook", "list", "-o", "json", *server]).stdout) == []

@@ -14,8 +14,8 @@ from datetime import timedelta
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
-from pydantic import BaseModel, Field, ValidationError
-from sqlalchemy import select
+from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from service.api.auth import Member, Principal, Viewer, audited
@@ -24,9 +24,10 @@ from service.clock import utcnow
 from service.errors import Forbidden, InvalidSpec, NotFound, field_error, invalid_from_pydantic
 from service.notify.guard import AllowList, UnsafeUrl, check
 from service.notify.outbox import EVENT_TYPES, EventType
-from service.store.models import Webhook, WebhookAttempt, WebhookDelivery
+from service.notify.thresholds import rule_id
+from service.store.models import Webhook, WebhookAttempt, WebhookDelivery, WebhookThreshold
 from service.store.status import RunStatus
-from service.wire import AttemptOut, DeliveryOut, NewSecret, NewWebhook, WebhookOut
+from service.wire import AttemptOut, DeliveryOut, NewSecret, NewWebhook, Threshold, WebhookOut
 
 router = APIRouter(tags=["webhooks"])
 
@@ -42,6 +43,24 @@ class Rules(BaseModel):
     name_pattern: str | None = Field(
         default=None, max_length=200, pattern=_PRINTABLE, description="a glob on the run's name"
     )
+    thresholds: list[Threshold] = Field(
+        default_factory=list,
+        max_length=20,
+        validate_default=True,
+        description="the rules of metric.threshold",
+    )
+
+    @field_validator("thresholds")
+    @classmethod
+    def _thresholds_with_their_event(
+        cls, value: list[Threshold], info: ValidationInfo
+    ) -> list[Threshold]:
+        wanted = "metric.threshold" in info.data.get("events", [])
+        if wanted and not value:
+            raise ValueError("metric.threshold needs at least one rule")
+        if value and not wanted:
+            raise ValueError("threshold rules need the metric.threshold event")
+        return value
 
 
 class WebhookIn(Rules):
@@ -61,6 +80,7 @@ class WebhookPatch(BaseModel):
     statuses: list[RunStatus] | None = None
     recipe: str | None = Field(default=None, max_length=64, pattern=_PRINTABLE)
     name_pattern: str | None = Field(default=None, max_length=200, pattern=_PRINTABLE)
+    thresholds: list[Threshold] | None = Field(default=None, max_length=20)
     paused: bool | None = Field(default=None, description="false resumes a paused subscription")
 
 
@@ -79,6 +99,7 @@ def _out(hook: Webhook) -> WebhookOut:
         statuses=rules.get("statuses", []),
         recipe=rules.get("recipe"),
         name_pattern=rules.get("name_pattern"),
+        thresholds=rules.get("thresholds", []),
         created_by=hook.created_by,
         created_at=hook.created_at,
         paused_at=hook.paused_at,
@@ -168,6 +189,13 @@ def update_webhook(
         if changes.get("format"):
             hook.format = changes["format"]
         hook.rules = _merged_rules(hook.rules, changes)
+        # A rule changed or gone starts afresh: where the old one stood on each run goes.
+        rules = [rule_id(r) for r in hook.rules["thresholds"]]
+        session.execute(
+            delete(WebhookThreshold).where(
+                WebhookThreshold.webhook_id == hook.id, WebhookThreshold.rule.not_in(rules)
+            )
+        )
         if changes.get("paused") is False:
             hook.paused_at, hook.paused_reason = None, None
         elif changes.get("paused") is True and hook.paused_at is None:
@@ -180,8 +208,9 @@ def update_webhook(
 def _merged_rules(rules: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
     """The subscription's rules with the fields a PATCH gives (``statuses: null``: all)."""
     given = {k: changes[k] for k in Rules.model_fields if k in changes}
-    if "statuses" in given and given["statuses"] is None:
-        given["statuses"] = []
+    for name in ("statuses", "thresholds"):
+        if name in given and given[name] is None:
+            given[name] = []
     try:
         return Rules.model_validate(rules | given).model_dump(mode="json")
     except ValidationError as exc:

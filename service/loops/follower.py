@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -28,10 +28,11 @@ from service.metrics import logcopy, store
 from service.metrics.health import HealthRules, evaluate
 from service.metrics.log_readers import LogReader, TailReader
 from service.metrics.parse import MetricLine, parse_line, parse_preflight
+from service.notify import thresholds
 from service.recovery import explain
 from service.store.db import Database
 from service.store.lifecycle import note
-from service.store.models import Run, RunEvent, RunLog, utcnow
+from service.store.models import Run, RunEvent, RunLog, Webhook, utcnow
 from service.store.status import TERMINAL, RunStatus
 
 log = logging.getLogger(__name__)
@@ -203,6 +204,7 @@ class Follower:
                 .with_for_update()
             ).all()
             locked = {runlog.run_id: (runlog, run) for runlog, run in rows}
+            hooks = thresholds.listening(session)
             now = utcnow()
             # Each run's row changes are flushed together at commit, not before every query.
             session.autoflush = False
@@ -215,7 +217,7 @@ class Follower:
                     or runlog.log_offset != read.held.offset
                 ):
                     continue  # another replica took over meanwhile
-                self._ingest(session, run, runlog, read.new, read.parsed, now)
+                self._ingest(session, run, runlog, read.new, read.parsed, now, hooks)
                 if read.reports:
                     run.preflight = read.reports[-1]
                 if read.final:
@@ -243,6 +245,7 @@ class Follower:
         new: str,
         parsed: list[tuple[int, MetricLine]],
         now: datetime,
+        hooks: Sequence[Webhook],
     ) -> None:
         if new:
             logcopy.append(session, run.id, runlog.log_offset, new, self.keep_chars)
@@ -263,4 +266,7 @@ class Follower:
             if runlog.last_step is None or top > runlog.last_step:
                 runlog.last_step = top
                 runlog.last_step_at = now
-        evaluate(session, run, runlog, [m for _, m in parsed], now, self.rules)
+        lines = [m for _, m in parsed]
+        # Thresholds in the points' own transaction: a crossing's delivery is as durable.
+        thresholds.evaluate(session, run, lines, hooks)
+        evaluate(session, run, runlog, lines, now, self.rules)

@@ -1,4 +1,5 @@
-"""Health read from a run's metrics: NaN in a loss, reward collapse, no new step (stalled).
+"""Health read from a run's metrics: NaN in a loss, reward collapse, no new step (stalled), and
+verl's fully async signals (``rl_signals``: staleness drift, a growing sync, idle imbalance).
 
 The follower calls ``evaluate`` for every run it holds; the result goes through ``set_health``.
 A health set by another check (e.g. ``stuck``) is left alone (see ``store.status``).
@@ -8,17 +9,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from service.metrics import store
+from service.metrics import rl_signals, store
 from service.metrics.keys import REWARD_KEY
 from service.metrics.parse import MetricLine
 from service.store.lifecycle import set_health
 from service.store.models import Run, RunLog
-from service.store.status import METRIC_HEALTH, Health, RunStatus
+from service.store.status import METRIC_HEALTH, RL_HEALTH, Health, RunStatus
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class HealthRules:
     collapse_patience: int = 3
     collapse_drop: float = 0.5
     collapse_min_best: float = 0.1
+    signals: rl_signals.SignalRules = field(default_factory=rl_signals.SignalRules)
 
 
 def _nan_loss(lines: Sequence[MetricLine]) -> tuple[str | None, bool]:
@@ -98,4 +100,8 @@ def evaluate(
         )
         if run.health == "stalled":
             reason = run.health_reason
+    elif signal := rl_signals.check(session, run, lines, rules.signals):
+        health, reason = signal
+    elif run.health in RL_HEALTH and not rl_signals.logged(lines):
+        health, reason = run.health, run.health_reason
     set_health(session, run, health, reason)

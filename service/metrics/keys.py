@@ -9,3 +9,7 @@ REWARD_KEY = "critic/score/mean"
 REWARD_MAX_KEY = "critic/score/max"
 REWARD_MIN_KEY = "critic/score/min"
 STALE_KEY = "fully_async/count/stale_trajectory_processed"
+# verl's fully async health: how idle each group was, how long a weight sync took.
+TRAINER_IDLE_KEY = "fully_async/trainer/idle_ratio"
+ROLLOUTER_IDLE_KEY = "fully_async/rollouter/idle_ratio"
+PARAM_SYNC_KEY = "timing_s/timing_s/param_sync"  # the double prefix is verl's own

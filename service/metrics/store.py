@@ -513,6 +513,18 @@ def recent(session: Session, run_id: str, key: str, limit: int) -> list[tuple[in
     return [(step, _read(value)) for step, value in reversed(rows)]
 
 
+def first(session: Session, run_id: str, key: str, limit: int) -> list[tuple[int, float]]:
+    """The oldest ``limit`` (step, value) pairs of one key, oldest first."""
+    key_id = select(MetricKey.id).where(MetricKey.run_id == run_id, MetricKey.key == key)
+    rows = session.execute(
+        select(MetricPoint.step, MetricPoint.value)
+        .where(MetricPoint.key_id == key_id.scalar_subquery())
+        .order_by(MetricPoint.step)
+        .limit(limit)
+    ).all()
+    return [(step, _read(value)) for step, value in rows]
+
+
 def width(lo: int, hi: int, max_points: int) -> int:
     """The smallest power of two whose aligned buckets (``step // width``) cover ``[lo, hi]`` in
     at most ``max_points`` buckets; 1 means every point."""

@@ -23,7 +23,15 @@ def body(delivery: WebhookDelivery, fmt: str, dashboard_url: str) -> bytes:
 
 
 def headline(event_type: str, payload: dict[str, Any]) -> str:
-    run, event = payload["run"], payload["event"]
+    run = payload["run"]
+    if event_type == "metric.threshold":
+        t, rule = payload["threshold"], payload["threshold"]["rule"]
+        shown = f"{t['value']:.4g}" if isinstance(t["value"], float | int) else t["value"]
+        return (
+            f"{t['key']} = {shown} at step {t['step']} "
+            f"({rule['op']} {rule['value']:g} for {rule['for_steps']} steps)"
+        )
+    event = payload["event"]
     if event_type == "run.health":
         return f"health {run['health']}: {event['reason']}"
     if event_type == "run.failed" and payload.get("failure"):

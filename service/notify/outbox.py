@@ -14,7 +14,7 @@ from service.clock import utcnow
 from service.store.models import Run, RunEvent, Webhook, WebhookDelivery
 
 # What a subscription may ask for.
-EventType = Literal["run.status", "run.health", "run.failed"]
+EventType = Literal["run.status", "run.health", "run.failed", "metric.threshold"]
 EVENT_TYPES: tuple[str, ...] = get_args(EventType)
 
 
@@ -47,14 +47,7 @@ def enqueue(session: Session, run: Run, event: RunEvent, event_type: str, **extr
     if not targets:
         return 0
     payload = {
-        "run": {
-            "id": run.id,
-            "name": run.name,
-            "team": run.team,
-            "recipe": run.recipe,
-            "status": run.status,
-            "health": run.health,
-        },
+        "run": _run(run),
         "event": {
             "id": event.id,
             "at": event.at.isoformat(),
@@ -64,19 +57,41 @@ def enqueue(session: Session, run: Run, event: RunEvent, event_type: str, **extr
         },
         **extra,
     }
-    now = utcnow()
     for hook in targets:
-        session.add(
-            WebhookDelivery(
-                id=message_id(),
-                webhook_id=hook.id,
-                event_type=event_type,
-                run_id=run.id,
-                payload=payload,
-                created_at=now,
-                next_attempt_at=now,
-                state="pending",
-                attempts=0,
-            )
-        )
+        _add(session, hook, event_type, run, payload)
     return len(targets)
+
+
+def enqueue_threshold(session: Session, run: Run, hook: Webhook, threshold: dict[str, Any]) -> None:
+    """A ``metric.threshold`` delivery to ``hook``: the rule crossed, at which step, what value."""
+    _add(session, hook, "metric.threshold", run, {"run": _run(run), "threshold": threshold})
+
+
+def _run(run: Run) -> dict[str, Any]:
+    return {
+        "id": run.id,
+        "name": run.name,
+        "team": run.team,
+        "recipe": run.recipe,
+        "status": run.status,
+        "health": run.health,
+    }
+
+
+def _add(
+    session: Session, hook: Webhook, event_type: str, run: Run, payload: dict[str, Any]
+) -> None:
+    now = utcnow()
+    session.add(
+        WebhookDelivery(
+            id=message_id(),
+            webhook_id=hook.id,
+            event_type=event_type,
+            run_id=run.id,
+            payload=payload,
+            created_at=now,
+            next_attempt_at=now,
+            state="pending",
+            attempts=0,
+        )
+    )

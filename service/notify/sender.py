@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -34,6 +36,7 @@ from service.store.models import Webhook, WebhookAttempt, WebhookDelivery
 log = logging.getLogger(__name__)
 
 MAX_RESPONSE = 64 * 1024
+MAX_CLIENTS = 64
 # A failed delivery is tried again after 5 s, 10 s, 20 s, ... at most an hour apart.
 RETRY = Backoff(5.0, 3600.0)
 
@@ -74,15 +77,24 @@ class Notifier:
         self.claim_s = 2 * timeout_s + 30
         # Sends of one tick run side by side: one slow receiver does not hold up the rest.
         self.pool = ThreadPoolExecutor(8, thread_name_prefix="notifier")
+        # A client per host name, kept: its connections (and TLS sessions) are reused from one
+        # delivery to the next, and never serve another name (its SNI, its certificate).
+        self._clients: OrderedDict[str, httpx.Client] = OrderedDict()
+        self._clients_lock = threading.Lock()
 
-    def tick(self) -> None:
-        claimed = self._claim()
-        if not claimed:
-            return
-        results = list(self.pool.map(lambda item: self._send(*item), claimed))
-        with self.db.transaction() as session:
-            for (delivery, hook), sent in zip(claimed, results, strict=True):
-                self._record(session, delivery.id, hook.id, sent)
+    def tick(self, rounds: int = 10) -> None:
+        """Send what is due, and again what fell due meanwhile (up to ``rounds`` rounds): an
+        event written while a round was sending waits for no interval."""
+        for _ in range(rounds):
+            claimed = self._claim()
+            if not claimed:
+                return
+            sending = {self.pool.submit(self._send, d, h): (d.id, h.id) for d, h in claimed}
+            # Each result recorded as it comes: a crash re-sends (same webhook-id) only what
+            # was in flight, not the whole round.
+            for done in as_completed(sending):
+                with self.db.transaction() as session:
+                    self._record(session, *sending[done], done.result())
 
     def _claim(self) -> list[tuple[WebhookDelivery, Webhook]]:
         now = utcnow()
@@ -126,18 +138,26 @@ class Notifier:
             literal = f"[{target.address}]" if ":" in target.address else target.address
             url = httpx.URL(hook.url).copy_with(host=literal)
             extensions = {"sni_hostname": target.host} if target.scheme == "https" else {}
-            with (
-                httpx.Client(timeout=self.timeout_s, follow_redirects=False) as http,
-                http.stream(
-                    "POST", url, content=data, headers=headers, extensions=extensions
-                ) as resp,
-            ):
+            with self._client(target.host).stream(
+                "POST", url, content=data, headers=headers, extensions=extensions
+            ) as resp:
                 _read_bounded(resp)
                 return Sent(resp.status_code, _ms(started), _status_error(resp))
         except UnsafeUrl as exc:
             return Sent(None, _ms(started), f"refused: {exc}")
         except httpx.HTTPError as exc:
             return Sent(None, _ms(started), f"{type(exc).__name__}: {exc}"[:300])
+
+    def _client(self, host: str) -> httpx.Client:
+        with self._clients_lock:
+            client = self._clients.pop(host, None) or httpx.Client(
+                timeout=self.timeout_s, follow_redirects=False
+            )
+            self._clients[host] = client  # the newest at the end
+            while len(self._clients) > MAX_CLIENTS:
+                _, oldest = self._clients.popitem(last=False)
+                oldest.close()  # a send still using it fails and is retried
+            return client
 
     def _signed(self, delivery: WebhookDelivery, hook: Webhook, data: bytes) -> dict[str, str]:
         now = utcnow()

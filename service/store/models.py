@@ -315,6 +315,26 @@ class WebhookAttempt(Base):
     error: Mapped[str | None] = mapped_column(SafeText)
 
 
+class WebhookThreshold(Base):
+    """Where one ``metric.threshold`` rule of one subscription stands on one run: how many
+    consecutive steps (up to ``last_step``) met it, and whether it has fired for this crossing
+    (it re-arms when a step no longer meets it)."""
+
+    __tablename__ = "webhook_thresholds"
+
+    webhook_id: Mapped[str] = mapped_column(
+        ForeignKey("webhooks.id", ondelete="CASCADE"), primary_key=True
+    )
+    run_id: Mapped[str] = mapped_column(
+        ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True, index=True
+    )
+    # The rule as ``key op value for N`` (its identity: a changed rule starts afresh).
+    rule: Mapped[str] = mapped_column(String(300), primary_key=True)
+    streak: Mapped[int] = mapped_column(Integer, default=0)
+    last_step: Mapped[int] = mapped_column(BigInteger)
+    fired: Mapped[bool] = mapped_column(default=False)
+
+
 class UsageTotal(Base):
     """Accelerator-seconds allocated in one UTC day (``period`` "d") or month ("m", from its
     first day), per team, user, recipe and accelerator: added when a run ends (its allocation

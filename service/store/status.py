@@ -34,16 +34,32 @@ ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {
 
 # A run's health beside its status: Ray says RUNNING even while a placement group waits forever;
 # health is how the service says what Ray does not.
-Health = Literal["ok", "stuck", "stalled", "nan", "reward_collapse", "ray_error", "stopped_outside"]
+Health = Literal[
+    "ok",
+    "stuck",
+    "stalled",
+    "nan",
+    "reward_collapse",
+    "staleness_drift",
+    "sync_growing",
+    "idle_imbalance",
+    "ray_error",
+    "stopped_outside",
+]
 # Three checks share ``runs.health``: the reconciler (``ray_error``: Ray cannot answer for the
-# run), the watchdog (``stuck``: Ray does not run it, or it prints
-# nothing) and the metric checks (``nan`` over ``reward_collapse`` over ``stalled``: it runs but
-# does not learn). Each changes a run's health only from "ok" or one of its own names, so the
+# run), the watchdog (``stuck``: Ray does not run it, or it prints nothing) and the metric checks
+# (``nan`` over ``reward_collapse`` over ``stalled``: it runs but does not learn; then
+# ``staleness_drift`` over ``sync_growing`` over ``idle_imbalance``: it learns, but wastes its
+# accelerators). Each changes a run's health only from "ok" or one of its own names, so the
 # first flag raised holds until the check that raised it clears it. ``stopped_outside`` (the job
 # was stopped on Ray, not by the service) is the reconciler's last word on a run that has ended:
 # it replaces any other health.
 WATCHDOG_HEALTH: frozenset[Health] = frozenset({"ok", "stuck"})
-METRIC_HEALTH: frozenset[Health] = frozenset({"ok", "nan", "reward_collapse", "stalled"})
+METRIC_HEALTH: frozenset[Health] = frozenset(
+    {"ok", "nan", "reward_collapse", "stalled", "staleness_drift", "sync_growing", "idle_imbalance"}
+)
+# The metric checks read from verl's fully async metrics (``metrics.rl_signals``).
+RL_HEALTH: frozenset[Health] = frozenset({"staleness_drift", "sync_growing", "idle_imbalance"})
 RECONCILER_HEALTH: frozenset[Health] = frozenset({"ok", "ray_error"})
 
 
