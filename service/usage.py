@@ -5,7 +5,8 @@ A run adds its allocation when it ends, split at midnights (``accrue``, in the t
 its last status change); runs still allocated are counted up to now when a report is read, so
 a report is exact at any moment without a periodic job. A report reads month rows for the
 whole months of its window and day rows for the rest (day rows throughout when grouped by day),
-whatever the number of runs.
+whatever the number of runs. Each row is kept twice: per user and recipe (``UsageTotal``) and
+summed over them (``UsageTeamTotal``), which a report by team, day or accelerator reads.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from service.clock import utcnow
 from service.metrics.store import dialect_insert
-from service.store.models import Run, UsageTotal
+from service.store.models import Run, UsageTeamTotal, UsageTotal
 from service.store.status import ACTIVE
 
 GroupBy = Literal["team", "user", "recipe", "day", "accelerator"]
@@ -52,7 +53,14 @@ def _next_month(day: date) -> date:
     return (day.replace(day=28) + timedelta(days=4)).replace(day=1)
 
 
-_KEY = ["period", "start", "team", "user", "recipe", "accelerator"]
+# The tables a run's usage is kept in, with the columns of each (but period and start).
+_TABLES: tuple[tuple[type[UsageTotal] | type[UsageTeamTotal], tuple[str, ...]], ...] = (
+    (UsageTotal, ("team", "user", "recipe", "accelerator")),
+    (UsageTeamTotal, ("team", "accelerator")),
+)
+# Groups the per-team table can answer.
+_BY_TEAM = {"team", "day", "accelerator"}
+Table = type[UsageTotal] | type[UsageTeamTotal]
 
 
 def _group(run: Run, kind: str) -> dict[str, Any]:
@@ -78,34 +86,37 @@ def accrue(session: Session, run: Run, ended_at: datetime) -> None:
             cells[cell][0] += count * seconds
             cells[cell][1] += 1 if i == 0 else 0
     insert = dialect_insert(session)
-    for (period, start), (seconds, runs) in cells.items():
-        stmt = insert(UsageTotal).values(
-            period=period, start=start, **key, accelerator_seconds=seconds, runs=runs
-        )
-        session.execute(
-            stmt.on_conflict_do_update(
-                index_elements=_KEY,
-                set_={
-                    "accelerator_seconds": UsageTotal.accelerator_seconds
-                    + stmt.excluded.accelerator_seconds,
-                    "runs": UsageTotal.runs + stmt.excluded.runs,
-                },
+    for table, columns in _TABLES:
+        for (period, start), (seconds, runs) in cells.items():
+            stmt = insert(table).values(
+                period=period,
+                start=start,
+                **{c: key[c] for c in columns},
+                accelerator_seconds=seconds,
+                runs=runs,
             )
-        )
+            session.execute(
+                stmt.on_conflict_do_update(
+                    index_elements=["period", "start", *columns],
+                    set_={
+                        "accelerator_seconds": table.accelerator_seconds
+                        + stmt.excluded.accelerator_seconds,
+                        "runs": table.runs + stmt.excluded.runs,
+                    },
+                )
+            )
 
 
-def _rows_within(start: date, end: date, by_day: bool) -> Any:
+def _rows_within(table: Table, start: date, end: date, by_day: bool) -> Any:
     """Which rows make up [start, end): months wholly inside it, days for the rest."""
     first_month = start if start.day == 1 else _next_month(start)
     last_month = _month(end)
     if by_day or first_month >= last_month:
-        return and_(UsageTotal.period == "d", UsageTotal.start >= start, UsageTotal.start < end)
+        return and_(table.period == "d", table.start >= start, table.start < end)
     return or_(
-        and_(
-            UsageTotal.period == "m", UsageTotal.start >= first_month, UsageTotal.start < last_month
-        ),
-        and_(UsageTotal.period == "d", UsageTotal.start >= start, UsageTotal.start < first_month),
-        and_(UsageTotal.period == "d", UsageTotal.start >= last_month, UsageTotal.start < end),
+        and_(table.period == "m", table.start >= first_month, table.start < last_month),
+        and_(table.period == "d", table.start >= start, table.start < first_month),
+        and_(table.period == "d", table.start >= last_month, table.start < end),
     )
 
 
@@ -120,34 +131,33 @@ def report(
     """Accelerator-seconds and runs (submitted in the window) in the UTC days [start, end),
     per group (only ``team``'s when given), largest first; runs still allocated count up to
     ``now``."""
-    columns = [UsageTotal.start if g == "day" else getattr(UsageTotal, g) for g in group_by]
+    table: Table = UsageTeamTotal if _BY_TEAM.issuperset(group_by) else UsageTotal
+    columns = [table.start if g == "day" else getattr(table, g) for g in group_by]
     query = (
-        select(*columns, func.sum(UsageTotal.accelerator_seconds), func.sum(UsageTotal.runs))
-        .where(_rows_within(start, end, "day" in group_by))
+        select(*columns, func.sum(table.accelerator_seconds), func.sum(table.runs))
+        .where(_rows_within(table, start, end, "day" in group_by))
         .group_by(*columns)
     )
     if team is not None:
-        query = query.where(UsageTotal.team == team)
-    totals: dict[tuple[Any, ...], list[float]] = defaultdict(lambda: [0.0, 0])
-    for *keys, seconds, runs in session.execute(query):
-        totals[tuple(keys)][0] += seconds or 0.0
-        totals[tuple(keys)][1] += runs or 0
+        query = query.where(table.team == team)
+    totals: dict[tuple[Any, ...], list[float]] = {
+        tuple(keys): [seconds or 0.0, runs or 0] for *keys, seconds, runs in session.execute(query)
+    }
     for key, seconds, counted in _live(session, start, end, group_by, team, now):
-        totals[key][0] += seconds
-        totals[key][1] += counted
-    rows = [
-        {
-            **{
-                g: (k.isoformat() if isinstance(k, date) else k)
-                for g, k in zip(group_by, key, strict=True)
-            },
-            "accelerator_seconds": round(seconds, 3),
-            "accelerator_hours": round(seconds / 3600, 6),
-            "runs": int(runs),
-        }
-        for key, (seconds, runs) in totals.items()
-    ]
-    return sorted(rows, key=lambda r: -r["accelerator_seconds"])
+        cell = totals.setdefault(key, [0.0, 0])
+        cell[0] += seconds
+        cell[1] += counted
+    days = [i for i, g in enumerate(group_by) if g == "day"]
+    rows = []
+    for key, (seconds, runs) in sorted(totals.items(), key=lambda kv: -kv[1][0]):
+        row = dict(zip(group_by, key, strict=True))
+        for i in days:
+            row["day"] = key[i].isoformat()
+        row["accelerator_seconds"] = round(seconds, 3)
+        row["accelerator_hours"] = round(seconds / 3600, 6)
+        row["runs"] = int(runs)
+        rows.append(row)
+    return rows
 
 
 def _live(

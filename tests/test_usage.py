@@ -147,3 +147,30 @@ def test_rlrun_usage_prints_hours_by_team(db_url: str, db: Database) -> None:
         )
     assert shown.exit_code == 0, shown.output
     assert "vision" in shown.stdout and "24.0" in shown.stdout
+
+
+def test_reports_by_team_and_by_user_count_the_same_seconds(db: Database) -> None:
+    # A report by team, day or accelerator reads the per-team rows; by user the full ones.
+    with db.transaction() as s:
+        for i, (team, user, npus) in enumerate(
+            (("nlp", "ann", 8), ("nlp", "bob", 2), ("rl", "cy", 4))
+        ):
+            run = new_run(f"r{i}", RunStatus.SUCCEEDED, team=team, npus=npus, created_by=user)
+            run.submitted_at = MIDNIGHT - timedelta(days=40)
+            s.add(run)
+            s.flush()
+            usage.accrue(s, run, MIDNIGHT - timedelta(days=40 - i - 1))
+    window = (DAY - timedelta(days=60), DAY + timedelta(days=1))
+    with db.read() as s:
+        by_team = usage.report(s, *window, ["team"])
+        by_user = usage.report(s, *window, ["team", "user"])
+        by_day = usage.report(s, *window, ["team", "day"])
+    summed: dict[str, float] = {}
+    for rows in (by_user, by_day):
+        for r in rows:
+            summed[r["team"]] = summed.get(r["team"], 0.0) + r["accelerator_seconds"]
+    assert {r["team"]: r["accelerator_seconds"] * 2 for r in by_team} == summed
+    assert {r["team"]: r["accelerator_seconds"] for r in by_team} == {
+        "nlp": 8 * 86400 + 2 * 2 * 86400,
+        "rl": 4 * 3 * 86400,
+    }
