@@ -1,6 +1,7 @@
 """The service's own figures for Prometheus, kept with ``prometheus_client``: one registry per
 app, histograms of request latency and of each background loop's tick, and a collector that
-reads the current counts (runs by status, follower, loops, streams) when ``/metrics`` is read.
+reads the current counts (runs by status, follower, loops, streams, accelerator-seconds by team)
+when ``/metrics`` is read.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service import usage
 from service.store.models import Run
 from service.store.status import RunStatus
 
@@ -67,10 +69,20 @@ class _Current(Collector):
         with services.db.read() as session:
             rows = session.execute(select(Run.status, func.count()).group_by(Run.status))
             counts = {status: count for status, count in rows.tuples()}
+            used = usage.lifetime(session)
         runs = GaugeMetricFamily("rlrun_runs", "Runs by status.", labels=["status"])
         for status in RunStatus:
             runs.add_metric([status.value], counts.get(status.value, 0))
         yield runs
+        # Labelled by team and accelerator only (not user or recipe), to keep the series few.
+        seconds = CounterMetricFamily(
+            "rlrun_accelerator_seconds",
+            "Accelerator-seconds allocated to runs (submitted to ended; running runs up to now).",
+            labels=["team", "accelerator"],
+        )
+        for (team, kind), value in sorted(used.items()):
+            seconds.add_metric([team, kind], value)
+        yield seconds
         follower = services.follower
         if follower is not None:
             now = time.time()

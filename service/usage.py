@@ -182,3 +182,27 @@ def _live(
         for day, seconds in _days(max(run.submitted_at, window_start), min(now, window_end)):
             fields = _group(run, kind) | {"day": day}
             yield tuple(fields[g] for g in group_by), count * seconds, int(day == submitted_on)
+
+
+def lifetime(session: Session, now: datetime | None = None) -> dict[tuple[str, str], float]:
+    """Accelerator-seconds ever allocated per team and accelerator, running runs up to ``now``:
+    a counter (it only grows; a run that ends moves its live count into the month rows)."""
+    now = now or utcnow()
+    totals: dict[tuple[str, str], float] = defaultdict(float)
+    summed = (
+        select(
+            UsageTeamTotal.team,
+            UsageTeamTotal.accelerator,
+            func.sum(UsageTeamTotal.accelerator_seconds),
+        )
+        .where(UsageTeamTotal.period == "m")
+        .group_by(UsageTeamTotal.team, UsageTeamTotal.accelerator)
+    )
+    for team, kind, seconds in session.execute(summed).tuples():
+        totals[team, kind] += seconds or 0.0
+    active = select(Run).where(Run.status.in_(ACTIVE), Run.submitted_at.is_not(None))
+    for run in session.scalars(active):
+        kind, count = _accelerators(run)
+        assert run.submitted_at is not None
+        totals[run.team, kind] += count * max(0.0, (now - run.submitted_at).total_seconds())
+    return dict(totals)

@@ -14,6 +14,7 @@ from service import usage
 from service.app import create_app
 from service.store.db import Database
 from service.store.lifecycle import transition
+from service.store.models import Run
 from service.store.status import RunStatus
 from service.store.tokens import create as create_token
 from tests.conftest import make_settings
@@ -174,3 +175,46 @@ def test_reports_by_team_and_by_user_count_the_same_seconds(db: Database) -> Non
         "nlp": 8 * 86400 + 2 * 2 * 86400,
         "rl": 4 * 3 * 86400,
     }
+
+
+def accelerator_seconds(api: TestClient) -> dict[tuple[tuple[str, str], ...], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found: dict[tuple[tuple[str, str], ...], float] = {}
+    for family in text_string_to_metric_families(api.get("/metrics").text):
+        for sample in family.samples:
+            if sample.name == "rlrun_accelerator_seconds_total":
+                found[tuple(sorted(sample.labels.items()))] = sample.value
+    return found
+
+
+def test_prometheus_counts_accelerator_seconds_by_team_and_accelerator(
+    db_url: str, db: Database
+) -> None:
+    now = datetime.now(UTC)
+    with db.transaction() as s:
+        ended = new_run("r1", RunStatus.SUCCEEDED, team="vision", npus=8, created_by="ann")
+        ended.submitted_at = now - timedelta(days=40)
+        running = new_run("r2", RunStatus.RUNNING, team="nlp", npus=4, created_by="bob")
+        running.submitted_at = now - timedelta(minutes=10)
+        s.add_all([ended, running])
+        s.flush()
+        usage.accrue(s, ended, now - timedelta(days=40) + timedelta(hours=1))
+    settings = make_settings(db_url, "http://127.0.0.1:9", run_loops=False)
+    with TestClient(create_app(settings)) as api:
+        first = accelerator_seconds(api)
+        assert set(first) == {
+            (("accelerator", "NPU"), ("team", "vision")),
+            (("accelerator", "NPU"), ("team", "nlp")),
+        }
+        assert first[(("accelerator", "NPU"), ("team", "vision"))] == 8 * 3600
+        nlp = (("accelerator", "NPU"), ("team", "nlp"))
+        assert abs(first[nlp] - 4 * 600) < 4 * 60
+        # The running run's count grows, and does not drop when it ends.
+        with db.transaction() as s:
+            run = s.get(Run, "r2")
+            assert run is not None
+            transition(s, run, RunStatus.SUCCEEDED, "done")
+        second = accelerator_seconds(api)
+        assert second[nlp] >= first[nlp]
+        assert accelerator_seconds(api)[nlp] == second[nlp]
