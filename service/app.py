@@ -59,6 +59,7 @@ from service.notify.guard import AllowList
 from service.notify.sender import Notifier
 from service.recipes.registry import RecipeRegistry, default_registry
 from service.scheduling import backlog
+from service.scheduling.budgets import Budgets
 from service.scheduling.inventory import InventoryCache
 from service.settings import Settings
 from service.store import db as dbmod
@@ -199,6 +200,7 @@ def build_services(
             grant_url=settings.service_url,
             grant_ttl_s=settings.grant_ttl_s,
             groups=backlog.node_groups(settings),
+            budgets=Budgets.of_settings(settings),
         )
         reconciler = Reconciler(
             db,

@@ -337,6 +337,12 @@ class AdmissionSettings(Section):
     RLRUN_TEAM_NODES='{"vision": "group-a", "*": "shared"}' ("*": every team not named)."""
     high_priority_teams: Names = []
     """Teams whose members may submit priority "high" (admins always may)."""
+    team_budgets: dict[str, float] = {}
+    """Accelerator-hours a team may use per UTC month, e.g. RLRUN_TEAM_BUDGETS='{"nlp": 800}'.
+    Past it, the team's new runs wait with the reason "budget" until the month turns or an
+    admin lets one through (POST /runs/{id}/admit-over-budget)."""
+    default_team_budget: float | None = Field(default=None, ge=0)
+    """The budget of teams team_budgets does not list (unset: no budget)."""
 
 
 class LoopSettings(Section):

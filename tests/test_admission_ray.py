@@ -175,3 +175,20 @@ def test_a_silent_running_run_is_flagged_stuck_and_stopped_by_policy(
     reasons = [e["reason"] for e in run["events"]]
     assert "health stuck: no log output for 4 s while RUNNING" in reasons
     assert "stop requested: stuck (no log output for 4 s while RUNNING)" in reasons
+
+
+def test_a_team_past_its_budget_queues_with_the_reason_until_an_admin_lets_it_through(
+    sqlite_service: Callable[..., TestClient],
+) -> None:
+    # 0.001 NPU-hours (3.6 NPU-seconds): one second on 8 NPUs is past it.
+    with sqlite_service(team_budgets={"vision": 0.001}) as client:
+        first = submit(client, team="vision", npus=8, seconds=1)
+        assert wait_status(client, first, TERMINAL)["status"] == "SUCCEEDED"
+        over = submit(client, team="vision", npus=8, seconds=1)
+        other = submit(client, team="text", npus=8, seconds=1)
+        assert wait_status(client, other, TERMINAL)["status"] == "SUCCEEDED"
+        assert client.get(f"/runs/{over}").json()["status"] == "QUEUED"
+        reason = reason_of(client, over)
+        assert reason.startswith("budget: team vision used 0 of 0.001 NPU-hours"), reason
+        assert client.post(f"/runs/{over}/admit-over-budget").status_code == 200
+        assert wait_status(client, over, TERMINAL)["status"] == "SUCCEEDED"

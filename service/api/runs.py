@@ -15,12 +15,12 @@ from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic_core import to_json
 
-from service.api.auth import Member, Viewer, client_of, ensure_sees
+from service.api.auth import Admin, Member, Viewer, client_of, ensure_sees
 from service.api.deps import ServicesDep
 from service.api.json_answer import json_response
 from service.api.read_cache import Answer, OneRun, Page, respond
 from service.metrics import store
-from service.operations import accept, cancel
+from service.operations import accept, cancel, over_budget
 from service.store.runs import page_query, run_page
 from service.store.status import RunStatus
 from service.wire import SUMMARY_KEYS, RunOut, RunPage, encode, run_doc, summary_doc
@@ -149,3 +149,17 @@ async def get_run(
 def cancel_run(services: ServicesDep, principal: Member, request: Request, run_id: str) -> Response:
     """Queued: CANCELLED at once (Ray never sees it). Active: a stop is requested."""
     return json_response(cancel.cancel_run(services, principal, run_id, client_of(request)))
+
+
+@router.post(
+    "/{run_id}/admit-over-budget",
+    response_model=RunOut,
+    responses={409: {"description": "the run is no longer queued"}},
+)
+def admit_over_budget(
+    services: ServicesDep, principal: Admin, request: Request, run_id: str
+) -> Response:
+    """Let a queued run start although its team is past its accelerator-hour budget this
+    month (admins only, audited); it still waits for capacity and its team's quota."""
+    doc = over_budget.admit_over_budget(services, principal, run_id, client_of(request))
+    return json_response(doc)

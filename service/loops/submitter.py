@@ -25,6 +25,7 @@ from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable, stop_
 from service.recipes.base import RUN_FILES_DIR
 from service.scheduling import backlog
 from service.scheduling.admission import Quotas
+from service.scheduling.budgets import Budgets
 from service.scheduling.inventory import Inventory, InventoryCache
 from service.scheduling.node_groups import NodeGroups, decide_grouped
 from service.store import grants
@@ -50,6 +51,7 @@ class Submitter:
     grant_url: str = DEFAULT_URL  # where the job redeems its grant
     grant_ttl_s: float = 3600.0
     groups: NodeGroups = field(default_factory=NodeGroups)
+    budgets: Budgets = field(default_factory=Budgets)
 
     def tick(self) -> None:
         # Always a fresh read: a run that just ended must not wait for a cache to expire.
@@ -69,9 +71,12 @@ class Submitter:
             return []
         held = backlog.held(session, now, inventory.fetched_at)
         outside = backlog.outside_jobs(session, inventory)
+        over_budget = self.budgets.held_back(session, rows, now)
+        offered = [r.run for r in rows if r.run.id not in over_budget]
         decision = decide_grouped(
-            self.groups, [r.run for r in rows], held, inventory, self.quotas, self.batch, outside
+            self.groups, offered, held, inventory, self.quotas, self.batch, outside
         )
+        decision.reasons |= over_budget
         admitted = set(decision.admit)
         out = []
         for row in rows:

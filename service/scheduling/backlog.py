@@ -58,6 +58,7 @@ class QueuedRow:
     name: str
     launch: dict[str, Any]
     queue_reason: str | None
+    over_budget_by: str | None = None
 
 
 def queued(session: Session, now: datetime, claim: bool = False) -> list[QueuedRow]:
@@ -67,7 +68,15 @@ def queued(session: Session, now: datetime, claim: bool = False) -> list[QueuedR
     PostgreSQL: a row another transaction holds (a cancel in flight) is left for next round.
     """
     query = (
-        select(Run.id, Run.name, Run.team, Run.priority, Run.launch, Run.queue_reason)
+        select(
+            Run.id,
+            Run.name,
+            Run.team,
+            Run.priority,
+            Run.launch,
+            Run.queue_reason,
+            Run.over_budget_by,
+        )
         .where(Run.status == RunStatus.QUEUED, unclaimed(now))
         .order_by(Run.id)
     )
@@ -80,6 +89,7 @@ def queued(session: Session, now: datetime, claim: bool = False) -> list[QueuedR
             r.name,
             r.launch,
             r.queue_reason,
+            r.over_budget_by,
         )
         for r in rows
     ]

@@ -85,6 +85,8 @@ class Run(Base):
     request_hash: Mapped[str | None] = mapped_column(String(64))
     # Who submitted it (the caller's user), for usage by user.
     created_by: Mapped[str | None] = mapped_column(String(200))
+    # The admin who let it start although its team is past its budget (audited).
+    over_budget_by: Mapped[str | None] = mapped_column(String(200))
 
     ray_status: Mapped[str | None] = mapped_column(String(16))
     ray_message: Mapped[str | None] = mapped_column(SafeText)
