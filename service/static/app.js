@@ -1,7 +1,7 @@
 // rlrun dashboard: hash-routed views over the public API (the same calls as curl and the CLI).
 //   #/runs            runs, filters, paging        #/runs/{id}        one run
 //   #/submit          plan and submit a run        #/cluster          nodes, teams, queue
-//   #/compare?runs=A,B  metrics of runs overlaid
+//   #/compare?runs=A,B  metrics of runs overlaid   #/usage?from=&to=  accelerator-hours by team
 import { every, getJSON, setToken, token } from "./api.js";
 import { clusterView } from "./cluster.js";
 import { config } from "./config.js";
@@ -9,6 +9,7 @@ import { compareView } from "./compare.js";
 import { runView } from "./run.js";
 import { runsView } from "./runs.js";
 import { submitView } from "./submit.js";
+import { usageView } from "./usage.js";
 
 const ROUTES = [
   [/^\/runs\/([^/?]+)$/, (root, m, params, signal) => runView(root, decodeURIComponent(m[1]), signal), "runs"],
@@ -16,6 +17,7 @@ const ROUTES = [
   [/^\/submit$/, (root, m, params, signal) => submitView(root, params, signal), "submit"],
   [/^\/cluster$/, (root, m, params, signal) => clusterView(root, params, signal), "cluster"],
   [/^\/compare$/, (root, m, params, signal) => compareView(root, params, signal), "compare"],
+  [/^\/usage$/, (root, m, params, signal) => usageView(root, params, signal), "usage"],
 ];
 let current = null;  // AbortController of the shown view: its timers and streams stop with it
 
