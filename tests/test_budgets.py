@@ -90,3 +90,17 @@ def test_an_admin_lets_a_run_through_its_team_s_budget_and_it_is_audited(
     ray = FakeRay(NODES)
     submitter(db, ray, Budgets({"nlp": 2})).tick()
     assert [s["submission_id"] for s in ray.submitted] == ["r1"]
+
+
+def test_a_dry_run_of_a_team_past_its_budget_says_it_would_wait_and_why(
+    db_url: str, db: Database
+) -> None:
+    used_this_month(db, "nlp", 8, 0.5)
+    settings = make_settings(db_url, "http://127.0.0.1:9", run_loops=False, team_budgets={"nlp": 2})
+    with TestClient(create_app(settings)) as api:
+        body = {"recipe": "test-script", "npus": 8}
+        plan = api.post("/runs?dry_run=true", json=body | {"team": "nlp"}).json()["plan"]
+        assert plan["feasible_now"] is False
+        assert len(plan["reasons"]) == 1 and OVER.match(plan["reasons"][0]), plan["reasons"]
+        other = api.post("/runs?dry_run=true", json=body | {"team": "vision"}).json()["plan"]
+        assert not any(r.startswith("budget") for r in other["reasons"])

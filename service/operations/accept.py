@@ -26,6 +26,7 @@ from service.principal import Principal, record_call
 from service.recipes.base import Launch, LaunchContext, RunSpec
 from service.scheduling import backlog
 from service.scheduling.admission import QueuedRun, Quotas
+from service.scheduling.budgets import Budgets
 from service.scheduling.fit import never_fits
 from service.scheduling.inventory import Inventory
 from service.scheduling.node_groups import NodeGroups
@@ -113,6 +114,11 @@ def plan_run(parts: Parts, principal: Principal, body: Any) -> dict[str, Any]:
         plan = backlog.plan(
             session, built.inventory, candidate, built.quotas, utcnow(), built.groups
         )
+        budgets = Budgets.of_settings(parts.settings)
+        queued = backlog.QueuedRow(candidate, "", {}, None)
+        over_budget = budgets.held_back(session, [queued], utcnow())
+    if over_budget:
+        plan |= {"feasible_now": False, "reasons": list(over_budget.values())}
     if refusal:
         plan |= {
             "feasible_ever": False,
