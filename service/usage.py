@@ -4,9 +4,10 @@ Determined's slot-hours, kept per UTC day and month, team, user, recipe and acce
 A run adds its allocation when it ends, split at midnights (``accrue``, in the transaction of
 its last status change); runs still allocated are counted up to now when a report is read, so
 a report is exact at any moment without a periodic job. A report reads month rows for the
-whole months of its window and day rows for the rest (day rows throughout when grouped by day),
-whatever the number of runs. Each row is kept twice: per user and recipe (``UsageTotal``) and
-summed over them (``UsageTeamTotal``), which a report by team, day or accelerator reads.
+whole months of its window and, for a month in part, its days inside or the month less its days
+outside, whichever are fewer (day rows throughout when grouped by day), whatever the number of
+runs. Each row is kept twice: per user and recipe (``UsageTotal``) and summed over them
+(``UsageTeamTotal``), which a report by team, day or accelerator reads.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, Literal
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import and_, case, func, or_, select
 from sqlalchemy.orm import Session
 
 from service.clock import utcnow
@@ -107,17 +108,36 @@ def accrue(session: Session, run: Run, ended_at: datetime) -> None:
             )
 
 
-def _rows_within(table: Table, start: date, end: date, by_day: bool) -> Any:
-    """Which rows make up [start, end): months wholly inside it, days for the rest."""
+def _rows_within(table: Table, start: date, end: date, by_day: bool) -> tuple[Any, Any]:
+    """Which rows make up [start, end), and which of them count negatively: months wholly
+    inside it, and for a month it covers in part, the days inside it or, when fewer, the
+    month less the days outside it (a year to today reads 12 months and 2 days' rows, not 30
+    days' rows for the month it begins in)."""
     first_month = start if start.day == 1 else _next_month(start)
     last_month = _month(end)
     if by_day or first_month >= last_month:
-        return and_(table.period == "d", table.start >= start, table.start < end)
-    return or_(
-        and_(table.period == "m", table.start >= first_month, table.start < last_month),
-        and_(table.period == "d", table.start >= start, table.start < first_month),
-        and_(table.period == "d", table.start >= last_month, table.start < end),
-    )
+        return and_(table.period == "d", table.start >= start, table.start < end), None
+
+    def days(lo: date, hi: date) -> Any:
+        return and_(table.period == "d", table.start >= lo, table.start < hi)
+
+    plus = [and_(table.period == "m", table.start >= first_month, table.start < last_month)]
+    minus = []
+    if start < first_month:
+        head = _month(start)
+        if (first_month - start).days > (start - head).days:
+            plus.append(and_(table.period == "m", table.start == head))
+            minus.append(days(head, start))
+        else:
+            plus.append(days(start, first_month))
+    if last_month < end:
+        after = _next_month(last_month)
+        if (end - last_month).days > (after - end).days:
+            plus.append(and_(table.period == "m", table.start == last_month))
+            minus.append(days(end, after))
+        else:
+            plus.append(days(last_month, end))
+    return or_(*plus, *minus), or_(*minus) if minus else None
 
 
 def report(
@@ -133,11 +153,11 @@ def report(
     ``now``."""
     table: Table = UsageTeamTotal if _BY_TEAM.issuperset(group_by) else UsageTotal
     columns = [table.start if g == "day" else getattr(table, g) for g in group_by]
-    query = (
-        select(*columns, func.sum(table.accelerator_seconds), func.sum(table.runs))
-        .where(_rows_within(table, start, end, "day" in group_by))
-        .group_by(*columns)
-    )
+    rows_in, less = _rows_within(table, start, end, "day" in group_by)
+    signed: list[Any] = [table.accelerator_seconds, table.runs]
+    if less is not None:
+        signed = [case((less, -c), else_=c) for c in signed]
+    query = select(*columns, *map(func.sum, signed)).where(rows_in).group_by(*columns)
     if team is not None:
         query = query.where(table.team == team)
     # Core rows (no ORM loading): a year by team and day is 36,500 of them.

@@ -218,3 +218,41 @@ def test_prometheus_counts_accelerator_seconds_by_team_and_accelerator(
         second = accelerator_seconds(api)
         assert second[nlp] >= first[nlp]
         assert accelerator_seconds(api)[nlp] == second[nlp]
+
+
+def test_any_window_sums_what_its_days_hold_whether_read_from_days_or_months(
+    db: Database,
+) -> None:
+    # Months in part are read as their days or as the month less the days outside: the same.
+    rng = random.Random(11)
+    first = datetime(2026, 8, 1, tzinfo=UTC)
+    spans = []
+    with db.transaction() as s:
+        for i in range(60):
+            start = first + timedelta(hours=rng.uniform(0, 120 * 24))
+            end = start + timedelta(hours=rng.uniform(1, 60))
+            npus = rng.choice([1, 4, 8])
+            run = new_run(f"r{i}", RunStatus.SUCCEEDED, team=rng.choice("ab"), npus=npus)
+            run.submitted_at = start
+            s.add(run)
+            s.flush()
+            usage.accrue(s, run, end)
+            spans.append((start, end, npus))
+    windows = [
+        (date(2026, 8, 2), date(2026, 11, 29)),  # month less a day, month less two days
+        (date(2026, 8, 20), date(2026, 10, 3)),  # days, days
+        (date(2026, 8, 1), date(2026, 12, 1)),  # whole months
+        (date(2026, 9, 5), date(2026, 9, 25)),  # within one month
+    ]
+    with db.read() as s:
+        for lo, hi in windows:
+            w0, w1 = (datetime.combine(d, datetime.min.time(), UTC) for d in (lo, hi))
+            expected = sum(
+                n * max(0.0, (min(e, w1) - max(b, w0)).total_seconds()) for b, e, n in spans
+            )
+            counted = sum(1 for b, _, _ in spans if w0 <= b < w1)
+            for groups in (["team"], ["user"]):
+                rows = usage.report(s, lo, hi, groups)  # type: ignore[arg-type]
+                got = sum(r["accelerator_seconds"] for r in rows)
+                assert abs(got - expected) <= 1e-6 * expected + 1e-3, (lo, hi, groups)
+                assert sum(r["runs"] for r in rows) == counted, (lo, hi, groups)
