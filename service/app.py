@@ -230,6 +230,7 @@ def build_services(
                 ),
             ),
             broker.notify,
+            on_end=lambda: loops["submitter"].wake(),
             limits=store.Limits(settings.metric_keys_per_run, settings.metric_points_per_run),
             claim_new=settings.follower_claim_new,
         )

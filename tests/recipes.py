@@ -145,12 +145,13 @@ class ScriptRecipe:
         )
 
 
-# `python3 -c METRICS_SCRIPT seconds every_s`: a verl-shaped metric line every ``every_s``.
+# `python3 -c METRICS_SCRIPT seconds every_s steps`: a verl-shaped metric line every ``every_s``
+# (at most ``steps`` of them, when not 0), then exit 0.
 METRICS_SCRIPT = """
 import sys, time
-seconds, every = float(sys.argv[1]), float(sys.argv[2])
+seconds, every, steps = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
 step, deadline = 0, time.time() + seconds
-while time.time() < deadline:
+while time.time() < deadline and not (steps and step >= steps):
     step += 1
     print(
         f"step:{step} - training/global_step:{step} - fully_async/count/current_param_version:"
@@ -165,6 +166,8 @@ class MetricsSpec(RunSpec):
     recipe: Literal["test-metrics"] = "test-metrics"
     seconds: float = Field(default=60.0, ge=0, le=3600)
     every_s: float = Field(default=1.0, gt=0, le=60)
+    steps: int = Field(default=0, ge=0, description="stop after this many lines (0: no limit)")
+    total_steps: int | None = Field(default=None, ge=1, description="the steps it plans")
 
 
 class MetricsRecipe:
@@ -176,10 +179,18 @@ class MetricsRecipe:
     def build(self, spec: Any, ctx: LaunchContext) -> Launch:
         assert isinstance(spec, MetricsSpec)
         return Launch(
-            argv=["python3", "-c", METRICS_SCRIPT, str(spec.seconds), str(spec.every_s)],
+            argv=[
+                "python3",
+                "-c",
+                METRICS_SCRIPT,
+                str(spec.seconds),
+                str(spec.every_s),
+                str(spec.steps),
+            ],
             runtime_env={"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "2"}},
             shape=ResourceShape(accelerator="NPU", groups=(), driver_cpus=0.0),
             entrypoint_num_cpus=0.0,
+            total_steps=spec.total_steps,
         )
 
 

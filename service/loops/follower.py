@@ -8,7 +8,8 @@ and ``runs.last_output_at``: a restart resumes exactly where the last commit end
 and no duplicate. Each run's follower is held by one replica through a
 lease in ``run_logs`` that another replica takes over when it lapses. After a run ends and the
 reader has the whole log, one final read takes the rest (even an unterminated last line) and
-the run's follower is finished.
+the run's follower is finished; a job Ray reports SUCCEEDED ends its run only then
+(``recovery.ending``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from service.metrics.health import HealthRules, evaluate
 from service.metrics.log_readers import LogReader, TailReader
 from service.metrics.parse import MetricLine, parse_line, parse_preflight
 from service.notify import thresholds
-from service.recovery import explain
+from service.recovery import ending
 from service.store.db import Database
 from service.store.lifecycle import note
 from service.store.models import Run, RunEvent, RunLog, Webhook, utcnow
@@ -48,6 +49,8 @@ class Held:
     status: RunStatus
     offset: int
     ended_at: datetime | None = None
+    # When Ray was seen reporting the job SUCCEEDED, the run not yet ended (recovery.ending).
+    ray_ended_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,8 @@ class Follower:
     keep_chars: int
     rules: HealthRules
     notify: Callable[[str], None] = lambda _run_id: None
+    # Called after a batch in which this follower ended a run (a success Ray reported).
+    on_end: Callable[[], None] = lambda: None
     # How the job log is read: by default Ray's tail stream, kept open per run.
     reader: LogReader | None = None
     # What one run may store (keys and points); the rest is dropped with a note.
@@ -146,7 +151,7 @@ class Follower:
                 ),
             )
             query = (
-                select(RunLog.run_id, RunLog.log_offset, Run.status, Run.ended_at)
+                select(RunLog.run_id, RunLog.log_offset, Run.status, Run.ended_at, Run.ray_ended_at)
                 .join(Run, Run.id == RunLog.run_id)
                 .order_by(RunLog.run_id)
                 .with_for_update(of=RunLog, skip_locked=True)
@@ -158,7 +163,7 @@ class Follower:
                     query.where(unfinished, RunLog.lease_owner.is_(None)).limit(self.claim_new)
                 ),
             ]
-            held = [Held(r, RunStatus(status), off, ended) for r, off, status, ended in rows]
+            held = [Held(r, RunStatus(s), off, end, ray_end) for r, off, s, end, ray_end in rows]
             # The leases taken or renewed in one statement per batch, not one per run.
             expires = now + timedelta(seconds=self.lease_s)
             for n in range(0, len(held), 1000):
@@ -180,7 +185,7 @@ class Follower:
     def _read(self, held: Held) -> _Read | None:
         """One read of one run's log; the final one when the run has ended (``held.status``
         was read before the log) and the reader has all of it. None: nothing to store."""
-        ended_at = (held.ended_at or _LONG_AGO) if held.status in TERMINAL else None
+        ended_at = (held.ended_at or _LONG_AGO) if held.status in TERMINAL else held.ray_ended_at
         settled = ended_at is not None and utcnow() - ended_at >= FINAL_READ_AFTER
         text, complete = self._reader.read(held.run_id, held.offset, ended_at if settled else None)
         final = settled and complete
@@ -195,6 +200,7 @@ class Follower:
         """Store what was read of these runs in one transaction, each run's part only while
         this replica still holds its lease at the offset it read from."""
         stored: list[_Read] = []
+        ended = False
         with self.db.transaction() as session:
             rows = session.execute(
                 select(RunLog, Run)
@@ -224,7 +230,9 @@ class Follower:
                     runlog.finished_at = now
                     runlog.lease_owner = None
                     runlog.lease_expires_at = None
-                    explain.settle(session, run)  # the whole log is read: why it ended
+                    # The whole log is read: how (a success Ray reported) and why it ended.
+                    ending.at_final_read(session, run)
+                    ended = ended or read.held.status not in TERMINAL
                 stored.append(read)
         for read in stored:
             run_id = read.held.run_id
@@ -236,6 +244,8 @@ class Follower:
                 self.last_read[run_id] = time.time()
             if read.new or read.final:
                 self.notify(run_id)
+        if ended:
+            self.on_end()
 
     def _ingest(
         self,

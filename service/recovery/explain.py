@@ -35,9 +35,7 @@ def failure_of(session: Session, run: Run) -> Failure | None:
         return Failure("cancelled", "stopped at the service's request", "")
     if status not in (RunStatus.FAILED, RunStatus.LOST):
         return None
-    end = logcopy.end(session, run.id)
-    start = max(0, end - READ_CHARS)
-    text, _ = logcopy.since(session, run.id, start)
+    text, start = kept_tail(session, run.id)
     found = classify(text, start, run.ray_error_type, run.ray_message or "")
     if status is RunStatus.LOST and found.cls == "unknown":
         return Failure(
@@ -48,11 +46,18 @@ def failure_of(session: Session, run: Run) -> Failure | None:
     return found
 
 
-def settle(session: Session, run: Run) -> None:
-    """Record ``run``'s failure (once its log is all read) and tell ``run.failed``
-    subscribers, with the class."""
+def kept_tail(session: Session, run_id: str) -> tuple[str, int]:
+    """The last ``READ_CHARS`` of the run's kept log, and the log offset where they start."""
+    start = max(0, logcopy.end(session, run_id) - READ_CHARS)
+    text, _ = logcopy.since(session, run_id, start)
+    return text, start
+
+
+def settle(session: Session, run: Run, failure: Failure | None = None) -> None:
+    """Record ``run``'s failure (once its log is all read; ``failure`` when the caller has
+    found it already) and tell ``run.failed`` subscribers, with the class."""
     session.flush()  # the log's last lines, added in this transaction, are read back
-    failure = failure_of(session, run)
+    failure = failure or failure_of(session, run)
     run.failure = None if failure is None else as_doc(failure)
     ending = _ending_event(session, run) if run.status == RunStatus.FAILED else None
     if ending is not None:
