@@ -36,7 +36,6 @@ def test_ray_s_running_becomes_the_run_s_its_success_waits_for_the_log_and_an_en
     ray.set_status("r1", "SUCCEEDED")
     loop.tick()  # the follower ends the run once its log is read (test_ending)
     assert status_and_reasons(db)[0] == "RUNNING" and ended == []
-    ray.set_status("r1", "FAILED", error_type="JOB_FAILED")
     add_run(db, "r2", RunStatus.RUNNING)
     ray.set_status("r2", "FAILED", error_type="JOB_FAILED")
     loop.tick()
