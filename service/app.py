@@ -213,6 +213,8 @@ def build_services(
             settings.stuck_silent_s,
             settings.stop_stuck,
             on_stop=lambda: loops["reconciler"].wake(),
+            ray=ray,
+            unschedulable_after_s=settings.unschedulable_after_s,
         )
         follower = Follower(
             db,

@@ -66,6 +66,24 @@ with urllib.request.urlopen(stop, timeout=30) as r:
     + _RUN
 )
 
+# With `actor_npus`: the job asks Ray for one actor holding that many NPUs and waits, placed or
+# not (`python3 -c ACTOR_SCRIPT name seconds exit_code message npus`): a shape the service never
+# saw, as a verl rollout server's is.
+ACTOR_SCRIPT = (
+    _ARGS
+    + """
+import ray
+ray.init()
+@ray.remote(num_cpus=0)
+class Waiting:
+    def ping(self):
+        return 1
+actor = Waiting.options(resources={"NPU": float(sys.argv[5])}).remote()
+print("script run", name, "asked for an actor", flush=True)
+"""
+    + _RUN
+)
+
 
 class GroupSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -86,6 +104,7 @@ class ScriptSpec(RunSpec):
     # `<dashboard>/api/jobs/<id>/stop`: a job that stops another one behind the service's back.
     stop_job_url: str = ""
     show_env: bool = False
+    actor_npus: int = Field(default=0, ge=0, le=64)
 
 
 class ScriptRecipe:
@@ -103,6 +122,8 @@ class ScriptRecipe:
         argv = ["python3", "-c", SCRIPT, *args]
         if spec.stop_job_url:
             argv = ["python3", "-c", STOP_SCRIPT, *args, spec.stop_job_url]
+        if spec.actor_npus:
+            argv = ["python3", "-c", ACTOR_SCRIPT, *args, str(spec.actor_npus)]
         groups = (Group("job", spec.npus, 0.0, size_field="npus"),) if spec.npus else ()
         launch = Launch(
             argv=argv,

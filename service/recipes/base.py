@@ -21,6 +21,14 @@ class RunSpec(BaseModel):
     name: str | None = Field(default=None, min_length=1, max_length=200)
     team: str = Field(default="default", pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
     priority: Literal["low", "normal", "high"] = "normal"
+    stuck_after_s: float | None = Field(
+        default=None,
+        ge=60,
+        le=7 * 86400,
+        description="this run is stuck when not RUNNING this long after submission, or RUNNING "
+        "without log output this long (unset: the service's RLRUN_STUCK_SUBMITTED_S and "
+        "RLRUN_STUCK_SILENT_S); the last resort after the unschedulable check",
+    )
     secrets: dict[str, str] = Field(
         default_factory=dict,
         max_length=50,

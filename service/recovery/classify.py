@@ -232,3 +232,9 @@ def _memory_hint(evidence: list[Evidence]) -> str:
 
 def _rule(cls: str) -> _Rule:
     return next(r for r in _CAUSES + _EFFECTS if r.cls == cls)
+
+
+def of_class(cls: str, summary: str, evidence: list[Evidence]) -> Failure:
+    """A failure of ``cls`` found from another source than the log (Ray's state API), with the
+    class's hint."""
+    return Failure(cls, summary, _rule(cls).hint, evidence)

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from service.metrics import logcopy
 from service.notify import outbox
-from service.recovery.classify import Failure, classify
+from service.recovery.classify import Evidence, Failure, classify
 from service.store.models import Run, RunEvent
 from service.store.status import RunStatus
 
@@ -22,6 +22,9 @@ READ_CHARS = 1_000_000
 def failure_of(session: Session, run: Run) -> Failure | None:
     """Why ``run`` ended as it did; None for a run that succeeded or has not ended."""
     status = RunStatus(run.status)
+    hang = _held(run) if run.health == "unschedulable" else None
+    if hang is not None and status is RunStatus.STOPPED and run.stop_requested_at is not None:
+        return hang  # stopped because it could never start: the hang is why
     if status is RunStatus.CANCELLED:
         return Failure("cancelled", "cancelled before it was submitted", "")
     if status is RunStatus.STOPPED:
@@ -37,6 +40,8 @@ def failure_of(session: Session, run: Run) -> Failure | None:
         return None
     text, start = kept_tail(session, run.id)
     found = classify(text, start, run.ray_error_type, run.ray_message or "")
+    if hang is not None and found.cls == "unknown":
+        return hang
     if status is RunStatus.LOST and found.cls == "unknown":
         return Failure(
             "node_lost",
@@ -62,6 +67,20 @@ def settle(session: Session, run: Run, failure: Failure | None = None) -> None:
     ending = _ending_event(session, run) if run.status == RunStatus.FAILED else None
     if ending is not None:
         outbox.enqueue(session, run, ending, "run.failed", failure=run.failure)
+
+
+def hold(run: Run, failure: Failure | None) -> None:
+    """The failure of a run that has not ended (a hang found on Ray); None clears it. Its end
+    settles it again (``settle``)."""
+    run.failure = None if failure is None else as_doc(failure)
+
+
+def _held(run: Run) -> Failure | None:
+    doc = run.failure
+    if not doc:
+        return None
+    evidence = [Evidence(e.get("offset"), str(e.get("line", ""))) for e in doc.get("evidence", [])]
+    return Failure(str(doc["class"]), str(doc["summary"]), str(doc["hint"]), evidence)
 
 
 def as_doc(failure: Failure) -> dict[str, Any]:
