@@ -141,3 +141,29 @@ def test_a_log_not_read_to_the_end_in_time_is_decided_from_what_is_stored(db: Da
     run, reasons = read_run(db)
     assert run.status == RunStatus.FAILED and run.failure is not None
     assert run.failure["class"] == "ended_early" and "not read to the end" in reasons[-1]
+
+
+def test_a_verl_job_whose_data_holds_fewer_samples_than_asked_is_held_to_what_it_planned(
+    db: Database,
+) -> None:
+    ray, ended = FakeRay(), []
+    reconciler, follower = _loops(db, ray, ended)
+    launch = Launch(["true"], {}, ResourceShape(), total_steps=30, samples_per_sync=64).as_dict()
+    add_run(db, "r1", RunStatus.RUNNING, launch=launch)
+    add_run(db, "r2", RunStatus.RUNNING, launch=launch)
+    # verl trains min(total_rollout_steps, the data's size): 192 samples are 3 syncs of 64.
+    planned = "(FullyAsyncRollouter pid=9) [FullyAsyncRollouter] Total rollout steps: 192\n"
+    ray.log["r1"] = planned + _steps(3)
+    ray.log["r2"] = planned + _steps(2)
+    for run_id in ("r1", "r2"):
+        ray.set_status(run_id, "SUCCEEDED", exit_code=0)
+    reconciler.tick()
+    with db.transaction() as s:
+        for run in s.scalars(select(Run)):
+            assert run.ray_ended_at is not None
+            run.ray_ended_at -= timedelta(seconds=5)
+    follower.tick()
+    assert read_run(db, "r1")[0].status == RunStatus.SUCCEEDED
+    short, _ = read_run(db, "r2")
+    assert short.status == RunStatus.FAILED and short.failure is not None
+    assert short.failure["summary"].startswith("trained 2 of 3 steps")

@@ -75,6 +75,9 @@ class Launch:
     warnings: list[str] = field(default_factory=list)
     # How many parameter syncs the run plans (progress is the current parameter version of it).
     total_steps: int | None = None
+    # Samples one sync consumes, when the job may plan fewer than the spec asks (verl takes the
+    # smaller of total_rollout_steps and its data's size, and logs it): see recovery.ending.
+    samples_per_sync: int | None = None
     # Small text files shipped with the job (name -> text), unpacked in RUN_FILES_DIR of its
     # working directory.
     files: dict[str, str] = field(default_factory=dict)
@@ -95,6 +98,7 @@ class Launch:
             "entrypoint_resources": self.entrypoint_resources,
             "warnings": self.warnings,
             "total_steps": self.total_steps,
+            "samples_per_sync": self.samples_per_sync,
             "files": self.files,
             "secrets": self.secrets,
         }

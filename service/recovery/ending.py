@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session
 
-from service.metrics import store
+from service.metrics import logcopy, store
 from service.metrics.keys import STEP_KEY
 from service.recovery import explain
 from service.recovery.classify import Evidence, Failure, classify
@@ -30,6 +30,8 @@ WAIT = timedelta(seconds=60)
 # Where a fatal error starts: a Python traceback, or Ray's error raised in the driver.
 _FATAL = re.compile(r"Traceback \(most recent call last\)|ray\.exceptions\.\w+Error")
 _STEP_LINE = re.compile(r"step:\d+ - ")
+# verl's rollouter says how many samples it will produce (fully_async_rollouter.py).
+_ROLLOUT_TOTAL = re.compile(r"\[FullyAsyncRollouter\] Total rollout steps: (\d+)")
 _EARLY_HINT = (
     "the log names no cause: look above the last step for the rollouter's or the trainer's "
     "error (verl's rollouter that fails hands the trainer an end of data, verl issue 6387), "
@@ -41,9 +43,12 @@ def verdict(session: Session, run: Run) -> Failure | None:
     """Why ``run``, whose job exited 0, did not succeed; None when it did (every planned step
     trained, or no plan known, and no fatal error in its log)."""
     text, start = explain.kept_tail(session, run.id)
-    total = run.launch.get("total_steps")
+    plan = run.launch.get("total_steps")
+    total = plan if isinstance(plan, int) and plan > 0 else None
     reached = _reached(session, run.id)
-    short = isinstance(total, int) and total > 0 and reached < total
+    if total is not None and reached < total:
+        total = _planned_by_job(session, run, total)
+    short = total is not None and reached < total
     steps = f"trained {reached} of {total} steps"
     fatal = _fatal(text, start)
     if fatal is not None:
@@ -90,6 +95,18 @@ def conclude(session: Session, run: Run, why: str = "") -> None:
         return
     transition(session, run, RunStatus.FAILED, f"{failure.cls}: {failure.summary}{why}"[:1000])
     explain.settle(session, run, failure)
+
+
+def _planned_by_job(session: Session, run: Run, total: int) -> int:
+    """``total``, or fewer syncs when the job planned fewer rollout samples than the spec
+    asked (verl: the smaller of ``rollout.total_rollout_steps`` and the data's size, which only
+    the job knows and logs once, near the start)."""
+    per_sync = run.launch.get("samples_per_sync")
+    if not isinstance(per_sync, int) or per_sync < 1:
+        return total
+    text, _ = logcopy.since(session, run.id, 0)
+    planned = [int(m[1]) for m in _ROLLOUT_TOTAL.finditer(text)]
+    return min(total, planned[-1] // per_sync) if planned else total
 
 
 def _reached(session: Session, run_id: str) -> int:
