@@ -30,7 +30,7 @@ from service.metrics.health import HealthRules, evaluate
 from service.metrics.log_readers import LogReader, TailReader
 from service.metrics.parse import MetricLine, parse_line, parse_preflight
 from service.notify import thresholds
-from service.recovery import ending
+from service.recovery import deaths, ending
 from service.store.db import Database
 from service.store.lifecycle import note
 from service.store.models import Run, RunEvent, RunLog, Webhook, utcnow
@@ -41,6 +41,7 @@ _LONG_AGO = datetime.min.replace(tzinfo=UTC)
 # Ray may report a job ended before its last lines are in the job log: the final read of a run
 # waits this long after the run was seen ended.
 FINAL_READ_AFTER = timedelta(seconds=2)
+_FAILED = frozenset({RunStatus.FAILED, RunStatus.LOST})
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,8 @@ class _Read:
     parsed: list[tuple[int, MetricLine]]
     reports: list[dict[str, Any]]
     final: bool
+    # For a failed run's final read: what Ray's state API says died under its job.
+    ray_state: list[str] = field(default_factory=list)
 
 
 def split_lines(text: str, start: int, final: bool) -> tuple[str, list[tuple[int, str]]]:
@@ -194,7 +197,16 @@ class Follower:
         new, lines = split_lines(text or "", held.offset, final)
         parsed = [(end, m) for end, line in lines if (m := parse_line(line)) is not None]
         reports = [r for _, line in lines if (r := parse_preflight(line)) is not None]
-        return _Read(held, new, parsed, reports, final)
+        ray_state = self._deaths(held.run_id) if final and held.status in _FAILED else []
+        return _Read(held, new, parsed, reports, final, ray_state)
+
+    def _deaths(self, run_id: str) -> list[str]:
+        try:
+            return deaths.read(self.ray, run_id)
+        except (RayUnavailable, RayRejected, KeyError, TypeError, ValueError) as exc:
+            # The log alone classifies the failure: Ray's state is evidence, not a condition.
+            log.warning("follower: reading what died under run %s failed: %r", run_id, exc)
+            return []
 
     def _store(self, reads: list[_Read]) -> None:
         """Store what was read of these runs in one transaction, each run's part only while
@@ -231,7 +243,7 @@ class Follower:
                     runlog.lease_owner = None
                     runlog.lease_expires_at = None
                     # The whole log is read: how (a success Ray reported) and why it ended.
-                    ending.at_final_read(session, run)
+                    ending.at_final_read(session, run, read.ray_state)
                     ended = ended or read.held.status not in TERMINAL
                 stored.append(read)
         for read in stored:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session
@@ -76,13 +77,14 @@ def ray_succeeded(session: Session, run: Run, now: datetime) -> None:
         conclude(session, run, f" (from the log stored so far: not read to the end in {wait})")
 
 
-def at_final_read(session: Session, run: Run) -> None:
+def at_final_read(session: Session, run: Run, ray_state: Sequence[str] = ()) -> None:
     """The follower has read ``run``'s log to the end: end it if Ray's success waits for
-    that, and settle its failure (once: a run ended by ``conclude`` is settled already)."""
+    that, and settle its failure (once: a run ended by ``conclude`` is settled already;
+    ``ray_state``: what Ray's state API says died under the job)."""
     if run.status in ACTIVE:
         conclude(session, run)
     elif not (run.status == RunStatus.FAILED and run.ray_ended_at is not None):
-        explain.settle(session, run)
+        explain.settle(session, run, ray_state=ray_state)
 
 
 def conclude(session: Session, run: Run, why: str = "") -> None:

@@ -3,6 +3,7 @@ service or elsewhere, lost) or, for a run that failed, from its kept log and Ray
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -19,7 +20,7 @@ from service.store.status import RunStatus
 READ_CHARS = 1_000_000
 
 
-def failure_of(session: Session, run: Run) -> Failure | None:
+def failure_of(session: Session, run: Run, ray_state: Sequence[str] = ()) -> Failure | None:
     """Why ``run`` ended as it did; None for a run that succeeded or has not ended."""
     status = RunStatus(run.status)
     hang = _held(run) if run.health == "unschedulable" else None
@@ -39,7 +40,7 @@ def failure_of(session: Session, run: Run) -> Failure | None:
     if status not in (RunStatus.FAILED, RunStatus.LOST):
         return None
     text, start = kept_tail(session, run.id)
-    found = classify(text, start, run.ray_error_type, run.ray_message or "")
+    found = classify(text, start, run.ray_error_type, run.ray_message or "", "\n".join(ray_state))
     if hang is not None and found.cls == "unknown":
         return hang
     if status is RunStatus.LOST and found.cls == "unknown":
@@ -58,11 +59,14 @@ def kept_tail(session: Session, run_id: str) -> tuple[str, int]:
     return text, start
 
 
-def settle(session: Session, run: Run, failure: Failure | None = None) -> None:
+def settle(
+    session: Session, run: Run, failure: Failure | None = None, ray_state: Sequence[str] = ()
+) -> None:
     """Record ``run``'s failure (once its log is all read; ``failure`` when the caller has
-    found it already) and tell ``run.failed`` subscribers, with the class."""
+    found it already; ``ray_state``: Ray's state API's lines on the job, ``recovery.deaths``)
+    and tell ``run.failed`` subscribers, with the class."""
     session.flush()  # the log's last lines, added in this transaction, are read back
-    failure = failure or failure_of(session, run)
+    failure = failure or failure_of(session, run, ray_state)
     run.failure = None if failure is None else as_doc(failure)
     ending = _ending_event(session, run) if run.status == RunStatus.FAILED else None
     if ending is not None:
