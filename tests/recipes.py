@@ -84,6 +84,28 @@ print("script run", name, "asked for an actor", flush=True)
     + _RUN
 )
 
+# With `actor_dies`: the job's one actor exits at once; the job says nothing of it, waits and
+# exits with its code (`python3 -c DYING_SCRIPT name seconds exit_code message`): only Ray's
+# state API knows what died.
+DYING_SCRIPT = (
+    _ARGS
+    + """
+import os, ray
+ray.init()
+@ray.remote(num_cpus=0, max_restarts=0)
+class Dying:
+    def exit(self):
+        os._exit(1)
+actor = Dying.remote()
+try:
+    ray.get(actor.exit.remote())
+except Exception:
+    pass
+print("script run", name, "carries on", flush=True)
+"""
+    + _RUN
+)
+
 
 class GroupSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -105,6 +127,7 @@ class ScriptSpec(RunSpec):
     stop_job_url: str = ""
     show_env: bool = False
     actor_npus: int = Field(default=0, ge=0, le=64)
+    actor_dies: bool = False
 
 
 class ScriptRecipe:
@@ -122,6 +145,8 @@ class ScriptRecipe:
         argv = ["python3", "-c", SCRIPT, *args]
         if spec.stop_job_url:
             argv = ["python3", "-c", STOP_SCRIPT, *args, spec.stop_job_url]
+        if spec.actor_dies:
+            argv = ["python3", "-c", DYING_SCRIPT, *args]
         if spec.actor_npus:
             argv = ["python3", "-c", ACTOR_SCRIPT, *args, str(spec.actor_npus)]
         groups = (Group("job", spec.npus, 0.0, size_field="npus"),) if spec.npus else ()
