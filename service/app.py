@@ -215,6 +215,8 @@ def build_services(
             settings.stuck_silent_s,
             settings.stop_stuck,
             on_stop=lambda: loops["reconciler"].wake(),
+            ray=ray,
+            unschedulable_after_s=settings.unschedulable_after_s,
         )
         follower = Follower(
             db,
@@ -232,6 +234,7 @@ def build_services(
                 ),
             ),
             broker.notify,
+            on_end=lambda: loops["submitter"].wake(),
             limits=store.Limits(settings.metric_keys_per_run, settings.metric_points_per_run),
             claim_new=settings.follower_claim_new,
         )

@@ -373,6 +373,10 @@ class LoopSettings(Section):
     """A RUNNING run silent this long is stuck."""
     stop_stuck: bool = False
     """Stop stuck runs (else only their health says stuck)."""
+    unschedulable_after_s: float = Field(default=20.0, gt=0)
+    """A RUNNING run without a new step this long is checked against Ray's state API (its job's
+    actors pending creation, placement groups pending) each watchdog round; a demand no node's
+    free resources can hold makes its health unschedulable."""
     stop_unmanaged_after_s: float | None = Field(default=None, ge=0)
     """Jobs on the cluster that are no runs of the service are stopped this long after Ray
     started them, each with an audit row (unset: never; they are shown and counted all the

@@ -37,6 +37,9 @@ class FakeRay(RayJobs):
         self.actors: list[dict[str, Any]] = []
         self.placement_groups: list[dict[str, Any]] = []
         self.drivers: list[dict[str, Any]] = []
+        # ... and dead ones: actors (with their death_cause) and nodes.
+        self.dead_actors: list[dict[str, Any]] = []
+        self.dead_nodes: list[dict[str, Any]] = []
         self.entrypoints: dict[str, str] = {}
 
     def fail(self, method: str, exc: Exception, times: int = 1) -> None:
@@ -52,7 +55,9 @@ class FakeRay(RayJobs):
     def set_status(self, run_id: str, status: str, message: str | None = None, **more: Any) -> None:
         """The job's status; ``more``: ``error_type``, ``exit_code`` (the driver's)."""
         error_type, exit_code = more.get("error_type"), more.get("exit_code")
-        self.jobs[run_id] = JobInfo(run_id, status, message, error_type, exit_code, None, None)
+        self.jobs[run_id] = JobInfo(
+            run_id, status, message, error_type, exit_code, None, None, job_id=run_id
+        )
 
     def close(self) -> None:
         pass
@@ -141,13 +146,16 @@ class FakeRay(RayJobs):
         ]
         return self._answer("all_jobs", submissions + self.drivers)
 
-    def state(self, kind: str, state: str) -> list[dict[str, Any]]:
+    def state(self, kind: str, state: str, **equal: str) -> list[dict[str, Any]]:
         nodes = [
             {"node_id": n, "node_ip": f"10.0.0.{i + 1}", "node_name": f"host-{n}"}
             for i, n in enumerate(self.nodes)
         ]
         tables = {"actors": self.actors, "placement_groups": self.placement_groups, "nodes": nodes}
-        rows = tables.get(kind, [])
+        tables["dead_actors"] = self.dead_actors
+        tables["dead_nodes"] = self.dead_nodes
+        rows = tables.get(f"dead_{kind}" if state == "DEAD" else kind, [])
+        rows = [r for r in rows if all(r.get(k) == v for k, v in equal.items())]
         return self._answer("state", list(rows))
 
     def logs(self, submission_id: str) -> str | None:

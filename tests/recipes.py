@@ -66,6 +66,46 @@ with urllib.request.urlopen(stop, timeout=30) as r:
     + _RUN
 )
 
+# With `actor_npus`: the job asks Ray for one actor holding that many NPUs and waits, placed or
+# not (`python3 -c ACTOR_SCRIPT name seconds exit_code message npus`): a shape the service never
+# saw, as a verl rollout server's is.
+ACTOR_SCRIPT = (
+    _ARGS
+    + """
+import ray
+ray.init()
+@ray.remote(num_cpus=0)
+class Waiting:
+    def ping(self):
+        return 1
+actor = Waiting.options(resources={"NPU": float(sys.argv[5])}).remote()
+print("script run", name, "asked for an actor", flush=True)
+"""
+    + _RUN
+)
+
+# With `actor_dies`: the job's one actor exits at once; the job says nothing of it, waits and
+# exits with its code (`python3 -c DYING_SCRIPT name seconds exit_code message`): only Ray's
+# state API knows what died.
+DYING_SCRIPT = (
+    _ARGS
+    + """
+import os, ray
+ray.init()
+@ray.remote(num_cpus=0, max_restarts=0)
+class Dying:
+    def exit(self):
+        os._exit(1)
+actor = Dying.remote()
+try:
+    ray.get(actor.exit.remote())
+except Exception:
+    pass
+print("script run", name, "carries on", flush=True)
+"""
+    + _RUN
+)
+
 
 class GroupSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -86,6 +126,8 @@ class ScriptSpec(RunSpec):
     # `<dashboard>/api/jobs/<id>/stop`: a job that stops another one behind the service's back.
     stop_job_url: str = ""
     show_env: bool = False
+    actor_npus: int = Field(default=0, ge=0, le=64)
+    actor_dies: bool = False
 
 
 class ScriptRecipe:
@@ -103,6 +145,10 @@ class ScriptRecipe:
         argv = ["python3", "-c", SCRIPT, *args]
         if spec.stop_job_url:
             argv = ["python3", "-c", STOP_SCRIPT, *args, spec.stop_job_url]
+        if spec.actor_dies:
+            argv = ["python3", "-c", DYING_SCRIPT, *args]
+        if spec.actor_npus:
+            argv = ["python3", "-c", ACTOR_SCRIPT, *args, str(spec.actor_npus)]
         groups = (Group("job", spec.npus, 0.0, size_field="npus"),) if spec.npus else ()
         launch = Launch(
             argv=argv,
@@ -145,12 +191,13 @@ class ScriptRecipe:
         )
 
 
-# `python3 -c METRICS_SCRIPT seconds every_s`: a verl-shaped metric line every ``every_s``.
+# `python3 -c METRICS_SCRIPT seconds every_s steps`: a verl-shaped metric line every ``every_s``
+# (at most ``steps`` of them, when not 0), then exit 0.
 METRICS_SCRIPT = """
 import sys, time
-seconds, every = float(sys.argv[1]), float(sys.argv[2])
+seconds, every, steps = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
 step, deadline = 0, time.time() + seconds
-while time.time() < deadline:
+while time.time() < deadline and not (steps and step >= steps):
     step += 1
     print(
         f"step:{step} - training/global_step:{step} - fully_async/count/current_param_version:"
@@ -165,6 +212,8 @@ class MetricsSpec(RunSpec):
     recipe: Literal["test-metrics"] = "test-metrics"
     seconds: float = Field(default=60.0, ge=0, le=3600)
     every_s: float = Field(default=1.0, gt=0, le=60)
+    steps: int = Field(default=0, ge=0, description="stop after this many lines (0: no limit)")
+    total_steps: int | None = Field(default=None, ge=1, description="the steps it plans")
 
 
 class MetricsRecipe:
@@ -176,10 +225,18 @@ class MetricsRecipe:
     def build(self, spec: Any, ctx: LaunchContext) -> Launch:
         assert isinstance(spec, MetricsSpec)
         return Launch(
-            argv=["python3", "-c", METRICS_SCRIPT, str(spec.seconds), str(spec.every_s)],
+            argv=[
+                "python3",
+                "-c",
+                METRICS_SCRIPT,
+                str(spec.seconds),
+                str(spec.every_s),
+                str(spec.steps),
+            ],
             runtime_env={"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "2"}},
             shape=ResourceShape(accelerator="NPU", groups=(), driver_cpus=0.0),
             entrypoint_num_cpus=0.0,
+            total_steps=spec.total_steps,
         )
 
 

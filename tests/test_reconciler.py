@@ -20,7 +20,7 @@ def status_and_reasons(db: Database) -> tuple[str, list[str]]:
     return run.status, reasons
 
 
-def test_ray_s_running_and_success_become_the_run_s_and_an_end_wakes_the_queue(
+def test_ray_s_running_becomes_the_run_s_its_success_waits_for_the_log_and_an_end_wakes_the_queue(
     db: Database,
 ) -> None:
     ray, ended = FakeRay(), []
@@ -34,8 +34,12 @@ def test_ray_s_running_and_success_become_the_run_s_and_an_end_wakes_the_queue(
     assert status_and_reasons(db) == ("RUNNING", ["Ray reports the job running"])
     assert ended == []
     ray.set_status("r1", "SUCCEEDED")
+    loop.tick()  # the follower ends the run once its log is read (test_ending)
+    assert status_and_reasons(db)[0] == "RUNNING" and ended == []
+    add_run(db, "r2", RunStatus.RUNNING)
+    ray.set_status("r2", "FAILED", error_type="JOB_FAILED")
     loop.tick()
-    assert status_and_reasons(db)[0] == "SUCCEEDED" and ended == [True]
+    assert read_run(db, "r2")[0].status == "FAILED" and ended == [True]
 
 
 def test_a_failure_keeps_ray_s_error_exit_code_and_last_message_line(db: Database) -> None:

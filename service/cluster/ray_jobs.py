@@ -40,6 +40,8 @@ class JobInfo:
     driver_exit_code: int | None
     start_time_ms: int | None
     end_time_ms: int | None
+    # Ray's own id of the job (hex), once its driver has started: what the state API names.
+    job_id: str | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> JobInfo:
@@ -51,6 +53,7 @@ class JobInfo:
             driver_exit_code=data.get("driver_exit_code"),
             start_time_ms=data.get("start_time"),
             end_time_ms=data.get("end_time"),
+            job_id=data.get("job_id"),
         )
 
 
@@ -151,16 +154,13 @@ class RayJobs:
     # The most rows one call of Ray's state API answers (its own upper bound).
     STATE_LIMIT = 10_000
 
-    def state(self, kind: str, state: str) -> list[dict[str, Any]]:
+    def state(self, kind: str, state: str, **equal: str) -> list[dict[str, Any]]:
         """Ray's state API, detailed: ``kind`` ("actors", "placement_groups", "nodes") in one
-        ``state`` ("ALIVE", "CREATED")."""
-        params = {
-            "detail": "true",
-            "limit": str(self.STATE_LIMIT),
-            "filter_keys": "state",
-            "filter_predicates": "=",
-            "filter_values": state,
-        }
+        ``state`` ("ALIVE", "CREATED"), and with each column of ``equal`` at its value."""
+        filters = {"state": state} | equal
+        params: list[tuple[str, str]] = [("detail", "true"), ("limit", str(self.STATE_LIMIT))]
+        for key, value in filters.items():
+            params += [("filter_keys", key), ("filter_predicates", "="), ("filter_values", value)]
         body = self._check(self._request("GET", f"/api/v0/{kind}", params=params)).json()
         rows: list[dict[str, Any]] = body["data"]["result"]["result"]
         return rows

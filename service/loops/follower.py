@@ -8,7 +8,8 @@ and ``runs.last_output_at``: a restart resumes exactly where the last commit end
 and no duplicate. Each run's follower is held by one replica through a
 lease in ``run_logs`` that another replica takes over when it lapses. After a run ends and the
 reader has the whole log, one final read takes the rest (even an unterminated last line) and
-the run's follower is finished.
+the run's follower is finished; a job Ray reports SUCCEEDED ends its run only then
+(``recovery.ending``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from service.metrics.health import HealthRules, evaluate
 from service.metrics.log_readers import LogReader, TailReader
 from service.metrics.parse import MetricLine, parse_line, parse_preflight
 from service.notify import thresholds
-from service.recovery import explain
+from service.recovery import deaths, ending
 from service.store.db import Database
 from service.store.lifecycle import note
 from service.store.models import Run, RunEvent, RunLog, Webhook, utcnow
@@ -40,6 +41,7 @@ _LONG_AGO = datetime.min.replace(tzinfo=UTC)
 # Ray may report a job ended before its last lines are in the job log: the final read of a run
 # waits this long after the run was seen ended.
 FINAL_READ_AFTER = timedelta(seconds=2)
+_FAILED = frozenset({RunStatus.FAILED, RunStatus.LOST})
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,8 @@ class Held:
     status: RunStatus
     offset: int
     ended_at: datetime | None = None
+    # When Ray was seen reporting the job SUCCEEDED, the run not yet ended (recovery.ending).
+    ray_ended_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,8 @@ class _Read:
     parsed: list[tuple[int, MetricLine]]
     reports: list[dict[str, Any]]
     final: bool
+    # For a failed run's final read: what Ray's state API says died under its job.
+    ray_state: list[str] = field(default_factory=list)
 
 
 def split_lines(text: str, start: int, final: bool) -> tuple[str, list[tuple[int, str]]]:
@@ -80,6 +86,8 @@ class Follower:
     keep_chars: int
     rules: HealthRules
     notify: Callable[[str], None] = lambda _run_id: None
+    # Called after a batch in which this follower ended a run (a success Ray reported).
+    on_end: Callable[[], None] = lambda: None
     # How the job log is read: by default Ray's tail stream, kept open per run.
     reader: LogReader | None = None
     # What one run may store (keys and points); the rest is dropped with a note.
@@ -146,7 +154,7 @@ class Follower:
                 ),
             )
             query = (
-                select(RunLog.run_id, RunLog.log_offset, Run.status, Run.ended_at)
+                select(RunLog.run_id, RunLog.log_offset, Run.status, Run.ended_at, Run.ray_ended_at)
                 .join(Run, Run.id == RunLog.run_id)
                 .order_by(RunLog.run_id)
                 .with_for_update(of=RunLog, skip_locked=True)
@@ -158,7 +166,7 @@ class Follower:
                     query.where(unfinished, RunLog.lease_owner.is_(None)).limit(self.claim_new)
                 ),
             ]
-            held = [Held(r, RunStatus(status), off, ended) for r, off, status, ended in rows]
+            held = [Held(r, RunStatus(s), off, end, ray_end) for r, off, s, end, ray_end in rows]
             # The leases taken or renewed in one statement per batch, not one per run.
             expires = now + timedelta(seconds=self.lease_s)
             for n in range(0, len(held), 1000):
@@ -180,7 +188,7 @@ class Follower:
     def _read(self, held: Held) -> _Read | None:
         """One read of one run's log; the final one when the run has ended (``held.status``
         was read before the log) and the reader has all of it. None: nothing to store."""
-        ended_at = (held.ended_at or _LONG_AGO) if held.status in TERMINAL else None
+        ended_at = (held.ended_at or _LONG_AGO) if held.status in TERMINAL else held.ray_ended_at
         settled = ended_at is not None and utcnow() - ended_at >= FINAL_READ_AFTER
         text, complete = self._reader.read(held.run_id, held.offset, ended_at if settled else None)
         final = settled and complete
@@ -189,12 +197,22 @@ class Follower:
         new, lines = split_lines(text or "", held.offset, final)
         parsed = [(end, m) for end, line in lines if (m := parse_line(line)) is not None]
         reports = [r for _, line in lines if (r := parse_preflight(line)) is not None]
-        return _Read(held, new, parsed, reports, final)
+        ray_state = self._deaths(held.run_id) if final and held.status in _FAILED else []
+        return _Read(held, new, parsed, reports, final, ray_state)
+
+    def _deaths(self, run_id: str) -> list[str]:
+        try:
+            return deaths.read(self.ray, run_id)
+        except (RayUnavailable, RayRejected, KeyError, TypeError, ValueError) as exc:
+            # The log alone classifies the failure: Ray's state is evidence, not a condition.
+            log.warning("follower: reading what died under run %s failed: %r", run_id, exc)
+            return []
 
     def _store(self, reads: list[_Read]) -> None:
         """Store what was read of these runs in one transaction, each run's part only while
         this replica still holds its lease at the offset it read from."""
         stored: list[_Read] = []
+        ended = False
         with self.db.transaction() as session:
             rows = session.execute(
                 select(RunLog, Run)
@@ -224,7 +242,9 @@ class Follower:
                     runlog.finished_at = now
                     runlog.lease_owner = None
                     runlog.lease_expires_at = None
-                    explain.settle(session, run)  # the whole log is read: why it ended
+                    # The whole log is read: how (a success Ray reported) and why it ended.
+                    ending.at_final_read(session, run, read.ray_state)
+                    ended = ended or read.held.status not in TERMINAL
                 stored.append(read)
         for read in stored:
             run_id = read.held.run_id
@@ -236,6 +256,8 @@ class Follower:
                 self.last_read[run_id] = time.time()
             if read.new or read.final:
                 self.notify(run_id)
+        if ended:
+            self.on_end()
 
     def _ingest(
         self,

@@ -1,5 +1,9 @@
 """The reconciler: polls Ray for every active run and records what Ray says.
 
+A job Ray reports SUCCEEDED does not end its run here: the follower ends it once the log is
+read to the end, SUCCEEDED or, having trained short of its plan, FAILED
+(``service.recovery.ending``).
+
 It also delivers stop requests. A run Ray no longer knows (404) is LOST: Ray keeps no durable
 state, so after a head restart our database is the only record of it. A job Ray reports STOPPED
 that the service never asked to stop (no stop request: not a cancel, not the watchdog) was
@@ -26,10 +30,11 @@ from sqlalchemy.orm import Session
 
 from service.backoff import Backoff
 from service.cluster.ray_jobs import JobInfo, RayJobs, RayRejected, RayUnavailable, stop_job
+from service.recovery import ending
 from service.store import audit
 from service.store.db import Database
 from service.store.lifecycle import set_health, transition
-from service.store.models import Run
+from service.store.models import Run, utcnow
 from service.store.status import ACTIVE, RECONCILER_HEALTH, TERMINAL, RunStatus
 
 log = logging.getLogger(__name__)
@@ -135,6 +140,9 @@ def apply(session: Session, run: Run, info: JobInfo | None) -> None:
     run.ray_exit_code = info.driver_exit_code
     target = _RAY_TO_RUN.get(info.status)
     if target is None or target == run.status:
+        return
+    if target is RunStatus.SUCCEEDED:
+        ending.ray_succeeded(session, run, utcnow())  # the run ends once its log is read
         return
     if target is RunStatus.STOPPED and run.stop_requested_at is None:
         stopped_outside(session, run)

@@ -21,6 +21,14 @@ class RunSpec(BaseModel):
     name: str | None = Field(default=None, min_length=1, max_length=200)
     team: str = Field(default="default", pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
     priority: Literal["low", "normal", "high"] = "normal"
+    stuck_after_s: float | None = Field(
+        default=None,
+        ge=60,
+        le=7 * 86400,
+        description="this run is stuck when not RUNNING this long after submission, or RUNNING "
+        "without log output this long (unset: the service's RLRUN_STUCK_SUBMITTED_S and "
+        "RLRUN_STUCK_SILENT_S); the last resort after the unschedulable check",
+    )
     secrets: dict[str, str] = Field(
         default_factory=dict,
         max_length=50,
@@ -67,6 +75,9 @@ class Launch:
     warnings: list[str] = field(default_factory=list)
     # How many parameter syncs the run plans (progress is the current parameter version of it).
     total_steps: int | None = None
+    # Samples one sync consumes, when the job may plan fewer than the spec asks (verl takes the
+    # smaller of total_rollout_steps and its data's size, and logs it): see recovery.ending.
+    samples_per_sync: int | None = None
     # Small text files shipped with the job (name -> text), unpacked in RUN_FILES_DIR of its
     # working directory.
     files: dict[str, str] = field(default_factory=dict)
@@ -87,6 +98,7 @@ class Launch:
             "entrypoint_resources": self.entrypoint_resources,
             "warnings": self.warnings,
             "total_steps": self.total_steps,
+            "samples_per_sync": self.samples_per_sync,
             "files": self.files,
             "secrets": self.secrets,
         }

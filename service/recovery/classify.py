@@ -160,7 +160,7 @@ _EFFECTS = [
         "actor_died",
         re.compile(
             r"ActorDiedError|RayActorError|The actor died unexpectedly|A worker died or was killed"
-            r"|Worker unexpectedly exits"
+            r"|Worker unexpectedly exits|^Ray's state API: actor \S+ died:"
         ),
         "an actor of the run died",
         "the actor's own log holds the reason (a crash, SIGKILL, or an error before this line)",
@@ -174,11 +174,21 @@ _RAY_ERRORS = {
 
 
 def classify(
-    log: str, offset: int = 0, ray_error_type: str | None = None, ray_message: str = ""
+    log: str,
+    offset: int = 0,
+    ray_error_type: str | None = None,
+    ray_message: str = "",
+    ray_state: str = "",
 ) -> Failure:
-    """The failure that ``log`` (starting at ``offset`` in the kept log) and Ray's error type
-    and message show."""
-    found = _first_cause(log, offset) or _effect(log, offset)
+    """The failure that ``log`` (starting at ``offset`` in the kept log), Ray's state API's
+    lines on the job (``recovery.deaths``: a cause there outranks an effect in the log) and
+    Ray's error type and message show."""
+    found = (
+        _first_cause(log, offset)
+        or _first_cause(ray_state, None)
+        or _effect(log, offset)
+        or _effect(ray_state, None)
+    )
     if found is None and ray_message:
         found = _first_cause(ray_message, None) or _effect(ray_message, None)
     if found is None and ray_error_type in _RAY_ERRORS:
@@ -232,3 +242,9 @@ def _memory_hint(evidence: list[Evidence]) -> str:
 
 def _rule(cls: str) -> _Rule:
     return next(r for r in _CAUSES + _EFFECTS if r.cls == cls)
+
+
+def of_class(cls: str, summary: str, evidence: list[Evidence]) -> Failure:
+    """A failure of ``cls`` found from another source than the log (Ray's state API), with the
+    class's hint."""
+    return Failure(cls, summary, _rule(cls).hint, evidence)

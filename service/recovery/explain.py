@@ -3,6 +3,7 @@ service or elsewhere, lost) or, for a run that failed, from its kept log and Ray
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -11,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from service.metrics import logcopy
 from service.notify import outbox
-from service.recovery.classify import Failure, classify
+from service.recovery.classify import Evidence, Failure, classify
 from service.store.models import Run, RunEvent
 from service.store.status import RunStatus
 
@@ -19,9 +20,12 @@ from service.store.status import RunStatus
 READ_CHARS = 1_000_000
 
 
-def failure_of(session: Session, run: Run) -> Failure | None:
+def failure_of(session: Session, run: Run, ray_state: Sequence[str] = ()) -> Failure | None:
     """Why ``run`` ended as it did; None for a run that succeeded or has not ended."""
     status = RunStatus(run.status)
+    hang = _held(run) if run.health == "unschedulable" else None
+    if hang is not None and status is RunStatus.STOPPED and run.stop_requested_at is not None:
+        return hang  # stopped because it could never start: the hang is why
     if status is RunStatus.CANCELLED:
         return Failure("cancelled", "cancelled before it was submitted", "")
     if status is RunStatus.STOPPED:
@@ -35,10 +39,10 @@ def failure_of(session: Session, run: Run) -> Failure | None:
         return Failure("cancelled", "stopped at the service's request", "")
     if status not in (RunStatus.FAILED, RunStatus.LOST):
         return None
-    end = logcopy.end(session, run.id)
-    start = max(0, end - READ_CHARS)
-    text, _ = logcopy.since(session, run.id, start)
-    found = classify(text, start, run.ray_error_type, run.ray_message or "")
+    text, start = kept_tail(session, run.id)
+    found = classify(text, start, run.ray_error_type, run.ray_message or "", "\n".join(ray_state))
+    if hang is not None and found.cls == "unknown":
+        return hang
     if status is RunStatus.LOST and found.cls == "unknown":
         return Failure(
             "node_lost",
@@ -48,15 +52,39 @@ def failure_of(session: Session, run: Run) -> Failure | None:
     return found
 
 
-def settle(session: Session, run: Run) -> None:
-    """Record ``run``'s failure (once its log is all read) and tell ``run.failed``
-    subscribers, with the class."""
+def kept_tail(session: Session, run_id: str) -> tuple[str, int]:
+    """The last ``READ_CHARS`` of the run's kept log, and the log offset where they start."""
+    start = max(0, logcopy.end(session, run_id) - READ_CHARS)
+    text, _ = logcopy.since(session, run_id, start)
+    return text, start
+
+
+def settle(
+    session: Session, run: Run, failure: Failure | None = None, ray_state: Sequence[str] = ()
+) -> None:
+    """Record ``run``'s failure (once its log is all read; ``failure`` when the caller has
+    found it already; ``ray_state``: Ray's state API's lines on the job, ``recovery.deaths``)
+    and tell ``run.failed`` subscribers, with the class."""
     session.flush()  # the log's last lines, added in this transaction, are read back
-    failure = failure_of(session, run)
+    failure = failure or failure_of(session, run, ray_state)
     run.failure = None if failure is None else as_doc(failure)
     ending = _ending_event(session, run) if run.status == RunStatus.FAILED else None
     if ending is not None:
         outbox.enqueue(session, run, ending, "run.failed", failure=run.failure)
+
+
+def hold(run: Run, failure: Failure | None) -> None:
+    """The failure of a run that has not ended (a hang found on Ray); None clears it. Its end
+    settles it again (``settle``)."""
+    run.failure = None if failure is None else as_doc(failure)
+
+
+def _held(run: Run) -> Failure | None:
+    doc = run.failure
+    if not doc:
+        return None
+    evidence = [Evidence(e.get("offset"), str(e.get("line", ""))) for e in doc.get("evidence", [])]
+    return Failure(str(doc["class"]), str(doc["summary"]), str(doc["hint"]), evidence)
 
 
 def as_doc(failure: Failure) -> dict[str, Any]:

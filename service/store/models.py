@@ -92,6 +92,9 @@ class Run(Base):
     ray_message: Mapped[str | None] = mapped_column(SafeText)
     ray_error_type: Mapped[str | None] = mapped_column(String(64))
     ray_exit_code: Mapped[int | None] = mapped_column(Integer)
+    # When the reconciler first saw Ray report the job SUCCEEDED: the run ends once its log is
+    # read to the end (service.recovery.ending), so a short run never shows SUCCEEDED.
+    ray_ended_at: Mapped[datetime | None]
 
     # A replica claims a queued run before it calls Ray; the claim lapses if that replica dies.
     claim_owner: Mapped[str | None] = mapped_column(String(120))

@@ -37,6 +37,7 @@ ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {
 Health = Literal[
     "ok",
     "stuck",
+    "unschedulable",
     "stalled",
     "nan",
     "reward_collapse",
@@ -47,14 +48,15 @@ Health = Literal[
     "stopped_outside",
 ]
 # Three checks share ``runs.health``: the reconciler (``ray_error``: Ray cannot answer for the
-# run), the watchdog (``stuck``: Ray does not run it, or it prints nothing) and the metric checks
+# run), the watchdog (``stuck``: Ray does not run it, or it prints nothing; ``unschedulable``:
+# Ray's state API shows a demand of its job that no node can hold) and the metric checks
 # (``nan`` over ``reward_collapse`` over ``stalled``: it runs but does not learn; then
 # ``staleness_drift`` over ``sync_growing`` over ``idle_imbalance``: it learns, but wastes its
 # accelerators). Each changes a run's health only from "ok" or one of its own names, so the
 # first flag raised holds until the check that raised it clears it. ``stopped_outside`` (the job
 # was stopped on Ray, not by the service) is the reconciler's last word on a run that has ended:
 # it replaces any other health.
-WATCHDOG_HEALTH: frozenset[Health] = frozenset({"ok", "stuck"})
+WATCHDOG_HEALTH: frozenset[Health] = frozenset({"ok", "stuck", "unschedulable"})
 METRIC_HEALTH: frozenset[Health] = frozenset(
     {"ok", "nan", "reward_collapse", "stalled", "staleness_drift", "sync_growing", "idle_imbalance"}
 )

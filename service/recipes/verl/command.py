@@ -210,6 +210,14 @@ def planned_syncs(cfg: dict[str, Any]) -> int | None:
 
     ``total_rollout_steps / (ppo_mini_batch_size * require_batches * trigger_parameter_sync_step)``
     """
+    per_sync = samples_per_sync(cfg)
+    total = select(cfg, "rollout.total_rollout_steps")
+    ok = per_sync is not None and isinstance(total, int) and total > 0
+    return total // per_sync if ok else None
+
+
+def samples_per_sync(cfg: dict[str, Any]) -> int | None:
+    """The rollout samples one parameter sync consumes."""
     per_sync = 1
     for key in (
         "actor_rollout_ref.actor.ppo_mini_batch_size",
@@ -220,8 +228,7 @@ def planned_syncs(cfg: dict[str, Any]) -> int | None:
         if not isinstance(value, int) or value < 1:
             return None
         per_sync *= value
-    total = select(cfg, "rollout.total_rollout_steps")
-    return total // per_sync if isinstance(total, int) and total > 0 else None
+    return per_sync
 
 
 def spec_keys() -> dict[str, Loc]:

@@ -169,6 +169,7 @@ class VerlFullyAsyncRecipe:
             shape=command.shape(cfg, full.resources.accelerator),
             warnings=k.warnings,
             total_steps=command.planned_syncs(cfg),
+            samples_per_sync=command.samples_per_sync(cfg),
             files=dict(full.files),
         )
 

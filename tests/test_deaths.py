@@ -1,0 +1,85 @@
+"""Ray's state API as a source of a failure's class: a failed run's dead actors (their death
+causes) and the dead nodes they were on, read at the follower's final read; a cause Ray names
+outranks an effect in the log, and a node that held nothing of the run is no cause."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from service.cluster.ray_jobs import RayUnavailable
+from service.loops.follower import Follower
+from service.metrics.health import HealthRules
+from service.metrics.log_readers import WholeLogReader
+from service.store.db import Database
+from service.store.models import Run
+from service.store.status import RunStatus
+from tests.factories import add_run, read_run
+from tests.fake_ray import FakeRay
+
+DIED = "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.\n"
+
+
+def _failed(db: Database, ray: FakeRay, log: str) -> dict[str, Any]:
+    add_run(db, "r1", RunStatus.FAILED)
+    with db.transaction() as s:
+        run = s.get(Run, "r1")
+        assert run is not None
+        run.ended_at = run.started_at = (run.started_at or run.created_at) - timedelta(minutes=1)
+    ray.set_status("r1", "FAILED", error_type="JOB_FAILED")
+    ray.log["r1"] = log
+    Follower(db, ray, "me", 30.0, 100_000, HealthRules(), reader=WholeLogReader(ray)).tick()
+    failure = read_run(db)[0].failure
+    assert failure is not None
+    return failure
+
+
+def _dead_trainer(ray: FakeRay, node: str, cause: dict[str, Any]) -> None:
+    ray.dead_actors.append(
+        {"job_id": "r1", "class_name": "FullyAsyncTrainer", "node_id": node, "death_cause": cause}
+    )
+
+
+def test_a_node_that_died_under_the_run_s_actor_outranks_the_actor_death_in_the_log(
+    db: Database,
+) -> None:
+    ray = FakeRay()
+    context = {"error_message": "The actor is dead because its node has died.", "reason": 1}
+    _dead_trainer(ray, "n7", {"actor_died_error_context": context})
+    ray.dead_nodes += [
+        {"node_id": "n7", "node_ip": "10.0.0.7", "state_message": "missed heartbeats"},
+        {"node_id": "n9", "node_ip": "10.0.0.9", "state_message": "terminated"},
+    ]
+    failure = _failed(db, ray, "step:1 - a:1\n" + DIED)
+    assert failure["class"] == "node_lost"
+    (evidence, *_) = failure["evidence"]
+    assert evidence == {
+        "offset": None,
+        "line": "Ray's state API: node 10.0.0.7 died: missed heartbeats",
+    }
+    assert not any("10.0.0.9" in e["line"] for e in failure["evidence"])
+
+
+def test_an_actor_ray_killed_for_host_memory_is_host_oom_though_the_log_names_no_cause(
+    db: Database,
+) -> None:
+    ray = FakeRay()
+    oom = "Task was killed due to the node running low on memory. Memory on the node was 61 GB"
+    _dead_trainer(ray, "n1", {"oom_context": {"error_message": oom}})
+    assert _failed(db, ray, "step:1 - a:1\nsomething ended\n")["class"] == "host_oom"
+
+
+def test_an_actor_death_only_ray_knows_of_is_actor_died(db: Database) -> None:
+    ray = FakeRay()
+    why = "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR"
+    _dead_trainer(ray, "n1", {"actor_died_error_context": {"error_message": why}})
+    failure = _failed(db, ray, "step:1 - a:1\n")
+    assert failure["class"] == "actor_died"
+    assert failure["evidence"][0]["line"].startswith("Ray's state API: actor FullyAsyncTrainer")
+
+
+def test_ray_s_state_api_failing_leaves_the_log_to_classify(db: Database) -> None:
+    ray = FakeRay()
+    _dead_trainer(ray, "n1", {"oom_context": {"error_message": "killed due to memory pressure"}})
+    ray.fail("state", RayUnavailable("the dashboard is restarting"), times=5)
+    assert _failed(db, ray, "step:1 - a:1\n" + DIED)["class"] == "actor_died"

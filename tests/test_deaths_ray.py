@@ -1,0 +1,33 @@
+"""Ray's state API as a failure's source on the real embedded Ray: a job whose actor died (and
+which says nothing of it itself) fails with class ``actor_died``, and what the state API says
+of the job names the actor and Ray's death cause for it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.cluster.ray_jobs import RayJobs
+from service.recovery import deaths
+from tests.conftest import TERMINAL, submit, wait_for, wait_status
+
+pytestmark = pytest.mark.ray
+
+
+def test_an_actor_death_only_ray_s_state_api_knows_of_is_the_failure_s_class(
+    sqlite_service: Callable[..., TestClient], ray: RayJobs
+) -> None:
+    with sqlite_service() as client:
+        run_id = submit(client, actor_dies=True, exit_code=1)
+        wait_status(client, run_id, TERMINAL)
+        # The failure is settled once the log is read to the end.
+        run = wait_for(lambda: client.get(f"/runs/{run_id}").json(), lambda r: r["failure"])
+    assert run["status"] == "FAILED", run
+    assert run["failure"]["class"] == "actor_died", run["failure"]
+    # Ray prints the worker's death into the driver's log too (the evidence above); its state
+    # API, which the classifier reads after the log, says it with the cause.
+    (line,) = deaths.read(ray, run_id)
+    assert line.startswith("Ray's state API: actor Dying died: "), line
+    assert "worker process has died" in line or "exit" in line.lower(), line
