@@ -6,9 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
+from pathlib import Path
 
 RESUME_ENV = "RLRUN_RESUME"
 ATTEMPT_ENV = "RLRUN_ATTEMPT"
+# verl's checkpoint layout: ``<dir>/global_step_<N>/`` and the tracker naming the newest.
+TRACKER = "latest_checkpointed_iteration.txt"
+STEP_DIR = re.compile(r"global_step_(\d+)")
 # One line in the job log: ``rlrun resume: {"step": N, "path": "..."}`` (step 0: from scratch).
 PREFIX = "rlrun resume: "
 
@@ -32,3 +37,22 @@ def parse(line: str) -> int | None:
     except (ValueError, AttributeError):
         return None
     return step if isinstance(step, int) and step >= 0 else None
+
+
+def set_aside(root: Path) -> Path | None:
+    """Move the run's checkpoints into a new ``superseded-<n>/`` beside them (a run started
+    again from scratch must not resume from them later); that directory, if any."""
+    if not root.is_dir():
+        return None
+    found = [p for p in root.iterdir() if STEP_DIR.fullmatch(p.name)]
+    if not found:
+        return None
+    n = 1
+    while (root / f"superseded-{n}").exists():
+        n += 1
+    aside = root / f"superseded-{n}"
+    aside.mkdir()
+    for path in found:
+        os.replace(path, aside / path.name)
+    (root / TRACKER).unlink(missing_ok=True)
+    return aside
