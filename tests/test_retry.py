@@ -148,6 +148,19 @@ def test_attempts_stop_at_the_policy_s_and_the_team_s_limit(api: TestClient, db_
         assert [(a.n, a.status) for a in s.scalars(select(RunAttempt))] == [(1, "FAILED")]
 
 
+def test_a_later_attempt_is_judged_by_its_own_log(api: TestClient, db_url: str) -> None:
+    db = Database(db_url)
+    loops = Loops(db)
+    _queued(db)
+    loops.submitter.tick()
+    loops.end("r1", "FAILED", DIED)
+    loops.submitter.tick()
+    loops.end("r1-a2", "FAILED", "ModuleNotFoundError: No module named 'flash_attn'\n")
+    run, _ = read_run(db)
+    assert (run.status, run.attempt) == (RunStatus.FAILED, 2)  # import_error: not retried
+    assert run.failure is not None and run.failure["class"] == "import_error", run.failure
+
+
 def test_the_operator_s_default_policy_applies_to_a_spec_without_one(
     api: TestClient, db_url: str
 ) -> None:

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from service.metrics import logcopy
 from service.notify import outbox
 from service.recovery.classify import Failure, classify
-from service.store.models import Run, RunEvent
+from service.store.models import Run, RunEvent, RunLog
 from service.store.status import RunStatus
 
 # The end of the kept log the classifier reads (the decisive lines are near the end).
@@ -36,7 +36,9 @@ def failure_of(session: Session, run: Run) -> Failure | None:
     if status not in (RunStatus.FAILED, RunStatus.LOST):
         return None
     end = logcopy.end(session, run.id)
-    start = max(0, end - READ_CHARS)
+    # A later attempt is judged by its own job's log, not by what ended the one before.
+    base = session.scalar(select(RunLog.log_base).where(RunLog.run_id == run.id)) or 0
+    start = max(base, end - READ_CHARS)
     text, _ = logcopy.since(session, run.id, start)
     found = classify(text, start, run.ray_error_type, run.ray_message or "")
     if status is RunStatus.LOST and found.cls == "unknown":
