@@ -19,8 +19,6 @@ from sqlalchemy.orm import Session
 from service.store.models import Run, RunAttempt
 
 _ATTEMPT_JOB = re.compile(r"(.+)-a([2-9]|[1-9][0-9]+)")
-# What a job prints when it starts, saying where it resumes from (see ``jobs.resume``).
-RESUME_FIELDS = ("step", "path")
 
 
 def job_id(run_id: str, n: int) -> str:
