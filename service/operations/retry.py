@@ -7,8 +7,8 @@ from typing import Any
 
 from service.operations.parts import Parts
 from service.principal import Principal, record_call, visible_run
-from service.recovery import attempts
 from service.recovery.retry import ResumeFrom, by_hand
+from service.store import attempts
 from service.store.runs import events_of
 from service.wire import run_doc
 

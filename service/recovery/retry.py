@@ -19,8 +19,8 @@ from sqlalchemy.orm import Session
 
 from service.clock import utcnow
 from service.errors import Conflict
-from service.recovery import attempts
 from service.recovery.policy import RetryPolicy, in_force
+from service.store import attempts
 from service.store.lifecycle import requeue
 from service.store.models import Run, RunLog
 from service.store.status import TERMINAL, RunStatus

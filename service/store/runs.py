@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from service.errors import NotFound
 from service.metrics import store
-from service.recovery import attempts
+from service.store import attempts
 from service.store.db import Database
 from service.store.models import Run, RunEvent
 
