@@ -58,6 +58,7 @@ from service.metrics.rl_signals import SignalRules
 from service.notify.guard import AllowList
 from service.notify.sender import Notifier
 from service.recipes.registry import RecipeRegistry, default_registry
+from service.recovery.retry import RetryConfig
 from service.scheduling import backlog
 from service.scheduling.budgets import Budgets
 from service.scheduling.inventory import InventoryCache
@@ -237,6 +238,8 @@ def build_services(
             on_end=lambda: loops["submitter"].wake(),
             limits=store.Limits(settings.metric_keys_per_run, settings.metric_points_per_run),
             claim_new=settings.follower_claim_new,
+            retry=retry_config(settings),
+            on_retry=lambda: loops["submitter"].wake(),
         )
         notifier = Notifier(
             db,
@@ -312,3 +315,9 @@ def on_shutdown_signal(callback: Callable[[], None]) -> Iterator[None]:
     finally:
         for sig, before in previous.items():
             signal.signal(sig, before)
+
+
+def retry_config(settings: Settings) -> RetryConfig:
+    return RetryConfig(
+        settings.retry_default, dict(settings.team_retry_max_attempts), settings.retry_max_attempts
+    )

@@ -516,6 +516,32 @@ def cancel(
         say(run.id, run.status, "(stop requested)" if run.stop_requested else "")
 
 
+class ResumeFrom(StrEnum):
+    checkpoint = "checkpoint"
+    scratch = "scratch"
+
+
+@app.command()
+def retry(
+    run_id: str,
+    from_: Annotated[
+        ResumeFrom,
+        typer.Option("--from", help="Resume from the run's newest checkpoint, or from scratch"),
+    ] = ResumeFrom.checkpoint,
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+    output: OutputOpt = Output.table,
+) -> None:
+    """Start the next attempt of an ended run (its own Ray job, queued at the head of its
+    priority)."""
+    with connect(server, token) as client:
+        run = client.retry_run(run_id, from_.value)
+    if output == Output.json:
+        emit_json(run)
+    else:
+        say(run.id, run.status, f"attempt {run.attempt} from {from_.value}")
+
+
 @app.command()
 def logs(
     run_id: str,

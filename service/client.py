@@ -181,6 +181,11 @@ class Client:
     def cancel_run(self, run_id: str) -> RunOut:
         return RunOut.model_validate(self._request("POST", f"/runs/{run_id}/cancel").json())
 
+    def retry_run(self, run_id: str, resume: str = "checkpoint") -> RunOut:
+        """Start the next attempt of an ended run, from its checkpoint or from scratch."""
+        resp = self._request("POST", f"/runs/{run_id}/retry", json={"from": resume})
+        return RunOut.model_validate(resp.json())
+
     def script(self, run_id: str) -> str:
         return self._request("GET", f"/runs/{run_id}/script").text
 

@@ -32,6 +32,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from service.client import DEFAULT_PORT
+from service.recovery.policy import MAX_ATTEMPTS, RetryPolicy
 
 
 def _items(value: object) -> object:
@@ -383,6 +384,26 @@ class LoopSettings(Section):
     same)."""
 
 
+class RetrySettings(Section):
+    """Retries: the policy of runs whose spec names none, and how many attempts a run may
+    make (a spec's ``retry`` asks within these)."""
+
+    heading: ClassVar[str] = "Retries"
+
+    retry_default: RetryPolicy | None = None
+    """The policy of runs whose spec has no ``retry`` (unset: they are not retried), e.g.
+    RLRUN_RETRY_DEFAULT='{"max_attempts": 3, "on": ["node_lost"], "backoff_s": 60}'."""
+    retry_max_attempts: int = Field(default=3, ge=1, le=MAX_ATTEMPTS)
+    """The most attempts a run may make, the first included."""
+    team_retry_max_attempts: dict[str, int] = Field(default_factory=dict)
+    """The same per team ("*": every team not named), e.g.
+    RLRUN_TEAM_RETRY_MAX_ATTEMPTS='{"vision": 5}'."""
+    tiny_grpo_checkpoint_root: str = ""
+    """Where tiny-grpo runs that checkpoint (``save_every``) keep them, each in
+    <root>/<run id>, on the nodes (empty: rlrun-<uid>/tiny-grpo-checkpoints in this machine's
+    temp dir)."""
+
+
 class MetricsSettings(Section):
     """Metrics: the log follower, its lease, the kept log copy, health from metrics, live
     streams."""
@@ -511,6 +532,7 @@ class Settings(
     LimitSettings,
     AdmissionSettings,
     LoopSettings,
+    RetrySettings,
     MetricsSettings,
     WebhookSettings,
     VerlSettings,

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import to_json
 
 from service.metrics.keys import REWARD_KEY, STEP_KEY, TRAINER_STEP_KEY
+from service.recovery.attempts import history, job_id
 from service.scheduling.priority import PRIORITY_NAMES
 from service.team_secrets import masked_runtime_env, masked_spec
 
@@ -38,6 +39,7 @@ class EventOut(BaseModel):
     from_status: str | None
     to_status: str
     reason: str
+    attempt: int = Field(1, description="the run's attempt when it happened")
 
 
 class RayOut(BaseModel):
@@ -100,6 +102,20 @@ class FailureOut(BaseModel):
     model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
 
 
+class RunAttemptOut(BaseModel):
+    """One attempt of a run: its own Ray job (``<run id>-a<N>`` for N >= 2)."""
+
+    n: int
+    ray_job_id: str
+    status: str
+    started_at: datetime | None
+    ended_at: datetime | None
+    failure: FailureOut | None
+    resumed_from_step: int | None = Field(
+        None, description="the trainer step it resumed from (0: from scratch)"
+    )
+
+
 class RunOut(RunSummary):
     spec: dict[str, Any]
     command: list[str]
@@ -115,6 +131,10 @@ class RunOut(RunSummary):
     # Why it ended other than SUCCEEDED, once its log is read: class, summary, hint, evidence
     # (the decisive lines with their offsets in the kept log).
     failure: FailureOut | None = None
+    # The current attempt (1 until a retry), when a retried run's backoff ends, every attempt.
+    attempt: int = 1
+    retry_at: datetime | None = None
+    attempts: list[RunAttemptOut] = Field(default_factory=list)
     events: list[EventOut]
 
 
@@ -370,8 +390,11 @@ def summary_doc(run: Any, latest: Latest | None = None) -> dict[str, Any]:
     }
 
 
-def run_doc(run: Any, events: Sequence[Any], latest: Latest | None = None) -> dict[str, Any]:
-    """A ``RunOut``; ``events`` are rows or RunEvents. Secrets and key-like values masked."""
+def run_doc(
+    run: Any, events: Sequence[Any], latest: Latest | None = None, ended: Sequence[Any] = ()
+) -> dict[str, Any]:
+    """A ``RunOut``; ``events`` are rows or RunEvents, ``ended`` its ended attempts. Secrets
+    and key-like values masked."""
     launch = run.launch
     latest = latest or {}
     return summary_doc(run, latest) | {
@@ -382,7 +405,7 @@ def run_doc(run: Any, events: Sequence[Any], latest: Latest | None = None) -> di
         "shape": launch["shape"],
         "warnings": launch.get("warnings", []),
         "ray": {
-            "submission_id": run.id,
+            "submission_id": job_id(run.id, run.attempt or 1),
             "status": run.ray_status,
             "message": run.ray_message,
             "error_type": run.ray_error_type,
@@ -391,6 +414,9 @@ def run_doc(run: Any, events: Sequence[Any], latest: Latest | None = None) -> di
         "stop_requested": run.stop_requested_at is not None,
         "preflight": run.preflight,
         "failure": run.failure,
+        "attempt": run.attempt or 1,
+        "retry_at": run.retry_at,
+        "attempts": history(run, ended),
         "metrics": {
             "step": max((s for s, _ in latest.values()), default=None),
             "latest": {k: v for k, (_, v) in sorted(latest.items())},
@@ -407,6 +433,7 @@ def event_doc(event: Any) -> dict[str, Any]:
         "from_status": event.from_status,
         "to_status": event.to_status,
         "reason": event.reason,
+        "attempt": event.attempt or 1,
     }
 
 

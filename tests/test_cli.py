@@ -297,3 +297,18 @@ def test_serve_refuses_a_busy_port_in_one_line_before_start_up(tmp_path: Path) -
     assert err.strip() == f"port {port} on 127.0.0.1 is in use: pick another with --port"
     code, out, _ = rlrun("serve", "--help", env={"COLUMNS": "200"})
     assert "--port" in out and "8000" in out
+
+
+def test_retry_starts_the_next_attempt_of_an_ended_run_only(server: str) -> None:
+    env = {"RLRUN_URL": server}
+    run_id = httpx.post(f"{server}/runs", json={"recipe": "test-script"}).json()["id"]
+    code, _, err = rlrun("retry", run_id, env=env)
+    assert code != 0 and "has not ended" in err  # queued: 409
+    httpx.post(f"{server}/runs/{run_id}/cancel")
+    code, out, _ = rlrun("retry", run_id, "--from", "scratch", env=env)
+    assert code == 0 and "QUEUED" in out and "attempt 2 from scratch" in out
+    httpx.post(f"{server}/runs/{run_id}/cancel")
+    code, out, _ = rlrun("retry", run_id, "-o", "json", env=env)
+    run = json.loads(out)
+    assert code == 0 and run["attempt"] == 3 and run["ray"]["submission_id"] == f"{run_id}-a3"
+    assert [a["status"] for a in run["attempts"]] == ["CANCELLED", "CANCELLED", "QUEUED"]

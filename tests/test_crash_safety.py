@@ -123,3 +123,57 @@ def test_two_replicas_on_one_postgres_never_both_submit_a_run(
     assert reasons.count("submitted to Ray") == 30
     assert not any("already on Ray" in r for r in reasons)
     assert all(run["status"] == "SUCCEEDED" for run in done)
+
+
+N_RETRIED = 12
+DIES = "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task."
+
+
+def test_sigkill_while_runs_are_retried_starts_each_attempt_once(
+    db_url: str, ray_cluster: LocalRayCluster, ray: RayJobs, tmp_path: Path
+) -> None:
+    rng = random.Random(11)
+    service = ServiceProcess(db_url, ray_cluster.address, tmp_path / "service.log")
+    service.start()
+    body = {
+        "recipe": "test-script",
+        "seconds": 0.5,
+        "exit_code": 1,
+        "message": DIES,
+        "retry": {"max_attempts": 2, "on": ["actor_died"], "backoff_s": 0},
+    }
+    ids = [
+        httpx.post(f"{service.url}/runs", json=body, timeout=10).json()["id"]
+        for _ in range(N_RETRIED)
+    ]
+
+    def runs() -> list[dict[str, object]]:
+        out = []
+        for run_id in ids:
+            try:
+                out.append(httpx.get(f"{service.url}/runs/{run_id}", timeout=5).json())
+            except httpx.HTTPError:
+                return []
+        return out
+
+    def over(rs: list[dict[str, object]]) -> bool:
+        return bool(rs) and all(r["attempt"] == 2 and r["status"] == "FAILED" for r in rs)
+
+    try:
+        # Kill while first attempts fail, are settled and requeued, and second ones submitted.
+        for _ in range(8):
+            time.sleep(rng.uniform(0.3, 1.5))
+            service.kill()
+            service.start()
+        done = wait_for(runs, over, timeout=240, every=1.0)
+    finally:
+        service.stop()
+    assert service.kills >= 8
+    expected = sorted([*ids, *(f"{i}-a2" for i in ids)])
+    on_ray = sorted(j.submission_id for j in ray.list_jobs() if j.submission_id in expected)
+    assert on_ray == expected  # both attempts of each run on Ray, and nothing more
+    for run in done:
+        moves = [(e["attempt"], e["to_status"]) for e in run["events"]]  # type: ignore[attr-defined]
+        assert moves.count((1, "SUBMITTED")) == 1 and moves.count((2, "SUBMITTED")) == 1, run
+        attempts = run["attempts"]
+        assert [(a["n"], a["status"]) for a in attempts] == [(1, "FAILED"), (2, "FAILED")]  # type: ignore[attr-defined]

@@ -17,7 +17,7 @@ from typing import Any
 
 import ray
 
-from jobs import grant
+from jobs import grant, resume
 from jobs.tiny_grpo import checkpoint
 from jobs.tiny_grpo.actors import TinyGrpoRollouter, TinyGrpoTrainer
 from jobs.tiny_grpo.options import parser
@@ -86,16 +86,24 @@ def main(argv: list[str] | None = None) -> None:
 
 def _resume(root: Path | None, mode: str, rollouter: Any, trainer: Any) -> tuple[int, int]:
     """(parameter version, first trainer step) to start from: the newest complete checkpoint
-    under ``root`` unless resuming is disabled, else the start."""
+    under ``root`` unless resuming is disabled (or the service asked for a start from scratch,
+    which sets the earlier checkpoints aside), else the start. Says which (``jobs.resume``)."""
+    if root is not None and resume.wanted() == "scratch":
+        mode = "disable"
+        aside = resume.set_aside(root)
+        if aside is not None:
+            print(f"[TinyGrpo] from scratch: earlier checkpoints moved to {aside}", flush=True)
     found = checkpoint.newest(root) if root is not None and mode == "auto" else None
     if found is None:
         if root is not None and mode == "auto":
             print("[TinyGrpo] no checkpoint to resume from: starting from scratch", flush=True)
+        resume.announce(0, None)
         return 0, 1
     weights, version, global_step, cursor = checkpoint.load(found)
     ray.get(rollouter.restore.remote(weights, version, cursor))
     ray.get(trainer.restore.remote(weights, version, global_step))
     print(f"[TinyGrpo] resumed from {found.name} (trainer step {global_step})", flush=True)
+    resume.announce(version, str(found))
     return version, global_step + 1
 
 

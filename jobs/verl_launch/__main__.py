@@ -8,7 +8,7 @@ One Ray task is pinned to each alive node with CPUs or the run's accelerator
 (``NodeAffinitySchedulingStrategy``, no CPU held) and runs ``checks.check_node``; the report is
 printed as one line. Any failure (or a node that does not answer in time) ends the job before
 verl starts; otherwise the launcher leaves Ray and replaces itself with verl's own command, argv
-unchanged.
+unchanged (on a later attempt, with the resume overrides ``resume`` decides).
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from jobs import grant
+from jobs import grant, resume
 from jobs.verl_launch import EXIT_FAILED, HANDOVER, PREFIX, Plan, Report
+from jobs.verl_launch import resume as verl_resume
 from jobs.verl_launch.checks import check_node
 
 
@@ -114,6 +115,13 @@ def main(argv: list[str]) -> None:
     if not report["ok"] or not report["nodes"]:
         print(f"rlrun preflight failed on {first_failure(report)}", file=sys.stderr, flush=True)
         sys.exit(EXIT_FAILED)
+    if os.environ.get(resume.ATTEMPT_ENV) or resume.wanted() == "scratch":
+        # A later attempt: from the newest complete checkpoint, decided here where it is.
+        overrides, step, path = verl_resume.decide(
+            verl_resume.checkpoint_dir(plan), resume.wanted()
+        )
+        command = verl_resume.with_overrides(command, overrides)
+        resume.announce(step, path)
     print(HANDOVER + json.dumps(command), flush=True)
     os.execvp(command[0], command)  # noqa: S606 - the handover: verl replaces the launcher
 

@@ -1,4 +1,4 @@
-"""Runs: accept (durably), list, read, cancel.
+"""Runs: accept (durably), list, read, cancel, retry.
 
 Accepting and cancelling are ``service.operations``' (one short write transaction each, with
 validation, Hydra composition and the cluster's inventory, a Ray call, done before it opens);
@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import replace
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import to_json
 
 from service.api.auth import Admin, Member, Viewer, client_of, ensure_sees
@@ -20,8 +21,8 @@ from service.api.deps import ServicesDep
 from service.api.json_answer import json_response
 from service.api.read_cache import Answer, OneRun, Page, respond
 from service.metrics import store
-from service.operations import accept, cancel, over_budget
-from service.store.runs import page_query, run_page
+from service.operations import accept, cancel, over_budget, retry
+from service.store.runs import ended_attempts, page_query, run_page
 from service.store.status import RunStatus
 from service.wire import SUMMARY_KEYS, RunOut, RunPage, encode, run_doc, summary_doc
 
@@ -134,7 +135,8 @@ async def get_run(
 
     def read() -> Answer:
         run, events, latest = run_page(services.db, run_id)
-        return Answer(encode(run_doc(run, events, latest)), run.team)
+        ended = ended_attempts(services.db, run)
+        return Answer(encode(run_doc(run, events, latest, ended)), run.team)
 
     answer = await services.reads.answer(f"run:{run_id}", OneRun(run_id), read)
     ensure_sees(principal, answer.team, run_id)
@@ -163,3 +165,29 @@ def admit_over_budget(
     month (admins only, audited); it still waits for capacity and its team's quota."""
     doc = over_budget.admit_over_budget(services, principal, run_id, client_of(request))
     return json_response(doc)
+
+
+class RetryIn(BaseModel):
+    """What the next attempt starts from: the run's newest complete checkpoint, or scratch."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    from_: Literal["checkpoint", "scratch"] = Field("checkpoint", alias="from")
+
+
+@router.post(
+    "/{run_id}/retry",
+    response_model=RunOut,
+    responses={409: {"description": "the run has not ended"}},
+)
+def retry_run(
+    services: ServicesDep,
+    principal: Member,
+    request: Request,
+    run_id: str,
+    body: Annotated[RetryIn | None, Body()] = None,
+) -> Response:
+    """An ended run's next attempt, now: QUEUED again at the head of its priority, as its own
+    Ray job (``<run id>-a<N>``), resuming from its checkpoint unless asked ``from: scratch``."""
+    resume = (body or RetryIn()).from_
+    return json_response(retry.retry_run(services, principal, run_id, resume, client_of(request)))

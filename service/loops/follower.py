@@ -24,13 +24,15 @@ from typing import Any
 from sqlalchemy import and_, exists, or_, select, update
 from sqlalchemy.orm import Session
 
+from jobs import resume
 from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable
 from service.metrics import logcopy, store
 from service.metrics.health import HealthRules, evaluate
 from service.metrics.log_readers import LogReader, TailReader
 from service.metrics.parse import MetricLine, parse_line, parse_preflight
 from service.notify import thresholds
-from service.recovery import deaths, ending
+from service.recovery import attempts, deaths, ending, retry
+from service.recovery.retry import RetryConfig
 from service.store.db import Database
 from service.store.lifecycle import note
 from service.store.models import Run, RunEvent, RunLog, Webhook, utcnow
@@ -52,6 +54,12 @@ class Held:
     ended_at: datetime | None = None
     # When Ray was seen reporting the job SUCCEEDED, the run not yet ended (recovery.ending).
     ray_ended_at: datetime | None = None
+    attempt: int = 1
+    base: int = 0  # where the current attempt's job log starts in the kept copy
+
+    @property
+    def job(self) -> str:
+        return attempts.job_id(self.run_id, self.attempt)
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,7 @@ class _Read:
     final: bool
     # For a failed run's final read: what Ray's state API says died under its job.
     ray_state: list[str] = field(default_factory=list)
+    resumed: int | None = None  # the step the job said it resumes from
 
 
 def split_lines(text: str, start: int, final: bool) -> tuple[str, list[tuple[int, str]]]:
@@ -88,6 +97,10 @@ class Follower:
     notify: Callable[[str], None] = lambda _run_id: None
     # Called after a batch in which this follower ended a run (a success Ray reported).
     on_end: Callable[[], None] = lambda: None
+    # The operator's side of retry policies; ``on_retry`` is called after a round that started
+    # a next attempt (the submitter may admit it now).
+    retry: RetryConfig = field(default_factory=RetryConfig)
+    on_retry: Callable[[], None] = lambda: None
     # How the job log is read: by default Ray's tail stream, kept open per run.
     reader: LogReader | None = None
     # What one run may store (keys and points); the rest is dropped with a note.
@@ -101,10 +114,12 @@ class Follower:
 
     def __post_init__(self) -> None:
         self._reader: LogReader = self.reader or TailReader(self.ray)
+        self._jobs: dict[str, str] = {}  # run id -> the Ray job of its current attempt
 
     def tick(self) -> None:
         held = self._claim()
-        self._reader.retain({r.run_id for r in held})
+        self._jobs = {r.run_id: r.job for r in held}
+        self._reader.retain(set(self._jobs.values()))
         now = time.time()
         self.last_read = {r.run_id: self.last_read.get(r.run_id, now) for r in held}
         failed: list[Exception] = []
@@ -154,8 +169,18 @@ class Follower:
                 ),
             )
             query = (
-                select(RunLog.run_id, RunLog.log_offset, Run.status, Run.ended_at, Run.ray_ended_at)
+                select(
+                    RunLog.run_id,
+                    RunLog.log_offset,
+                    Run.status,
+                    Run.ended_at,
+                    Run.ray_ended_at,
+                    Run.attempt,
+                    RunLog.log_base,
+                )
                 .join(Run, Run.id == RunLog.run_id)
+                # A retried run waiting for its next attempt has no job to read yet.
+                .where(Run.submitted_at.is_not(None))
                 .order_by(RunLog.run_id)
                 .with_for_update(of=RunLog, skip_locked=True)
             )
@@ -166,7 +191,10 @@ class Follower:
                     query.where(unfinished, RunLog.lease_owner.is_(None)).limit(self.claim_new)
                 ),
             ]
-            held = [Held(r, RunStatus(s), off, end, ray_end) for r, off, s, end, ray_end in rows]
+            held = [
+                Held(r, RunStatus(status), off, ended, ray_ended, n, base)
+                for r, off, status, ended, ray_ended, n, base in rows
+            ]
             # The leases taken or renewed in one statement per batch, not one per run.
             expires = now + timedelta(seconds=self.lease_s)
             for n in range(0, len(held), 1000):
@@ -190,29 +218,32 @@ class Follower:
         was read before the log) and the reader has all of it. None: nothing to store."""
         ended_at = (held.ended_at or _LONG_AGO) if held.status in TERMINAL else held.ray_ended_at
         settled = ended_at is not None and utcnow() - ended_at >= FINAL_READ_AFTER
-        text, complete = self._reader.read(held.run_id, held.offset, ended_at if settled else None)
+        text, complete = self._reader.read(
+            held.job, held.offset - held.base, ended_at if settled else None
+        )
         final = settled and complete
         if text is None and not final:
             return None  # Ray does not know the job (yet, or any more): the reconciler decides.
         new, lines = split_lines(text or "", held.offset, final)
         parsed = [(end, m) for end, line in lines if (m := parse_line(line)) is not None]
         reports = [r for _, line in lines if (r := parse_preflight(line)) is not None]
-        ray_state = self._deaths(held.run_id) if final and held.status in _FAILED else []
-        return _Read(held, new, parsed, reports, final, ray_state)
+        ray_state = self._deaths(held.job) if final and held.status in _FAILED else []
+        resumed = [s for _, line in lines if (s := resume.parse(line)) is not None]
+        return _Read(held, new, parsed, reports, final, ray_state, resumed[-1] if resumed else None)
 
-    def _deaths(self, run_id: str) -> list[str]:
+    def _deaths(self, job: str) -> list[str]:
         try:
-            return deaths.read(self.ray, run_id)
+            return deaths.read(self.ray, job)
         except (RayUnavailable, RayRejected, KeyError, TypeError, ValueError) as exc:
             # The log alone classifies the failure: Ray's state is evidence, not a condition.
-            log.warning("follower: reading what died under run %s failed: %r", run_id, exc)
+            log.warning("follower: reading what died under job %s failed: %r", job, exc)
             return []
 
     def _store(self, reads: list[_Read]) -> None:
         """Store what was read of these runs in one transaction, each run's part only while
         this replica still holds its lease at the offset it read from."""
         stored: list[_Read] = []
-        ended = False
+        ended = retried = False
         with self.db.transaction() as session:
             rows = session.execute(
                 select(RunLog, Run)
@@ -238,26 +269,33 @@ class Follower:
                 self._ingest(session, run, runlog, read.new, read.parsed, now, hooks)
                 if read.reports:
                     run.preflight = read.reports[-1]
+                if read.resumed is not None:
+                    run.resumed_from_step = read.resumed
                 if read.final:
                     runlog.finished_at = now
                     runlog.lease_owner = None
                     runlog.lease_expires_at = None
-                    # The whole log is read: how (a success Ray reported) and why it ended.
+                    # The whole log is read: how (a success Ray reported) and why it ended,
+                    # then whether a next attempt starts.
                     ending.at_final_read(session, run, read.ray_state)
                     ended = ended or read.held.status not in TERMINAL
+                    retried = retry.after_settle(session, run, self.retry) or retried
                 stored.append(read)
         for read in stored:
             run_id = read.held.run_id
-            self._reader.consumed(run_id, read.held.offset + len(read.new))
+            self._reader.consumed(read.held.job, read.held.offset - read.held.base + len(read.new))
             if read.final:
-                self._reader.retain(self.last_read.keys() - {run_id})
                 self.last_read.pop(run_id, None)
+                self._jobs.pop(run_id, None)
+                self._reader.retain(set(self._jobs.values()))
             else:
                 self.last_read[run_id] = time.time()
             if read.new or read.final:
                 self.notify(run_id)
         if ended:
             self.on_end()
+        if retried:
+            self.on_retry()
 
     def _ingest(
         self,
@@ -274,6 +312,9 @@ class Follower:
             runlog.log_offset += len(new)
             run.last_output_at = now
         parsed, dropped = store.storable(parsed)
+        if parsed and store.superseded(session, runlog):
+            # A later attempt's first points: what earlier ones logged from here on is replaced.
+            store.supersede(session, runlog, min(m.step for _, m in parsed))
         if parsed:
             stored, over = store.ingest(session, runlog, parsed, self.limits)
             self.points_ingested += stored

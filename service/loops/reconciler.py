@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session
 from service.backoff import Backoff
 from service.cluster.ray_jobs import JobInfo, RayJobs, RayRejected, RayUnavailable, stop_job
 from service.recovery import ending
+from service.recovery.attempts import job_id
 from service.store import audit
 from service.store.db import Database
 from service.store.lifecycle import set_health, transition
@@ -70,16 +71,20 @@ class Reconciler:
     def tick(self) -> None:
         with self.db.transaction() as session:
             active = session.execute(
-                select(Run.id, Run.stop_requested_at).where(Run.status.in_(ACTIVE))
+                select(Run.id, Run.stop_requested_at, Run.attempt).where(Run.status.in_(ACTIVE))
             ).all()
         now = time.monotonic()
-        due = [(i, s) for i, s in active if now >= getattr(self._retry.get(i), "next_at", now)]
+        due = [
+            (i, s, n) for i, s, n in active if now >= getattr(self._retry.get(i), "next_at", now)
+        ]
         # Read in parallel: one run that makes Ray time out delays no other.
         with ThreadPoolExecutor(max_workers=self.WORKERS) as pool:
             results = list(pool.map(lambda row: self._observe(*row), due))
-        observed = {i: r for (i, _), r in zip(due, results, strict=True) if not isinstance(r, str)}
-        failed = {i: r for (i, _), r in zip(due, results, strict=True) if isinstance(r, str)}
-        still = {i for i, _ in active} - observed.keys()
+        observed = {
+            i: r for (i, _, _), r in zip(due, results, strict=True) if not isinstance(r, str)
+        }
+        failed = {i: r for (i, _, _), r in zip(due, results, strict=True) if isinstance(r, str)}
+        still = {i for i, _, _ in active} - observed.keys()
         self._retry = {i: r for i, r in self._retry.items() if i in still}
         for run_id in failed:
             retry = self._retry.setdefault(run_id, _Retry(0, now))
@@ -103,12 +108,16 @@ class Reconciler:
             first = next(iter(failed.values()))
             raise RayUnavailable(f"every read of this round failed; first: {first}")
 
-    def _observe(self, run_id: str, stop_requested_at: datetime | None) -> JobInfo | str | None:
-        """What Ray says of one run, or the error (as text) that kept it from saying."""
+    def _observe(
+        self, run_id: str, stop_requested_at: datetime | None, attempt: int
+    ) -> JobInfo | str | None:
+        """What Ray says of one run's current attempt, or the error (as text) that kept it
+        from saying."""
+        job = job_id(run_id, attempt)
         try:
             if stop_requested_at is not None:
-                stop_job(self.ray, run_id, "stop requested")
-            return self.ray.get(run_id)
+                stop_job(self.ray, job, "stop requested")
+            return self.ray.get(job)
         except (RayUnavailable, RayRejected) as exc:
             log.warning("reconciler: reading run %s from Ray failed: %s", run_id, exc)
             return str(exc)
@@ -131,7 +140,8 @@ def apply(session: Session, run: Run, info: JobInfo | None) -> None:
             session,
             run,
             RunStatus.LOST,
-            f"Ray no longer knows job {run.id} (the Ray head restarted or the job was deleted)",
+            f"Ray no longer knows job {job_id(run.id, run.attempt)} "
+            "(the Ray head restarted or the job was deleted)",
         )
         return
     run.ray_status = info.status

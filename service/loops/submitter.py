@@ -1,6 +1,7 @@
 """The submitter: claims the queued runs admission lets through and submits each to Ray once.
 
-The run id is Ray's ``submission_id``; a claim lapses if its replica dies, and the retry that
+The run id is Ray's ``submission_id`` (``<run id>-a<N>`` for attempt N >= 2,
+``recovery.attempts``); a claim lapses if its replica dies, and the retry that
 follows gets "already exists" from Ray, which counts as submitted. No DB transaction is held
 across a Ray call.
 
@@ -20,9 +21,11 @@ from sqlalchemy.orm import Session
 
 import jobs
 from jobs import grant as job_grant
+from jobs import resume
 from service.client import DEFAULT_URL
 from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable, stop_job, zip_files
 from service.recipes.base import RUN_FILES_DIR
+from service.recovery.attempts import job_id
 from service.scheduling import backlog
 from service.scheduling.admission import Quotas
 from service.scheduling.budgets import Budgets
@@ -103,7 +106,14 @@ class Submitter:
 
     def _submit(self, queued: backlog.QueuedRow) -> None:
         run, launch = queued.run, queued.launch
+        job = job_id(run.id, queued.attempt)
         runtime_env = dict(launch["runtime_env"])
+        if queued.attempt > 1:  # a later attempt: which one, and what it resumes from
+            runtime_env["env_vars"] = {
+                **runtime_env.get("env_vars", {}),
+                resume.ATTEMPT_ENV: str(queued.attempt),
+                resume.RESUME_ENV: queued.resume or "checkpoint",
+            }
         refs = launch.get("secrets") or {}
         # Checked again now (no value read): a secret removed since the run was accepted.
         missing = self.secrets.unknown(run.team, refs)
@@ -113,7 +123,7 @@ class Submitter:
         token = ""
         if refs:
             with self.db.transaction() as session:
-                token = grants.issue(session, run.id, run.id, self.grant_ttl_s)
+                token = grants.issue(session, run.id, job, self.grant_ttl_s)
             runtime_env["env_vars"] = {
                 **runtime_env.get("env_vars", {}),
                 job_grant.GRANT_ENV: token,
@@ -129,10 +139,10 @@ class Submitter:
                 package = zip_files(launch["files"], RUN_FILES_DIR)
                 runtime_env["working_dir"] = self.ray.upload(package)
             fresh = self.ray.submit(
-                submission_id=run.id,
+                submission_id=job,
                 entrypoint=launch["entrypoint"],
                 runtime_env=runtime_env,
-                metadata={"rlrun_run_id": run.id},
+                metadata={"rlrun_run_id": run.id, "rlrun_attempt": str(queued.attempt)},
                 entrypoint_num_cpus=launch.get("entrypoint_num_cpus", 0.0),
                 # A team mapped to a node group: its driver starts on the group's nodes.
                 entrypoint_resources={
@@ -154,13 +164,15 @@ class Submitter:
         cancelled = False
         with self.db.transaction() as session:
             row = session.get(Run, run.id, with_for_update=True)
-            if row is not None and row.status == RunStatus.QUEUED:
+            if row is not None and row.status == RunStatus.QUEUED and row.attempt == queued.attempt:
                 row.ray_status = "PENDING"
                 reason = "submitted to Ray" if fresh else "already on Ray (a retried submission)"
+                if queued.attempt > 1:
+                    reason += f" as {job} (attempt {queued.attempt})"
                 transition(session, row, RunStatus.SUBMITTED, reason)
             cancelled = row is not None and row.status == RunStatus.CANCELLED
         if cancelled:
-            stop_job(self.ray, run.id, "cancelled while being submitted")
+            stop_job(self.ray, job, "cancelled while being submitted")
 
     def _fail(self, run_id: str, reason: str) -> None:
         with self.db.transaction() as session:

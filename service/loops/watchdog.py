@@ -20,6 +20,7 @@ from sqlalchemy import select
 
 from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable
 from service.recovery import explain, pending
+from service.recovery.attempts import job_id
 from service.recovery.classify import Evidence, of_class
 from service.scheduling.inventory import Inventory
 from service.store.db import Database
@@ -83,15 +84,17 @@ class Watchdog:
             return set(), {}
         with self.db.read() as session:
             rows = session.execute(
-                select(Run.id, Run.started_at, RunLog.last_step_at)
+                select(Run.id, Run.attempt, Run.started_at, RunLog.last_step_at)
                 .outerjoin(RunLog, RunLog.run_id == Run.id)
                 .where(Run.status == RunStatus.RUNNING, Run.health.in_(WATCHDOG_HEALTH))
             ).all()
-        due = {
-            i
-            for i, started, step in rows
+        # run -> its current attempt's Ray job (the submission id Ray's state API names)
+        jobs = {
+            i: job_id(i, attempt)
+            for i, attempt, started, step in rows
             if now - (step or started or now) > self.unschedulable_after
         }
+        due = set(jobs)
         if not due:
             return set(), {}
         try:  # no transaction is open across these calls
@@ -100,7 +103,8 @@ class Watchdog:
         except (RayUnavailable, RayRejected, KeyError, TypeError, ValueError) as exc:
             log.warning("watchdog: reading what waits on Ray failed: %r", exc)
             return set(), {}
-        return due, {i: m for i in due if (m := pending.missing(waiting, i, free)) is not None}
+        shapes = {i: pending.missing(waiting, job, free) for i, job in jobs.items()}
+        return due, {i: m for i, m in shapes.items() if m is not None}
 
     def stuck_reason(self, run: Run, now: datetime) -> str | None:
         own = (run.spec or {}).get("stuck_after_s")

@@ -16,7 +16,19 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import Table, bindparam, case, func, or_, select, text, update
+from sqlalchemy import (
+    Table,
+    bindparam,
+    case,
+    delete,
+    func,
+    insert,
+    or_,
+    select,
+    text,
+    tuple_,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -660,3 +672,106 @@ def lines_after(
         # The last line may be cut by the limit: leave it for the next read.
         grouped.pop(next(reversed(grouped)))
     return [(off, step, values) for (off, step), values in grouped.items()]
+
+
+def superseded(session: Session, runlog: RunLog) -> bool:
+    """Whether a later attempt of the run (its log starting at ``runlog.log_base``) has no
+    point stored yet: its first points replace what earlier attempts logged from there on."""
+    if not runlog.log_base:
+        return False
+    pts = _POINTS.c
+    mine = select(pts.step).where(pts.run_id == runlog.run_id, pts.log_offset >= runlog.log_base)
+    return session.execute(mine.limit(1)).first() is None
+
+
+def supersede(session: Session, runlog: RunLog, from_step: int) -> int:
+    """Drop the points earlier attempts logged at ``from_step`` and after (a resumed attempt
+    logs them again), with the tiers and latest values rebuilt from what is left; the number
+    of points dropped. One history per run: no step twice, whichever attempt logged it last."""
+    run_id, pts = runlog.run_id, _POINTS.c
+    gone = session.execute(
+        delete(_POINTS).where(
+            pts.run_id == run_id, pts.step >= from_step, pts.log_offset < runlog.log_base
+        )
+    ).rowcount  # type: ignore[attr-defined]
+    if not gone:
+        return 0
+    keys, b = _KEYS.c, _BUCKETS.c
+    of_run = select(keys.id).where(keys.run_id == run_id).scalar_subquery()
+    for level in LEVELS:
+        edge = from_step >> level
+        session.execute(
+            delete(_BUCKETS).where(b.key_id.in_(of_run), b.level == level, b.bucket >= edge)
+        )
+        lo = edge << level
+        if lo < from_step:  # the bucket the cut falls in keeps its earlier points
+            _rebuild(session, run_id, level, edge, lo, from_step)
+    p = _POINTS.alias("p")
+    newest = (
+        select(p.c.step)
+        .where(p.c.key_id == keys.id)
+        .order_by(p.c.step.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+    value = (
+        select(p.c.value)
+        .where(p.c.key_id == keys.id)
+        .order_by(p.c.step.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+    first = select(func.min(p.c.step)).where(p.c.key_id == keys.id).scalar_subquery()
+    session.execute(
+        update(_KEYS)
+        .where(keys.run_id == run_id, keys.step >= from_step)
+        .values(
+            step=func.coalesce(newest, _NO_STEP),
+            value=value,
+            first_step=func.coalesce(first, STEP_MAX),
+        )
+    )
+    runlog.metric_points = max(0, runlog.metric_points - gone)
+    if runlog.last_step is not None and runlog.last_step >= from_step:
+        runlog.last_step = from_step - 1
+    session.flush()
+    return int(gone)
+
+
+def _rebuild(session: Session, run_id: str, level: int, bucket: int, lo: int, hi: int) -> None:
+    """One tier's bucket of every key of the run, from its points in ``[lo, hi)``."""
+    pts = _POINTS.c
+    rows = session.execute(
+        select(
+            pts.key_id, func.count(), func.min(pts.value), func.max(pts.value), func.max(pts.step)
+        )
+        .where(pts.run_id == run_id, pts.step >= lo, pts.step < hi)
+        .group_by(pts.key_id)
+    ).all()
+    if not rows:
+        return
+    last = dict(
+        session.execute(
+            select(pts.key_id, pts.value).where(
+                tuple_(pts.key_id, pts.step).in_([(k, s) for k, _, _, _, s in rows])
+            )
+        )
+        .tuples()
+        .all()
+    )
+    session.execute(
+        insert(_BUCKETS),
+        [
+            {
+                "key_id": k,
+                "level": level,
+                "bucket": bucket,
+                "count": n,
+                "min": lo_v,
+                "max": hi_v,
+                "last_step": s,
+                "last_value": last.get(k),
+            }
+            for k, n, lo_v, hi_v, s in rows
+        ],
+    )

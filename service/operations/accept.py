@@ -24,6 +24,7 @@ from service.operations.idempotency import Accepted, replay, request_hash, scope
 from service.operations.parts import Parts
 from service.principal import Principal, record_call
 from service.recipes.base import Launch, LaunchContext, RunSpec
+from service.recovery import policy
 from service.scheduling import backlog
 from service.scheduling.admission import QueuedRun, Quotas
 from service.scheduling.budgets import Budgets
@@ -159,6 +160,13 @@ def _build(parts: Parts, principal: Principal, body: Any) -> _Built:
     spec, launch = parts.registry.build(body, ctx)
     _check_secrets(parts.secrets, spec.team, spec.secrets)
     _check_priority(parts.settings, principal, spec.team, spec.priority)
+    settings = parts.settings
+    policy.check(
+        spec.model_dump(include={"retry"}),
+        spec.team,
+        settings.team_retry_max_attempts,
+        settings.retry_max_attempts,
+    )
     quotas = backlog.quotas(parts.settings)
     groups = backlog.node_groups(parts.settings)
     inventory = parts.cluster()

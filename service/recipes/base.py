@@ -9,6 +9,7 @@ from typing import Any, ClassVar, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from service.recipes import env_names
+from service.recovery.policy import RetryPolicy
 from service.scheduling.shape import ResourceShape
 
 
@@ -34,6 +35,9 @@ class RunSpec(BaseModel):
         max_length=50,
         description="env var -> name of a secret the service holds, filled in at submit time",
         examples=[{"WANDB_API_KEY": "wandb-team-key"}],
+    )
+    retry: RetryPolicy | None = Field(
+        default=None, description="retry as attempts of this run (default: the operator's)"
     )
 
     @field_validator("secrets")

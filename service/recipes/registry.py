@@ -81,7 +81,7 @@ def default_registry(
     """The recipes rlrun ships, plus any ``module:function`` plugins that register more."""
     registry = RecipeRegistry(settings.env_allow if settings else ())
     registry.register(VerlFullyAsyncRecipe(settings or Settings()))
-    registry.register(TinyGrpoRecipe())
+    registry.register(TinyGrpoRecipe(settings.tiny_grpo_checkpoint_root if settings else ""))
     for entry in plugins:
         module, _, func = entry.partition(":")
         getattr(importlib.import_module(module), func or "register")(registry)

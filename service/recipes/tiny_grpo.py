@@ -9,6 +9,9 @@ without accelerators. The job code is ``jobs/tiny_grpo``.
 from __future__ import annotations
 
 import math
+import os
+import tempfile
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
@@ -19,8 +22,9 @@ from service.scheduling.shape import Group, ResourceShape
 
 ACTOR_CPUS: float = DEFAULTS["actor_cpus"]
 DRIVER_CPUS = 0.25
-# The job's options a spec sets (all but the CPUs each actor holds, which the recipe decides).
-OPTIONS = set(DEFAULTS) - {"actor_cpus"}
+# The job's options a spec sets (all but the CPUs each actor holds and where checkpoints go,
+# which the recipe decides).
+OPTIONS = set(DEFAULTS) - {"actor_cpus", "checkpoint_dir", "resume"}
 
 
 class TinyGrpoSpec(RunSpec):
@@ -50,6 +54,13 @@ class TinyGrpoSpec(RunSpec):
         DEFAULTS["train_seconds"], ge=0, le=60, description="simulated update time"
     )
     seed: int = Field(DEFAULTS["seed"], ge=0)
+    save_every: int = Field(
+        DEFAULTS["save_every"],
+        ge=0,
+        le=10_000,
+        description="checkpoint every N parameter versions into the run's own dir (0: never); "
+        "a later attempt resumes from the newest",
+    )
     trainer_npus: int = Field(DEFAULTS["trainer_npus"], ge=1, le=64)
     rollout_npus: int = Field(DEFAULTS["rollout_npus"], ge=1, le=64)
 
@@ -71,13 +82,25 @@ class TinyGrpoSpec(RunSpec):
         return math.ceil(self.trainer_steps / self.trigger_parameter_sync_step)
 
 
+def default_checkpoint_root() -> str:
+    """Where tiny-grpo runs keep checkpoints when nothing says: this machine's temp dir (the
+    embedded cluster's nodes are this machine)."""
+    return str(Path(tempfile.gettempdir()) / f"rlrun-{os.getuid()}" / "tiny-grpo-checkpoints")
+
+
 class TinyGrpoRecipe:
     name: ClassVar[str] = "tiny-grpo"
     spec_model: ClassVar[type[RunSpec]] = TinyGrpoSpec
 
+    def __init__(self, checkpoint_root: str = "") -> None:
+        self.checkpoint_root = checkpoint_root or default_checkpoint_root()
+
     def build(self, spec: Any, ctx: LaunchContext) -> Launch:
         assert isinstance(spec, TinyGrpoSpec)
-        argv = to_argv(spec.model_dump(include=OPTIONS) | {"actor_cpus": ACTOR_CPUS})
+        options = spec.model_dump(include=OPTIONS) | {"actor_cpus": ACTOR_CPUS}
+        if spec.save_every:  # the run's own dir: a later attempt resumes from it
+            options["checkpoint_dir"] = str(Path(self.checkpoint_root) / ctx.run_id)
+        argv = to_argv(options)
         return Launch(
             argv=argv,
             runtime_env={

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from service.metrics import logcopy
 from service.notify import outbox
 from service.recovery.classify import Evidence, Failure, classify
-from service.store.models import Run, RunEvent
+from service.store.models import Run, RunEvent, RunLog
 from service.store.status import RunStatus
 
 # The end of the kept log the classifier reads (the decisive lines are near the end).
@@ -53,8 +53,11 @@ def failure_of(session: Session, run: Run, ray_state: Sequence[str] = ()) -> Fai
 
 
 def kept_tail(session: Session, run_id: str) -> tuple[str, int]:
-    """The last ``READ_CHARS`` of the run's kept log, and the log offset where they start."""
-    start = max(0, logcopy.end(session, run_id) - READ_CHARS)
+    """The last ``READ_CHARS`` of the run's kept log, and the log offset where they start: of
+    the current attempt's job only (a later attempt is judged by its own log, not by what ended
+    the one before)."""
+    base = session.scalar(select(RunLog.log_base).where(RunLog.run_id == run_id)) or 0
+    start = max(base, logcopy.end(session, run_id) - READ_CHARS)
     text, _ = logcopy.since(session, run_id, start)
     return text, start
 

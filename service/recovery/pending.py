@@ -35,11 +35,12 @@ def read(ray: RayJobs) -> Waiting:
     return Waiting(jobs, actors, groups)
 
 
-def missing(waiting: Waiting, run_id: str, free: Mapping[str, Resources]) -> str | None:
-    """The first demand of ``run_id``'s job that no node's free resources (``free``: node ->
-    resource -> amount) can hold, said as "an actor of this job (Name) needs {NPU: 8} on one
-    node; the largest free is 6"; None when each waiting demand fits somewhere."""
-    job_id = waiting.job_ids.get(run_id)
+def missing(waiting: Waiting, submission: str, free: Mapping[str, Resources]) -> str | None:
+    """The first demand of the job ``submission`` (a run's current attempt) that no node's free
+    resources (``free``: node -> resource -> amount) can hold, said as "an actor of this job
+    (Name) needs {NPU: 8} on one node; the largest free is 6"; None when each waiting demand
+    fits somewhere."""
+    job_id = waiting.job_ids.get(submission)
     if job_id is None:
         return None
     for actor in waiting.actors:

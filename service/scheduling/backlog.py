@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, or_, select, text
+from sqlalchemy import ColumnElement, case, or_, select, text
 from sqlalchemy.orm import Session
 
 from service.scheduling.admission import HeldRun, QueuedRun, Quotas
@@ -59,10 +59,13 @@ class QueuedRow:
     launch: dict[str, Any]
     queue_reason: str | None
     over_budget_by: str | None = None
+    attempt: int = 1
+    resume: str | None = None  # what a later attempt resumes from
 
 
 def queued(session: Session, now: datetime, claim: bool = False) -> list[QueuedRow]:
-    """Queued, unclaimed runs, first in first out.
+    """Queued, unclaimed runs, first in first out; a retried run's next attempt ahead of the
+    rest (the head of its priority), once its backoff is over.
 
     With ``claim`` (the submitter's round) the rows are locked ``FOR UPDATE SKIP LOCKED`` on
     PostgreSQL: a row another transaction holds (a cancel in flight) is left for next round.
@@ -76,9 +79,15 @@ def queued(session: Session, now: datetime, claim: bool = False) -> list[QueuedR
             Run.launch,
             Run.queue_reason,
             Run.over_budget_by,
+            Run.attempt,
+            Run.resume,
         )
-        .where(Run.status == RunStatus.QUEUED, unclaimed(now))
-        .order_by(Run.id)
+        .where(
+            Run.status == RunStatus.QUEUED,
+            unclaimed(now),
+            or_(Run.retry_at.is_(None), Run.retry_at <= now),
+        )
+        .order_by(case((Run.attempt > 1, 0), else_=1), Run.id)
     )
     if claim:
         query = query.with_for_update(skip_locked=True, of=Run)
@@ -90,6 +99,8 @@ def queued(session: Session, now: datetime, claim: bool = False) -> list[QueuedR
             r.launch,
             r.queue_reason,
             r.over_budget_by,
+            r.attempt,
+            r.resume,
         )
         for r in rows
     ]

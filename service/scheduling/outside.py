@@ -22,6 +22,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.cluster.ray_jobs import RayJobs
+from service.recovery.attempts import runs_of_jobs
 from service.store.models import Run
 
 # A submission's supervisor actor; it holds the job's entrypoint resources.
@@ -130,9 +131,10 @@ def from_state(
 def unmanaged(session: Session, jobs: Iterable[ClusterJob]) -> list[ClusterJob]:
     """The jobs that are no run of the service (no run has their submission id)."""
     jobs = list(jobs)
-    ids = [j.id for j in jobs if j.type == "SUBMISSION"]
+    runs = runs_of_jobs(j.id for j in jobs if j.type == "SUBMISSION")
+    ids = set(runs.values())
     known = set(session.scalars(select(Run.id).where(Run.id.in_(ids)))) if ids else set()
-    return [j for j in jobs if j.id not in known]
+    return [j for j in jobs if runs.get(j.id) not in known]
 
 
 def held_outside(jobs: Iterable[ClusterJob], nodes: set[str] | None = None) -> dict[str, float]:
@@ -172,7 +174,8 @@ def holders(
     id, name and team) and jobs outside it."""
     outside_ids = {j.id for j in foreign}
     jobs = list(jobs)
-    ids = [j.id for j in jobs if j.id not in outside_ids]
+    of_run = runs_of_jobs(j.id for j in jobs if j.id not in outside_ids)
+    ids = set(of_run.values())
     runs = (
         {
             r.id: r
@@ -183,12 +186,12 @@ def holders(
     )
     out: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for job in jobs:
-        run = runs.get(job.id)
+        run = runs.get(of_run.get(job.id, ""))
         for node, resources in job.held.items():
             out[node].append(
                 {
                     "kind": "run" if run else "unmanaged",
-                    "id": job.id,
+                    "id": run.id if run else job.id,
                     "name": run.name if run else None,
                     "team": run.team if run else None,
                     "resources": resources,

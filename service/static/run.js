@@ -98,8 +98,12 @@ export function runView(root, id, signal) {
     if (!wanted.length) return;
     const data = await getJSON(`${path}/metrics?keys=${encodeURIComponent(wanted.join(","))}&max_points=500`, signal);
     if (!plots.size) charts.replaceChildren();
+    // Where each later attempt began: the step it resumed from (a start from scratch: 0).
+    const markers = (current ? current.attempts : []).filter((a) => a.n > 1 && a.resumed_from_step !== null)
+      .map((a) => ({ step: a.resumed_from_step, label: `attempt ${a.n}` }));
     for (const group of groups) {
       if (!plots.has(group.title)) plots.set(group.title, new Chart(charts, group.title, { yLabel: group.yLabel }));
+      plots.get(group.title).mark(markers);
       const lists = group.keys.map((k) => data.series[k] || []);
       if (group.band && group.keys[0] === REWARD[0]) {
         // The mean, bold, over a faint band between max and min (each downsampled point keeps

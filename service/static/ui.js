@@ -106,6 +106,14 @@ export class Chart {
     holder.append(this.box);
     this.plot = null;
     this.signature = "";
+    this.markers = [];
+  }
+
+  // Vertical marks at these steps ([{step, label}]): where each later attempt of a run began.
+  mark(markers) {
+    this.markers = markers;
+    this.box.dataset.markers = markers.map((m) => `${m.label}@${m.step}`).join(",");
+    if (this.plot) this.plot.redraw(false, false);
   }
 
   // series: [{label, stroke, fill?, dash?, width?}], data: [steps, ...columns], bands: uPlot bands
@@ -135,6 +143,7 @@ export class Chart {
       legend: { live: true },
       series: [{ label: "step" }, ...series.map((s) => ({ spanGaps: true, width: 1.5, points: { show: false }, ...s }))],
       bands,
+      hooks: { draw: [(u) => drawMarkers(u, this.markers)] },
     }, data, this.box);
   }
 
@@ -142,6 +151,25 @@ export class Chart {
     if (this.plot) this.plot.destroy();
     this.plot = null;
   }
+}
+
+function drawMarkers(u, markers) {
+  const { ctx, bbox } = u;
+  ctx.save();
+  ctx.strokeStyle = "#888";
+  ctx.fillStyle = "#555";
+  ctx.setLineDash([4, 4]);
+  ctx.font = `${Math.round(10 * devicePixelRatio)}px sans-serif`;
+  for (const { step, label } of markers) {
+    const x = Math.round(u.valToPos(step, "x", true));
+    if (x < bbox.left || x > bbox.left + bbox.width) continue;
+    ctx.beginPath();
+    ctx.moveTo(x, bbox.top);
+    ctx.lineTo(x, bbox.top + bbox.height);
+    ctx.stroke();
+    ctx.fillText(label, x + 3, bbox.top + 12 * devicePixelRatio);
+  }
+  ctx.restore();
 }
 
 // A date and time (local), for any shown timestamp.

@@ -39,6 +39,7 @@ def accept(session: Session, run: Run) -> RunEvent:
         "from_status": None,
         "to_status": RunStatus.QUEUED,
         "reason": "accepted",
+        "attempt": 1,
     }
     return RunEvent(id=conn.execute(_INSERT_EVENT, first).scalar_one(), **first)
 
@@ -65,6 +66,29 @@ def transition(session: Session, run: Run, dst: RunStatus, reason: str) -> RunEv
         explain.settle(session, run)  # never on Ray: no log to wait for
     outbox.enqueue(session, run, event, "run.status")
     # run.failed goes out once the failure is known: when the log is read (recovery.explain).
+    return event
+
+
+def requeue(session: Session, run: Run, reason: str) -> RunEvent:
+    """Start the next attempt of an ended run: back to QUEUED (the one move out of a terminal
+    status). The caller has archived the attempt that ended (``recovery.attempts.archive``)."""
+    src = RunStatus(run.status)
+    if src not in TERMINAL:
+        raise IllegalTransition(f"run {run.id} has not ended: it is {src}")
+    now = utcnow()
+    run.attempt += 1
+    run.status = RunStatus.QUEUED
+    run.updated_at = now
+    run.submitted_at = run.started_at = run.ended_at = None
+    run.claim_owner = run.claim_expires_at = run.stop_requested_at = None
+    run.ray_status = run.ray_message = run.ray_error_type = None
+    run.ray_exit_code = None
+    run.ray_ended_at = None  # the next job's end is its own (recovery.ending)
+    run.failure = None
+    run.resumed_from_step = None
+    run.health, run.health_reason = "ok", None
+    event = _event(session, run, src, RunStatus.QUEUED, reason, now)
+    outbox.enqueue(session, run, event, "run.status")
     return event
 
 
@@ -98,7 +122,9 @@ def set_health(session: Session, run: Run, health: Health, reason: str | None) -
 def _event(
     session: Session, run: Run, src: str | None, dst: str, reason: str, at: datetime
 ) -> RunEvent:
-    event = RunEvent(run_id=run.id, at=at, from_status=src, to_status=dst, reason=reason)
+    event = RunEvent(
+        run_id=run.id, at=at, from_status=src, to_status=dst, reason=reason, attempt=run.attempt
+    )
     session.add(event)
     session.flush()
     return event

@@ -108,6 +108,13 @@ class Run(Base):
     preflight: Mapped[dict[str, Any] | None]
     # Why it ended other than SUCCEEDED: {class, summary, hint, evidence}, once its log is read.
     failure: Mapped[dict[str, Any] | None]
+    # The current attempt (1 until a retry), when a retried run may be admitted again, what it
+    # resumes from ("checkpoint" | "scratch", None: the first attempt) and the trainer step its
+    # job reported resuming from (0: from scratch). Ended attempts are ``RunAttempt`` rows.
+    attempt: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    retry_at: Mapped[datetime | None]
+    resume: Mapped[str | None] = mapped_column(String(16))
+    resumed_from_step: Mapped[int | None] = mapped_column(BigInteger)
 
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -131,8 +138,27 @@ class RunEvent(Base):
     from_status: Mapped[str | None] = mapped_column(String(16))
     to_status: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str] = mapped_column(SafeText)
+    # The run's attempt when it happened (None: before attempts were recorded).
+    attempt: Mapped[int | None] = mapped_column(Integer)
 
     run: Mapped[Run] = relationship(back_populates="events")
+
+
+class RunAttempt(Base):
+    """One ended attempt of a run, as it was when the next one began (the current attempt is
+    the run's own row). Keyed by (run, n): an attempt is archived once."""
+
+    __tablename__ = "run_attempts"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    n: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    ray_job_id: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16))
+    submitted_at: Mapped[datetime | None]
+    started_at: Mapped[datetime | None]
+    ended_at: Mapped[datetime | None]
+    failure: Mapped[dict[str, Any] | None]
+    resumed_from_step: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class MetricKey(Base):
@@ -204,6 +230,9 @@ class RunLog(Base):
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
     # Characters of the job log consumed so far (always at a line end until the final read).
     log_offset: Mapped[int] = mapped_column(BigInteger, default=0)
+    # Where the current attempt's job log starts in the kept copy (0 for the first attempt):
+    # the job's own offset is ``log_offset - log_base``.
+    log_base: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     lease_owner: Mapped[str | None] = mapped_column(String(120))
     lease_expires_at: Mapped[datetime | None]
     last_step: Mapped[int | None] = mapped_column(BigInteger)

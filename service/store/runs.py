@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from service.errors import NotFound
 from service.metrics import store
+from service.store import attempts
 from service.store.db import Database
 from service.store.models import Run, RunEvent
 
@@ -48,6 +49,9 @@ RUN_COLUMNS = (
     Run.stop_requested_at,
     Run.preflight,
     Run.failure,
+    Run.attempt,
+    Run.retry_at,
+    Run.resumed_from_step,
 )
 EVENT_COLUMNS = (
     RunEvent.id,
@@ -55,6 +59,7 @@ EVENT_COLUMNS = (
     RunEvent.from_status,
     RunEvent.to_status,
     RunEvent.reason,
+    RunEvent.attempt,
 )
 
 
@@ -98,6 +103,7 @@ class EventRow(NamedTuple):
     from_status: str | None
     to_status: str
     reason: str
+    attempt: int | None
 
 
 Latest = dict[str, tuple[int, float]]
@@ -121,8 +127,8 @@ def run_page(db: Database, run_id: str) -> tuple[AnyRow, Sequence[Any], Latest]:
         raise NotFound(f"no run {run_id!r}")
     # json_build_array gives timestamps as ISO text, non-finite numbers as text, NaN as null.
     events = [
-        EventRow(id_, datetime.fromisoformat(at).astimezone(UTC), src, dst, reason)
-        for id_, at, src, dst, reason in row.events_json or ()
+        EventRow(id_, datetime.fromisoformat(at).astimezone(UTC), src, dst, reason, n)
+        for id_, at, src, dst, reason, n in row.events_json or ()
     ]
     latest = {key: (step, _value(v)) for key, step, v in row.latest_json or ()}
     return row, events, latest
@@ -141,7 +147,9 @@ def _at_once() -> Select[Any]:
         select(
             func.json_agg(
                 aggregate_order_by(
-                    func.json_build_array(ev.id, ev.at, ev.from_status, ev.to_status, ev.reason),
+                    func.json_build_array(
+                        ev.id, ev.at, ev.from_status, ev.to_status, ev.reason, ev.attempt
+                    ),
                     ev.id,
                 )
             )
@@ -169,3 +177,11 @@ def page_query(by_status: bool, by_team: bool, after: bool) -> Select[*tuple[Any
     if after:
         query = query.where(Run.id < bindparam("cursor"))
     return query
+
+
+def ended_attempts(db: Database, run: AnyRow) -> Sequence[Any]:
+    """The ended attempts of a run (none to read for a run on its first)."""
+    if (run.attempt or 1) <= 1:
+        return ()
+    with db.read() as session:
+        return attempts.ended(session, run.id)

@@ -1,0 +1,289 @@
+"""Retries as attempts of one run, against Ray in memory (the loops are real): a policy starts
+the next attempt as its own Ray job once the failure class is known; by hand from checkpoint
+or scratch; a cancel stops every later attempt; a later attempt's points replace the earlier
+ones from the step it resumed at, so the run keeps one history."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+
+from service.loops.follower import Follower
+from service.loops.reconciler import Reconciler
+from service.loops.submitter import Submitter
+from service.metrics.health import HealthRules
+from service.metrics.log_readers import WholeLogReader
+from service.recovery.retry import RetryConfig
+from service.scheduling.admission import Quotas
+from service.scheduling.inventory import InventoryCache
+from service.scheduling.outside import ClusterJob, unmanaged
+from service.store.db import Database
+from service.store.models import Run, RunAttempt, utcnow
+from service.store.status import RunStatus
+from tests.factories import add_run, read_run
+from tests.fake_ray import FakeRay
+
+DIED = (
+    "step:1 - critic/score/mean:0.1 - fully_async/count/current_param_version:1\n"
+    "step:2 - critic/score/mean:0.2 - fully_async/count/current_param_version:2\n"
+    "step:3 - critic/score/mean:0.3 - fully_async/count/current_param_version:3\n"
+    "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.\n"
+)
+POLICY = {"max_attempts": 3, "on": ["actor_died"], "backoff_s": 0}
+
+
+class Loops:
+    """The three loops a retry goes through, on one database and one Ray in memory."""
+
+    def __init__(self, db: Database, config: RetryConfig | None = None) -> None:
+        self.db, self.ray = db, FakeRay()
+        self.submitter = Submitter(
+            db, self.ray, InventoryCache(self.ray, 0.0), Quotas(), "me", 30.0, 10
+        )
+        self.reconciler = Reconciler(db, self.ray)
+        self.follower = Follower(
+            db,
+            self.ray,
+            "me",
+            30.0,
+            100_000,
+            HealthRules(),
+            reader=WholeLogReader(self.ray),
+            retry=config or RetryConfig(),
+        )
+
+    def end(self, job: str, status: str, log: str) -> None:
+        """The job ends on Ray with this log; the loops see it, the final read included."""
+        self.ray.log[job] = log
+        self.ray.set_status(job, status)
+        self.reconciler.tick()
+        self.follower.tick()
+        with self.db.transaction() as s:  # seen ended long enough ago for the final read
+            run = s.scalars(select(Run)).one()
+            if run.ended_at is not None:
+                run.ended_at = utcnow() - timedelta(minutes=1)
+        self.follower.tick()
+
+
+def _queued(db: Database, spec: dict[str, Any] | None = None) -> str:
+    return add_run(db, "r1", RunStatus.QUEUED, spec={"retry": POLICY} if spec is None else spec)
+
+
+def test_a_failure_the_policy_names_starts_the_next_attempt_as_its_own_job(
+    api: TestClient, db_url: str
+) -> None:
+    db = Database(db_url)
+    loops = Loops(db)
+    _queued(db)
+    loops.submitter.tick()
+    assert [j["submission_id"] for j in loops.ray.submitted] == ["r1"]
+    loops.end("r1", "FAILED", DIED)
+    run, reasons = read_run(db)
+    assert (run.status, run.attempt, run.resume) == (RunStatus.QUEUED, 2, "checkpoint")
+    assert "retrying: attempt 2 of 3 after actor_died" in reasons
+    loops.submitter.tick()
+    second = loops.ray.submitted[-1]
+    assert second["submission_id"] == "r1-a2"
+    assert second["runtime_env"]["env_vars"]["RLRUN_RESUME"] == "checkpoint"
+    assert second["runtime_env"]["env_vars"]["RLRUN_ATTEMPT"] == "2"
+    loops.ray.set_status("r1-a2", "RUNNING")
+    loops.reconciler.tick()
+    # The follower reads the second job's log after the first's, one kept copy.
+    loops.ray.log["r1-a2"] = 'rlrun resume: {"step": 2, "path": "/c/r1/global_step_2"}\n'
+    loops.follower.tick()
+    doc = api.get("/runs/r1").json()
+    assert doc["status"] == "RUNNING"
+    assert doc["ray"]["submission_id"] == "r1-a2"
+    assert [(a["n"], a["ray_job_id"], a["status"]) for a in doc["attempts"]] == [
+        (1, "r1", "FAILED"),
+        (2, "r1-a2", "RUNNING"),
+    ]
+    assert doc["attempts"][0]["failure"]["class"] == "actor_died"
+    assert doc["attempts"][1]["resumed_from_step"] == 2
+    assert doc["events"][-1]["attempt"] == 2 and doc["events"][0]["attempt"] == 1
+    log = api.get("/runs/r1/logs").text
+    assert log.startswith(DIED) and log.endswith('global_step_2"}\n')
+    # A later attempt's Ray job is the run's, not a job outside the service.
+    with db.read() as s:
+        jobs = [ClusterJob(i, "SUBMISSION", "RUNNING", "", None) for i in ("r1-a2", "r9-a2")]
+        assert [j.id for j in unmanaged(s, jobs)] == ["r9-a2"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "log", "status"),
+    [
+        ({"retry": {**POLICY, "on": ["npu_oom"]}}, DIED, "FAILED"),  # a class it does not name
+        ({}, DIED, "FAILED"),  # no policy, none by default
+        ({"retry": POLICY}, "step:1 - a:1\n", "SUCCEEDED"),
+    ],
+)
+def test_no_next_attempt_unless_the_policy_names_the_class(
+    api: TestClient, db_url: str, spec: dict[str, Any], log: str, status: str
+) -> None:
+    db = Database(db_url)
+    loops = Loops(db)
+    _queued(db, spec)
+    loops.submitter.tick()
+    loops.end("r1", status, log)
+    run, _ = read_run(db)
+    assert (run.status, run.attempt) == (status, 1)
+
+
+def test_attempts_stop_at_the_policy_s_and_the_team_s_limit(api: TestClient, db_url: str) -> None:
+    db = Database(db_url)
+    loops = Loops(db, RetryConfig(per_team={"t": 2}, max_attempts=5))
+    _queued(db)  # the policy asks for 3; team t may make 2
+    loops.submitter.tick()
+    loops.end("r1", "FAILED", DIED)
+    loops.submitter.tick()
+    loops.end("r1-a2", "FAILED", DIED)
+    run, _ = read_run(db)
+    assert (run.status, run.attempt) == (RunStatus.FAILED, 2)
+    assert run.failure is not None and run.failure["class"] == "actor_died"
+    with db.read() as s:
+        assert [(a.n, a.status) for a in s.scalars(select(RunAttempt))] == [(1, "FAILED")]
+
+
+def test_a_later_attempt_is_judged_by_its_own_log(api: TestClient, db_url: str) -> None:
+    db = Database(db_url)
+    loops = Loops(db)
+    _queued(db)
+    loops.submitter.tick()
+    loops.end("r1", "FAILED", DIED)
+    loops.submitter.tick()
+    loops.end("r1-a2", "FAILED", "ModuleNotFoundError: No module named 'flash_attn'\n")
+    run, _ = read_run(db)
+    assert (run.status, run.attempt) == (RunStatus.FAILED, 2)  # import_error: not retried
+    assert run.failure is not None and run.failure["class"] == "import_error", run.failure
+
+
+def test_the_operator_s_default_policy_applies_to_a_spec_without_one(
+    api: TestClient, db_url: str
+) -> None:
+    db = Database(db_url)
+    from service.recovery.policy import RetryPolicy
+
+    loops = Loops(db, RetryConfig(default=RetryPolicy(max_attempts=2, backoff_s=0)))
+    _queued(db, {})
+    loops.submitter.tick()
+    loops.end("r1", "FAILED", DIED)
+    assert read_run(db)[0].attempt == 2
+
+
+def test_a_cancel_during_the_backoff_stops_every_later_attempt(
+    api: TestClient, db_url: str
+) -> None:
+    db = Database(db_url)
+    loops = Loops(db)
+    _queued(db, {"retry": {**POLICY, "backoff_s": 600}})
+    loops.submitter.tick()
+    loops.end("r1", "FAILED", DIED)
+    run, reasons = read_run(db)
+    assert run.status == RunStatus.QUEUED and run.retry_at is not None
+    assert reasons[-1] == "retrying: attempt 2 of 3 after actor_died, in 600s"
+    loops.submitter.tick()  # still backing off: not submitted
+    assert len(loops.ray.submitted) == 1
+    assert api.post("/runs/r1/cancel").json()["status"] == "CANCELLED"
+    loops.submitter.tick()
+    loops.follower.tick()
+    run, _ = read_run(db)
+    assert (run.status, run.attempt, len(loops.ray.submitted)) == ("CANCELLED", 2, 1)
+
+
+def test_a_cancel_of_a_running_attempt_is_not_retried(api: TestClient, db_url: str) -> None:
+    db = Database(db_url)
+    loops = Loops(db)
+    _queued(db)
+    loops.submitter.tick()
+    loops.ray.set_status("r1", "RUNNING")
+    loops.reconciler.tick()
+    api.post("/runs/r1/cancel")
+    # The stop reaches Ray; the job happens to die of the same cause meanwhile.
+    loops.end("r1", "FAILED", DIED)
+    run, _ = read_run(db)
+    assert (run.status, run.attempt) == (RunStatus.FAILED, 1)
+
+
+def test_a_retry_by_hand_from_checkpoint_or_scratch(api: TestClient, db_url: str) -> None:
+    db = Database(db_url)
+    loops = Loops(db)
+    _queued(db, {})
+    loops.submitter.tick()
+    loops.ray.set_status("r1", "RUNNING")
+    loops.reconciler.tick()
+    refused = api.post("/runs/r1/retry", json={"from": "checkpoint"})
+    assert refused.status_code == 409, refused.text
+    loops.end("r1", "SUCCEEDED", "step:1 - a:1\n")
+    doc = api.post("/runs/r1/retry", json={"from": "scratch"}).json()
+    assert (doc["status"], doc["attempt"]) == ("QUEUED", 2)
+    assert doc["events"][-1]["reason"] == "retrying: attempt 2 from scratch, asked by anonymous"
+    loops.submitter.tick()
+    assert loops.ray.submitted[-1]["runtime_env"]["env_vars"]["RLRUN_RESUME"] == "scratch"
+    loops.end("r1-a2", "FAILED", DIED)
+    assert api.post("/runs/r1/retry").json()["attempt"] == 3  # from checkpoint by default
+    assert api.post("/runs/r1/retry", json={"from": "disk"}).status_code == 422
+    with db.read() as s:
+        from service.store.models import AuditEntry
+
+        assert s.scalars(select(AuditEntry.action).where(AuditEntry.run_id == "r1")).all() == [
+            "run.retry",
+            "run.retry",
+        ]
+
+
+def test_a_later_attempt_s_points_replace_the_earlier_ones_from_its_first_step(
+    api: TestClient, db_url: str
+) -> None:
+    db = Database(db_url)
+    loops = Loops(db)
+    _queued(db)
+    loops.submitter.tick()
+    first = "".join(f"step:{s} - critic/score/mean:{s / 10} - x/y:1\n" for s in range(1, 41))
+    loops.end("r1", "FAILED", first + DIED.splitlines(keepends=True)[-1])
+    loops.submitter.tick()
+    loops.ray.set_status("r1-a2", "RUNNING")
+    loops.reconciler.tick()
+    # Resumed from step 30: steps 31.. again, with other values, then on to 50.
+    loops.ray.log["r1-a2"] = "".join(
+        f"step:{s} - critic/score/mean:{s / 100}\n" for s in range(31, 51)
+    )
+    loops.follower.tick()
+    series = api.get("/runs/r1/metrics", params={"max_points": 1000}).json()["series"]
+    score = series["critic/score/mean"]
+    assert [p["step"] for p in score] == list(range(1, 51))  # every step once
+    assert [p["value"] for p in score[29:31]] == [3.0, 0.31]
+    # Only the first attempt logged x/y: its points past the resumed step are gone with it.
+    assert [p["step"] for p in series["x/y"]] == list(range(1, 31))
+    # The tiers agree with the points: a downsampled read sees the new values only.
+    coarse = api.get("/runs/r1/metrics", params={"max_points": 4}).json()["series"]
+    assert max(p["max"] for p in coarse["critic/score/mean"]) == 3.0
+    assert coarse["critic/score/mean"][-1]["value"] == 0.5
+    latest = api.get("/runs/r1").json()["metrics"]["latest"]
+    assert latest["critic/score/mean"] == 0.5
+
+
+def test_a_policy_names_known_classes_and_attempts_within_bounds(api: TestClient) -> None:
+    base = {"recipe": "tiny-grpo"}
+    cases = [
+        ({"on": ["bogus"]}, "retry.on[0]"),
+        ({"on": ["cancelled"]}, "retry.on[0]"),
+        ({"max_attempts": 0}, "retry.max_attempts"),
+        ({"max_attempts": 21}, "retry.max_attempts"),
+        ({"backoff_s": -1}, "retry.backoff_s"),
+        ({"tries": 2}, "retry.tries"),
+    ]
+    for policy, field in cases:
+        resp = api.post("/runs", json=base | {"retry": policy})
+        assert resp.status_code == 422, (policy, resp.text)
+        assert field in [e["field"] for e in resp.json()["errors"]], resp.json()
+    # Over the operator's limit for the team (3 by default).
+    resp = api.post("/runs", json=base | {"retry": {"max_attempts": 4}})
+    assert resp.status_code == 422
+    assert resp.json()["errors"][0]["field"] == "retry.max_attempts"
+    ok = api.post("/runs", json=base | {"retry": {"max_attempts": 3, "on": ["node_lost"]}})
+    assert ok.status_code == 201, ok.text
+    assert ok.json()["spec"]["retry"] == {"max_attempts": 3, "on": ["node_lost"], "backoff_s": 30.0}

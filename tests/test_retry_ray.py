@@ -1,0 +1,115 @@
+"""Retry and resume on the real local Ray head: tiny-grpo's trainer actor is SIGKILLed mid-run,
+the policy starts attempt 2 as its own Ray job, which resumes from the last checkpoint and
+succeeds, with one reward series and no step twice; then by hand, from checkpoint and from
+scratch. The time from the kill to the next attempt RUNNING is measured (backoff 0)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from service.app import create_app
+from service.cluster.local_ray import LocalRayCluster
+from service.cluster.ray_jobs import RayJobs
+from service.metrics.keys import REWARD_KEY
+from tests.conftest import make_settings, wait_for, wait_status
+from tests.live import ServerThread
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+SPEC = {
+    "recipe": "tiny-grpo",
+    "name": "killed",
+    "total_rollout_steps": 320,  # 40 trainer steps: 20 parameter versions
+    "gen_seconds": 0.3,
+    "save_every": 2,
+    "retry": {"max_attempts": 2, "on": ["actor_died"], "backoff_s": 0},
+}
+VERSIONS = 20
+_TRAINER_PID = re.compile(r"\(TinyGrpoTrainer pid=(\d+)")
+
+
+def _steps(http: httpx.Client, run_id: str) -> list[int]:
+    series = http.get(f"/runs/{run_id}/metrics", params={"keys": REWARD_KEY}).json()["series"]
+    return [p["step"] for p in series.get(REWARD_KEY, [])]
+
+
+def _ended_attempt(http: httpx.Client, run_id: str, n: int) -> dict[str, Any]:
+    run: dict[str, Any] = wait_for(
+        lambda: http.get(f"/runs/{run_id}").json(),
+        lambda r: r["attempt"] == n and r["status"] in {"SUCCEEDED", "FAILED", "LOST"},
+        timeout=180,
+        every=0.5,
+    )
+    return run
+
+
+def test_a_killed_trainer_is_retried_from_its_checkpoint_into_one_history(
+    ray_cluster: LocalRayCluster, ray: RayJobs, db_url: str, tmp_path: Path
+) -> None:
+    settings = make_settings(
+        db_url,
+        ray_cluster.address,
+        follow_interval_s=0.3,
+        tiny_grpo_checkpoint_root=str(tmp_path / "checkpoints"),
+    )
+    with ServerThread(create_app(settings)) as url, httpx.Client(base_url=url) as http:
+        run_id = http.post("/runs", json=SPEC).json()["id"]
+        wait_for(
+            lambda: http.get(f"/runs/{run_id}").json()["progress"]["step"] or 0,
+            lambda step: step >= 6,
+            timeout=180,
+            every=0.3,
+        )
+        pid = int(_TRAINER_PID.findall(http.get(f"/runs/{run_id}/logs").text)[-1])
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        running = wait_for(
+            lambda: http.get(f"/runs/{run_id}").json(),
+            lambda r: r["attempt"] == 2 and r["status"] == "RUNNING",
+            timeout=120,
+            every=0.1,
+        )
+        to_running = time.monotonic() - killed
+        print(f"\nkill -> attempt 2 RUNNING: {to_running:.1f}s")
+        assert running["ray"]["submission_id"] == f"{run_id}-a2"
+        done = wait_status(http, run_id, {"SUCCEEDED", "FAILED"}, timeout=180)
+        assert done["status"] == "SUCCEEDED", done["events"]
+        first, second = done["attempts"]
+        assert (first["ray_job_id"], first["status"]) == (run_id, "FAILED")
+        assert first["failure"]["class"] == "actor_died", first["failure"]
+        assert second["ray_job_id"] == f"{run_id}-a2"
+        # Resumed from the newest checkpoint (every 2 versions) before the kill: at most one
+        # interval of steps lost.
+        resumed = second["resumed_from_step"]
+        assert resumed >= 4 and resumed % 2 == 0, second
+        assert any(
+            f"resumed from global_step_{resumed}" in line
+            for line in [ray.logs(f"{run_id}-a2") or ""]
+        )
+        assert _steps(http, run_id) == list(range(1, VERSIONS + 1))  # one series, no step twice
+        reasons = [(e["attempt"], e["reason"]) for e in done["events"]]
+        assert (2, "retrying: attempt 2 of 2 after actor_died") in reasons
+        assert to_running <= 60, to_running
+
+        # By hand, from the checkpoint: the newest is the last version, nothing left to train.
+        resp = http.post(f"/runs/{run_id}/retry", json={"from": "checkpoint"})
+        assert resp.status_code == 200, resp.text
+        third = _ended_attempt(http, run_id, 3)
+        assert third["status"] == "SUCCEEDED"
+        assert third["attempts"][-1]["resumed_from_step"] == VERSIONS
+        # From scratch: the earlier checkpoints are set aside and every step is logged again.
+        http.post(f"/runs/{run_id}/retry", json={"from": "scratch"})
+        fourth = _ended_attempt(http, run_id, 4)
+        assert fourth["status"] == "SUCCEEDED"
+        assert fourth["attempts"][-1]["resumed_from_step"] == 0
+        assert _steps(http, run_id) == list(range(1, VERSIONS + 1))
+        assert [a["n"] for a in fourth["attempts"]] == [1, 2, 3, 4]
+    assert (tmp_path / "checkpoints" / run_id / "superseded-1").is_dir()
