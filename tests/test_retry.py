@@ -66,6 +66,8 @@ class Loops:
             run = s.scalars(select(Run)).one()
             if run.ended_at is not None:
                 run.ended_at = utcnow() - timedelta(minutes=1)
+            if run.ray_ended_at is not None:  # a success Ray reported waits for that read
+                run.ray_ended_at = utcnow() - timedelta(minutes=1)
         self.follower.tick()
 
 

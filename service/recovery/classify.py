@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
-# The classes a run's failure can have; those after ``unknown`` are decided from the run's
-# state, not its log.
-FAILURE_CLASSES = (
+# The classes a run's failure can have; those from ``ended_early`` on are decided from the
+# run's state, not its log. A retry policy may name every class but ``cancelled``.
+RetryClass = Literal[
     "npu_oom",
     "host_oom",
     "collective_timeout",
@@ -29,9 +30,9 @@ FAILURE_CLASSES = (
     "nan",
     "ended_early",
     "stopped_outside",
-    "cancelled",
     "unknown",
-)
+]
+FAILURE_CLASSES: tuple[str, ...] = (*get_args(RetryClass), "cancelled")
 MAX_EVIDENCE = 3
 MAX_LINE = 300
 

@@ -3,35 +3,16 @@ limits, and the policy in force for a run."""
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+from typing import Any, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.errors import InvalidSpec, field_error
-from service.recovery.classify import FAILURE_CLASSES
+from service.recovery.classify import RetryClass
 
 # Attempts a policy may ask for, the first included, whatever the operator allows.
 MAX_ATTEMPTS = 20
-# Classes a policy may name: every class but a cancel (a cancel stops every later attempt).
-RetryClass = Literal[
-    "npu_oom",
-    "host_oom",
-    "collective_timeout",
-    "actor_died",
-    "node_lost",
-    "unschedulable",
-    "import_error",
-    "config_error",
-    "missing_path",
-    "async_pipeline_error",
-    "nan",
-    "ended_early",
-    "stopped_outside",
-    "unknown",
-]
 RETRY_CLASSES: tuple[str, ...] = get_args(RetryClass)
-assert set(RETRY_CLASSES) == set(FAILURE_CLASSES) - {"cancelled"}
-# What a cluster takes back by itself: the classes retried when a policy names none.
 TRANSIENT: tuple[RetryClass, ...] = ("actor_died", "node_lost", "collective_timeout")
 
 
