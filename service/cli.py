@@ -825,7 +825,10 @@ def webhook_add(
         list[str] | None,
         typer.Option(
             "--event",
-            help="run.status, run.health, run.failed or metric.threshold (repeat for more)",
+            help=(
+                "run.status, run.health, run.failed, run.retrying or metric.threshold "
+                "(repeat for more)"
+            ),
         ),
     ] = None,
     threshold: Annotated[

@@ -17,12 +17,13 @@ from service.loops.reconciler import Reconciler
 from service.loops.submitter import Submitter
 from service.metrics.health import HealthRules
 from service.metrics.log_readers import WholeLogReader
+from service.notify.formats import headline
 from service.recovery.retry import RetryConfig
 from service.scheduling.admission import Quotas
 from service.scheduling.inventory import InventoryCache
 from service.scheduling.outside import ClusterJob, unmanaged
 from service.store.db import Database
-from service.store.models import Run, RunAttempt, utcnow
+from service.store.models import Run, RunAttempt, Webhook, WebhookDelivery, utcnow
 from service.store.status import RunStatus
 from tests.factories import add_run, read_run
 from tests.fake_ray import FakeRay
@@ -148,6 +149,29 @@ def test_attempts_stop_at_the_policy_s_and_the_team_s_limit(api: TestClient, db_
     assert run.failure is not None and run.failure["class"] == "actor_died"
     with db.read() as s:
         assert [(a.n, a.status) for a in s.scalars(select(RunAttempt))] == [(1, "FAILED")]
+
+
+def test_a_next_attempt_is_told_to_run_retrying_subscribers(api: TestClient, db_url: str) -> None:
+    db = Database(db_url)
+    loops = Loops(db)
+    _queued(db)
+    with db.transaction() as s:
+        s.add(
+            Webhook(
+                id="wh1",
+                team=None,
+                created_by="admin",
+                url="https://hooks.example.com/x",
+                rules={"events": ["run.retrying"]},
+                secret="whsec_" + "A" * 32,
+            )
+        )
+    loops.submitter.tick()
+    loops.end("r1", "FAILED", DIED)
+    with db.read() as s:
+        sent = [(d.event_type, d.payload) for d in s.scalars(select(WebhookDelivery))]
+    assert [(kind, body["attempt"]) for kind, body in sent] == [("run.retrying", 2)]
+    assert headline("run.retrying", sent[0][1]).startswith("attempt 2: retrying")
 
 
 def test_a_later_attempt_is_judged_by_its_own_log(api: TestClient, db_url: str) -> None:

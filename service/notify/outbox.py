@@ -14,7 +14,7 @@ from service.clock import utcnow
 from service.store.models import Run, RunEvent, Webhook, WebhookDelivery
 
 # What a subscription may ask for.
-EventType = Literal["run.status", "run.health", "run.failed", "metric.threshold"]
+EventType = Literal["run.status", "run.health", "run.failed", "run.retrying", "metric.threshold"]
 EVENT_TYPES: tuple[str, ...] = get_args(EventType)
 
 

@@ -89,6 +89,7 @@ def requeue(session: Session, run: Run, reason: str) -> RunEvent:
     run.health, run.health_reason = "ok", None
     event = _event(session, run, src, RunStatus.QUEUED, reason, now)
     outbox.enqueue(session, run, event, "run.status")
+    outbox.enqueue(session, run, event, "run.retrying", attempt=run.attempt)
     return event
 
 
