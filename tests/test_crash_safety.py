@@ -86,7 +86,9 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(
     try:
         for run_id in accepted.values():
             run = httpx.get(f"{service.url}/runs/{run_id}", timeout=10).json()
-            moves = [e["to_status"] for e in run["events"]]
+            # Transitions only: a note (Ray's word on a job not yet read to the end) keeps the
+            # status it was written in.
+            moves = [e["to_status"] for e in run["events"] if e["from_status"] != e["to_status"]]
             assert moves.count("SUBMITTED") == 1, run
     finally:
         service.stop()
@@ -173,7 +175,11 @@ def test_sigkill_while_runs_are_retried_starts_each_attempt_once(
     on_ray = sorted(j.submission_id for j in ray.list_jobs() if j.submission_id in expected)
     assert on_ray == expected  # both attempts of each run on Ray, and nothing more
     for run in done:
-        moves = [(e["attempt"], e["to_status"]) for e in run["events"]]  # type: ignore[attr-defined]
+        moves = [
+            (e["attempt"], e["to_status"])
+            for e in run["events"]  # type: ignore[attr-defined]
+            if e["from_status"] != e["to_status"]
+        ]
         assert moves.count((1, "SUBMITTED")) == 1 and moves.count((2, "SUBMITTED")) == 1, run
         attempts = run["attempts"]
         assert [(a["n"], a["status"]) for a in attempts] == [(1, "FAILED"), (2, "FAILED")]  # type: ignore[attr-defined]
