@@ -174,6 +174,11 @@ def wait_for(
     return value
 
 
+def transitions(run: dict[str, Any]) -> list[str]:
+    """The statuses a run's events moved it to, in order; notes (same status) left out."""
+    return [e["to_status"] for e in run["events"] if e["from_status"] != e["to_status"]]
+
+
 def wait_status(
     client: TestClient | httpx.Client, run_id: str, statuses: Collection[str], timeout: float = 60.0
 ) -> dict[str, Any]:

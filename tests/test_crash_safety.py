@@ -17,7 +17,7 @@ import pytest
 
 from service.cluster.local_ray import LocalRayCluster
 from service.cluster.ray_jobs import RayJobs
-from tests.conftest import _truncate, wait_for
+from tests.conftest import _truncate, transitions, wait_for
 from tests.service_process import ServiceProcess
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -88,8 +88,7 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(
             run = httpx.get(f"{service.url}/runs/{run_id}", timeout=10).json()
             # Transitions only: a note (Ray's word on a job not yet read to the end) keeps the
             # status it was written in.
-            moves = [e["to_status"] for e in run["events"] if e["from_status"] != e["to_status"]]
-            assert moves.count("SUBMITTED") == 1, run
+            assert transitions(run).count("SUBMITTED") == 1, run
     finally:
         service.stop()
 

@@ -4,19 +4,14 @@ ends FAILED ``ended_early``, naming the step reached, and never shows SUCCEEDED.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
 from service.cluster.ray_jobs import RayJobs
-from tests.conftest import TERMINAL, wait_status
+from tests.conftest import TERMINAL, transitions, wait_status
 
 pytestmark = pytest.mark.ray
-
-
-def _statuses(run: dict[str, Any]) -> list[str]:
-    return [e["to_status"] for e in run["events"] if e["from_status"] != e["to_status"]]
 
 
 def _metrics_run(client: TestClient, steps: int, total_steps: int) -> str:
@@ -38,7 +33,7 @@ def test_a_job_that_exits_0_after_3_of_30_steps_ends_failed_ended_early(
     info = ray.get(short)
     assert info is not None and info.status == "SUCCEEDED" and run["ray"]["exit_code"] == 0
     assert run["status"] == "FAILED", run
-    assert "SUCCEEDED" not in _statuses(run)
+    assert "SUCCEEDED" not in transitions(run)
     assert run["failure"]["class"] == "ended_early"
     assert run["failure"]["summary"].startswith("trained 3 of 30 steps")
     assert run["progress"]["step"] == 3 and run["progress"]["total_steps"] == 30

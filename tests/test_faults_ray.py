@@ -20,7 +20,15 @@ from fastapi.testclient import TestClient
 from service.app import create_app
 from service.cluster.local_ray import LocalRayCluster
 from service.cluster.ray_jobs import RayJobs
-from tests.conftest import RAY_PORT, TERMINAL, make_settings, submit, wait_for, wait_status
+from tests.conftest import (
+    RAY_PORT,
+    TERMINAL,
+    make_settings,
+    submit,
+    transitions,
+    wait_for,
+    wait_status,
+)
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -55,7 +63,7 @@ def test_a_restarted_head_loses_running_runs_and_runs_the_queued_and_new_ones(
         assert "no longer knows" in lost["events"][-1]["reason"]
         assert {r: run["status"] for r, run in done.items()} == dict.fromkeys(done, "SUCCEEDED")
         for run in done.values():
-            assert [e["to_status"] for e in run["events"]].count("SUBMITTED") == 1
+            assert transitions(run).count("SUBMITTED") == 1
         print(f"head restart: LOST after {lost_after:.1f}s, all runs done {recovered_after:.1f}s")
     finally:
         cluster.cleanup()
