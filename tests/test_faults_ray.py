@@ -114,11 +114,13 @@ def test_one_run_that_ray_fails_to_report_holds_up_no_other(
         for run_id in good:
             run = wait_status(client, run_id, TERMINAL, timeout=60)
             assert run["status"] == "SUCCEEDED"
-            # Seen ended within a few reconcile rounds of Ray ending it.
+            # Ended within a few rounds of Ray ending it: the reconciler's, and the follower's
+            # final read of the log (a success waits for it, 2 s after Ray's word, and then
+            # for the follower's next round).
             lag = datetime.fromisoformat(run["ended_at"]).timestamp() * 1000 - _ended_on_ray_ms(
                 ray, run_id
             )
-            assert lag < 5000, lag
+            assert lag < 10_000, lag
             print(f"one run failing on Ray: a healthy run seen ended {lag:.0f} ms after Ray")
         # The failing runs say why, and are tried less and less often.
         for fault, run_id in bad.items():
