@@ -252,7 +252,9 @@ def build_services(
         )
         backoff = settings.max_backoff_s
         loops |= {
-            "notifier": Loop("notifier", notifier.tick, settings.webhook_interval_s, backoff),
+            "notifier": Loop(
+                "notifier", notifier.tick, settings.webhook_interval_s, backoff, notifier.close
+            ),
             "submitter": Loop("submitter", submitter.tick, settings.submit_interval_s, backoff),
             "reconciler": Loop(
                 "reconciler", reconciler.tick, settings.reconcile_interval_s, backoff
