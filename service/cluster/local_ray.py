@@ -2,6 +2,8 @@
 
 Each node is one ``ray start --block`` process in its own session and temp dir; stopping the
 handle stops exactly those nodes (``ray stop`` would kill every Ray process on the host).
+A worker node can be killed alone, as a node the cluster loses (``stop_node``), and started
+again in its place (``start_node``).
 Ports stay outside 10002-19999, which Ray reserves for its workers; unset, free ones are chosen
 at start, and a port given but in use is a one-line ``PortInUse`` error before anything starts.
 
