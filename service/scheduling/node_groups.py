@@ -86,11 +86,16 @@ def decide_grouped(
         left = None if limit is None else max(0, limit - len(merged.admit))
         d = decide(mine, theirs, part, quotas, left, outside=held_outside(outside, ids))
         if not part.nodes:
-            where = f"node group {key}" if key else "the nodes no team is mapped to"
-            d.reasons = {r.id: f"capacity: {where} has no node in the cluster" for r in mine}
+            d.reasons = {r.id: no_nodes(key) for r in mine}
         merged.admit += d.admit
         merged.reasons |= d.reasons
         merged.placements |= d.placements
     rank = {run_id: i for i, run_id in enumerate(order)}
     merged.admit.sort(key=rank.__getitem__)
     return merged
+
+
+def no_nodes(group: str | None) -> str:
+    """Why a run of a team mapped to ``group`` waits when the group has no node."""
+    where = f"node group {group}" if group else "the nodes no team is mapped to"
+    return f"capacity: {where} has no node in the cluster"
