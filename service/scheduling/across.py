@@ -42,6 +42,7 @@ from service.scheduling.admission import (
     QueuedRun,
     Quotas,
     Round,
+    ShapeInfo,
     Shapes,
     fair_order,
     held_by_team,
@@ -175,7 +176,7 @@ def decide_across(
         over = None
         if quota is not None and used[run.team] + info.accelerators > quota:
             over = quota_reason(run.team, used[run.team], quota, info.accelerators)
-        found = [_offer(cluster, run, over) for cluster in mine]
+        found = [_offer(cluster, run, info, over) for cluster in mine]
         for offer in found:
             reasons[offer.cluster.name] = offer.reason
         fitting = [o for o in found if o.outcome is not None and o.outcome.kind is FITS]
@@ -196,7 +197,7 @@ def decide_across(
             continue
         waits = [o for o in found if o.outcome is not None and o.outcome.kind in _WAITS]
         if waits:
-            best = min(waits, key=lambda o: _soonest(o, run))
+            best = _soonest(waits, run)
             part, outcome = _offered(best)
             ahead = part.waiters
             part.wait(run, outcome)
@@ -220,18 +221,18 @@ def decide_across(
     return decision
 
 
-def _offer(cluster: _Cluster, run: QueuedRun, over: str | None) -> _Offer:
+def _offer(cluster: _Cluster, run: QueuedRun, info: ShapeInfo, over: str | None) -> _Offer:
     """What ``run`` finds on ``cluster``; ``over``: the global quota's reason if it is over it."""
     if cluster.state.inventory is None:
         return _Offer(cluster, None, None, cluster.down or CLUSTER_DOWN)
     part = cluster.round_of(run.team)
     if cluster.down is not None or over is not None:
         # Not offered: its last known nodes only say whether it could ever fit.
-        if part.fits_ever(run.shape):
+        if part.fits_ever(run.shape, info.key):
             return _Offer(cluster, part, None, cluster.down or over or "")
-        outcome = Outcome(NEVER_FITS, part.shapes.of(run.shape))
+        outcome = Outcome(NEVER_FITS, info)
     else:
-        outcome = part.assess(run)
+        outcome = part.assess(run, info)
     if outcome.kind is FITS:
         return _Offer(cluster, part, outcome, FITS_NOW)
     return _Offer(cluster, part, outcome, cluster.reason(run, part, outcome))
@@ -262,11 +263,15 @@ def _free_left(offer: _Offer) -> float:
     return part.now.pool.pairs(outcome.info.accelerator)[1]
 
 
-def _soonest(offer: _Offer, run: QueuedRun) -> tuple[int, float]:
-    """How soon ``run`` would start there: the runs that wait there ahead of it, then the
-    accelerators it still lacks on the nodes it would use (past the head's reservation)."""
-    part, _ = _offered(offer)
-    return part.waiters, part.lacks(run.shape)
+def _soonest(waits: list[_Offer], run: QueuedRun) -> _Offer:
+    """Where ``run`` would start soonest: the cluster with the fewest runs waiting there ahead
+    of it, then the fewest accelerators it still lacks on the nodes it would use there (past
+    what the first of them reserved); then the first candidate."""
+    fewest = min(_offered(o)[0].waiters for o in waits)
+    tied = [o for o in waits if _offered(o)[0].waiters == fewest]
+    if len(tied) == 1:
+        return tied[0]
+    return min(tied, key=lambda o: _offered(o)[0].lacks(run.shape))
 
 
 def _shares(
@@ -278,14 +283,18 @@ def _shares(
         for cluster in where[run.id]:
             clusters[run.team][cluster.name] = cluster
     memo: dict[str, float] = {}
+    sums: dict[tuple[str, str | None], float] = {}
 
     def share(team: str) -> float:
         if team not in memo:
             total = 0.0
             for cluster in clusters[team].values():
                 if cluster.down is None:
-                    view = cluster.view(cluster.group_of(team))
-                    total += view.sum("NPU") + view.sum("GPU")
+                    key = (cluster.name, cluster.group_of(team))
+                    if key not in sums:
+                        view = cluster.view(key[1])
+                        sums[key] = view.sum("NPU") + view.sum("GPU")
+                    total += sums[key]
             memo[team] = max(1.0, total)
         return memo[team]
 

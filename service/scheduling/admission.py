@@ -125,7 +125,7 @@ FITS, QUOTA, HEAD, BEHIND, CAPACITY, NEVER_FITS = (
 @dataclass
 class Outcome:
     kind: Finds
-    info: _Shape
+    info: ShapeInfo
     placed: Placement | None = None
 
 
@@ -172,23 +172,47 @@ class Round:
         # and accounted, which change only when something is taken: kept per shape until then.
         self._waiting: dict[int, str] = {}
         self._reserved: dict[int, Placement | None] = {}
+        self._lacks: dict[int, float] = {}
+        self._freest: dict[str, Pool] = {}  # per accelerator: the capacity, freest nodes first
+        self._found: dict[int, Outcome] = {}
 
-    def fits_ever(self, shape: ResourceShape) -> bool:
+    def _changed(self) -> None:
+        """What is free changed: the answers kept per shape are stale."""
+        self._waiting.clear()
+        self._reserved.clear()
+        self._lacks.clear()
+        self._freest.clear()
+        self._found.clear()
+
+    def fits_ever(self, shape: ResourceShape, key: int | None = None) -> bool:
         """Whether ``shape`` fits these nodes with nothing running."""
-        key = self.shapes.of(shape).key
+        if key is None:
+            key = self.shapes.of(shape).key
         ever = self._fits_ever.get(key)
         if ever is None:
             ever = self._fits_ever[key] = self._ever.fit(shape, key) is not None
         return ever
 
-    def assess(self, run: QueuedRun) -> Outcome:
-        info = self.shapes.of(run.shape)
-        if not self.fits_ever(run.shape):
-            return Outcome(NEVER_FITS, info)
+    def assess(self, run: QueuedRun, info: ShapeInfo | None = None) -> Outcome:
+        """What ``run`` finds here (``info``: its shape's, if the caller has it)."""
+        if info is None:
+            info = self.shapes.of(run.shape)
+        # Beside the quota, what a run finds depends on its shape and on what changes only
+        # when something is taken or a head starts to wait: kept per shape until then.
+        found = self._found.get(info.key)
+        if found is None:
+            found = self._found[info.key] = self._find(run.shape, info)
+        if found.kind is NEVER_FITS:
+            return found
         quota = self.quotas.of(run.team)
         if quota is not None and self.team_used[run.team] + info.accelerators > quota:
             return Outcome(QUOTA, info)
-        placed = self.now.fit(run.shape, info.key)
+        return found
+
+    def _find(self, shape: ResourceShape, info: ShapeInfo) -> Outcome:
+        if not self.fits_ever(shape, info.key):
+            return Outcome(NEVER_FITS, info)
+        placed = self.now.fit(shape, info.key)
         account = self.account
         in_account = all(account[r] + EPS >= n for r, n in info.demand.items())
         if placed is not None and in_account:
@@ -196,7 +220,7 @@ class Round:
         if self.head is None:
             return Outcome(HEAD, info)
         backfill = self.unreserved
-        if in_account and backfill is not None and backfill.fit(run.shape, info.key) is not None:
+        if in_account and backfill is not None and backfill.fit(shape, info.key) is not None:
             return Outcome(BEHIND, info)
         return Outcome(CAPACITY, info)
 
@@ -208,8 +232,7 @@ class Round:
         if self.unreserved is not None:
             self.unreserved.take(placed)
         _charge(self.account, run.shape)
-        self._waiting.clear()
-        self._reserved.clear()
+        self._changed()
         self.team_used[run.team] += outcome.info.accelerators
         return placed
 
@@ -242,22 +265,32 @@ class Round:
         less what the head reserved (for the head itself, onto the whole totals)."""
         key = self.shapes.of(shape).key
         if key not in self._reserved:
-            keys = [-r.get(shape.accelerator, 0.0) for r in self.free.free]
-            self._reserved[key] = pack(shape, self._capacity.ordered(keys))
+            acc = shape.accelerator
+            ordered = self._freest.get(acc)
+            if ordered is None:
+                keys = [-r.get(acc, 0.0) for r in self.free.free]
+                ordered = self._freest[acc] = self._capacity.ordered(keys)
+            self._reserved[key] = pack(shape, ordered)
         return self._reserved[key]
 
     def lacks(self, shape: ResourceShape) -> float:
         """The accelerators ``shape`` still lacks on the nodes it would reserve (infinite when
         it must wait for the head to end first)."""
-        reserved = self.reservation(shape)
-        if reserved is None:
-            return float("inf")
-        need: dict[str, float] = defaultdict(float)
-        for slot in reserved.slots:
-            need[slot.node] += slot.accelerators
-        free = dict(zip(self.free.node_ids, self.free.free, strict=True))
-        acc = reserved.accelerator
-        return sum(max(0.0, n - free[node].get(acc, 0.0)) for node, n in need.items())
+        key = self.shapes.of(shape).key
+        lacks = self._lacks.get(key)
+        if lacks is None:
+            reserved = self.reservation(shape)
+            if reserved is None:
+                lacks = float("inf")
+            else:
+                need: dict[str, float] = defaultdict(float)
+                for slot in reserved.slots:
+                    need[slot.node] += slot.accelerators
+                free = dict(zip(self.free.node_ids, self.free.free, strict=True))
+                acc = reserved.accelerator
+                lacks = sum(max(0.0, n - free[node].get(acc, 0.0)) for node, n in need.items())
+            self._lacks[key] = lacks
+        return lacks
 
     def wait(self, run: QueuedRun, outcome: Outcome) -> str:
         """Record that ``run`` waits here and say why; the first to wait for capacity becomes
@@ -266,6 +299,7 @@ class Round:
         self.waiters += 1
         if outcome.kind is HEAD:
             self.head = run
+            self._found.clear()
             # Reserve the nodes the head will use (the freest first), so backfill cannot delay it.
             self.unreserved = Fitter(self.free.copy())
             reservation = self.reservation(run.shape)
@@ -273,8 +307,7 @@ class Round:
                 self._capacity = self._totals.copy()
                 self._capacity.take(reservation)
                 self.now.take(reservation)
-                self._waiting.clear()
-                self._reserved.clear()
+                self._changed()
         return reason
 
 
@@ -286,7 +319,7 @@ def quota_reason(team: str, used: int, quota: int, needs: int, scope: str = "") 
 
 
 @dataclass
-class _Shape:
+class ShapeInfo:
     """What one round works out once per distinct shape."""
 
     key: int
@@ -301,16 +334,16 @@ class Shapes:
     shape's value is hashed once per run, not once per question."""
 
     def __init__(self) -> None:
-        self._by_value: dict[ResourceShape, _Shape] = {}
-        self._by_id: dict[int, tuple[ResourceShape, _Shape]] = {}
+        self._by_value: dict[ResourceShape, ShapeInfo] = {}
+        self._by_id: dict[int, tuple[ResourceShape, ShapeInfo]] = {}
 
-    def of(self, shape: ResourceShape) -> _Shape:
+    def of(self, shape: ResourceShape) -> ShapeInfo:
         seen = self._by_id.get(id(shape))
         if seen is not None and seen[0] is shape:
             return seen[1]
         info = self._by_value.get(shape)
         if info is None:
-            info = _Shape(
+            info = ShapeInfo(
                 len(self._by_value), shape.accelerators, _demand(shape), shape.accelerator
             )
             self._by_value[shape] = info

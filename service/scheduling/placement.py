@@ -29,6 +29,7 @@ class Pool:
     _pairs: dict[str, tuple[list[tuple[float, float]], float, float]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
+    _index: dict[str, int] | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def of(cls, nodes: dict[str, dict[str, float]]) -> Pool:
@@ -57,14 +58,25 @@ class Pool:
 
     def take(self, placement: Placement) -> None:
         """Subtract a placement (never below zero: a pool may be a conservative estimate)."""
-        self._pairs.clear()
-        index = {node: i for i, node in enumerate(self.node_ids)}
+        index = self._index
+        if index is None:
+            index = self._index = {node: i for i, node in enumerate(self.node_ids)}
+        touched = set()
         for slot in placement.slots:
-            if slot.node not in index:
+            i = index.get(slot.node)
+            if i is None:
                 continue
-            res = self.free[index[slot.node]]
+            res = self.free[i]
             for name, amount in ((placement.accelerator, slot.accelerators), ("CPU", slot.cpus)):
                 res[name] = max(0.0, res.get(name, 0.0) - amount)
+            touched.add(i)
+        # The pairs known are brought up to date on the nodes taken from, not worked out anew.
+        for acc, (pairs, free_acc, free_cpu) in list(self._pairs.items()):
+            for i in touched:
+                a, c = pairs[i]
+                pairs[i] = new = (self.free[i].get(acc, 0.0), self.free[i].get("CPU", 0.0))
+                free_acc, free_cpu = free_acc - a + new[0], free_cpu - c + new[1]
+            self._pairs[acc] = (pairs, free_acc, free_cpu)
 
 
 @dataclass(frozen=True)
