@@ -5,16 +5,23 @@ per-cluster reasons; and with one cluster, exactly the decision of ``decide_grou
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from service.scheduling import backlog
 from service.scheduling.across import ClusterDecision, ClusterState, decide_across
 from service.scheduling.admission import HeldRun, QueuedRun, Quotas
+from service.scheduling.backlog import plan_across
 from service.scheduling.inventory import Inventory, Node
 from service.scheduling.node_groups import NodeGroups, decide_grouped
 from service.scheduling.outside import ClusterJob
 from service.scheduling.shape import ResourceShape
+from service.store.db import Database, upgrade
+from service.store.models import utcnow
+from service.store.status import RunStatus
+from tests.factories import add_run
 from tests.test_admission import h, nodes, q
 from tests.test_admission_scale import rounds
 
@@ -246,3 +253,91 @@ def test_node_groups_apply_per_cluster() -> None:
     d = decide_across([c1, a2()], queue, everywhere(queue, "a1", "a2"), Quotas())
     assert admitted(d) == {"v1": "a1", "o1": "a2", "o2": "a1"}
     assert {s.node for s in d.placements["o2"].slots if s.role == "g"} == {"n1"}
+
+
+# ---- the dry-run plan ------------------------------------------------------------------------
+
+
+def test_the_plan_names_the_cluster_chosen_why_and_each_cluster_s_reason() -> None:
+    gpu = ClusterState("gpu", None, [], down="cluster down since 12:01:03")
+    states = [a1(), a2(), gpu]
+    run = q("new", 8, 8)
+    plan = plan_across(states, [], {"new": ["a1", "a2"]}, run, Quotas())
+    assert plan["cluster"] == "a2" and plan["why"] == "fits now"
+    assert plan["feasible_now"] is True and plan["feasible_ever"] is True
+    assert {s["node"] for s in plan["placement"] if s["role"] == "g"} == {"n0", "n1"}
+    assert plan["totals"]["cluster"]["NPU"] == 16
+    assert plan["clusters"] == [
+        {
+            "name": "a1",
+            "candidate": True,
+            "down": None,
+            "feasible_ever": False,
+            "feasible_now": False,
+            "reason": "capacity: can never fit this cluster's nodes",
+        },
+        {
+            "name": "a2",
+            "candidate": True,
+            "down": None,
+            "feasible_ever": True,
+            "feasible_now": True,
+            "reason": "fits now",
+        },
+        {
+            "name": "gpu",
+            "candidate": False,
+            "down": "cluster down since 12:01:03",
+            "feasible_ever": None,
+            "feasible_now": False,
+            "reason": "not a cluster this run may use",
+        },
+    ]
+
+
+def test_the_plan_of_a_run_that_waits_names_the_cluster_it_waits_for() -> None:
+    c1 = ClusterState("a1", nodes(0), [h("x1", 8)])
+    c2 = ClusterState("a2", nodes(0, 0), [h("x2", 8), h("x3", 8)])
+    queue = [q("first", 8)]
+    candidates = {"first": ["a1", "a2"], "new": ["a1", "a2"]}
+    plan = plan_across([c1, c2], queue, candidates, q("new", 8), Quotas())
+    # The first queued run waits (and reserves) on a1; the new one on a2, where none is ahead.
+    assert plan["cluster"] == "a2" and plan["queue_position"] == 1
+    assert plan["why"].startswith("fits later on 2 clusters; it would start soonest on this one")
+    assert plan["feasible_now"] is False and plan["feasible_ever"] is True
+    assert plan["reasons"] == [
+        "waits for a2: capacity: needs 8 NPU on one node; admitted runs hold 16 of 16 NPU; "
+        "a1: capacity: needs 8 NPU on one node; admitted runs hold 8 of 8 NPU"
+    ]
+    # A cluster it may use that cannot be read is a warning; none that fits: unknown.
+    down = ClusterState("a3", None, [])
+    plan = plan_across([a1(), down], [], {"new": ["a1", "a3"]}, q("new", 16), Quotas())
+    assert plan["feasible_ever"] is None and plan["cluster"] == "a3"
+    assert plan["warnings"] == ["cluster a3 could not be read: its fit was not checked"]
+    assert plan["why"] == "the only clusters where it could fit are down"
+
+
+def test_with_one_cluster_the_plan_answers_as_the_plan_of_one_cluster(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/plan.db"
+    upgrade(url)
+    db = Database(url)
+    add_run(db, "h1", RunStatus.RUNNING, npus=8)
+    add_run(db, "q1", RunStatus.QUEUED, npus=8)
+    add_run(db, "q2", RunStatus.QUEUED, npus=4, team="u")
+    inventory = nodes(0, 8, 4)
+    candidate = q("new", 4, team="u")
+    quotas = Quotas({"u": 8})
+    now = utcnow()
+    try:
+        with db.read() as session:
+            one = backlog.plan(session, inventory, candidate, quotas, now)
+            queue = [r.run for r in backlog.queued(session, now)]
+            held = backlog.held(session, now, inventory.fetched_at)
+    finally:
+        db.dispose()
+    state = ClusterState("default", inventory, held)
+    every = {r.id: ["default"] for r in [*queue, candidate]}
+    plan = plan_across([state], queue, every, candidate, quotas)
+    assert one["reasons"] and one["placement"]  # a run that waits, with where it would go
+    assert {k: plan[k] for k in one} == one
+    assert plan["cluster"] == "default"

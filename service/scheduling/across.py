@@ -77,6 +77,9 @@ class ClusterDecision:
     by_cluster: dict[str, dict[str, str]]  # run id -> cluster -> that cluster's reason
     placements: dict[str, Placement]
     order: list[str] = field(default_factory=list)  # run ids in the order they were decided
+    # Run id -> the cluster it was admitted to or waits for, and why that one.
+    chosen: dict[str, str] = field(default_factory=dict)
+    why: dict[str, str] = field(default_factory=dict)
 
 
 class _Cluster:
@@ -184,12 +187,21 @@ def decide_across(
             if limit is not None and len(decision.admit) >= limit:
                 for offer in fitting:
                     reasons[offer.cluster.name] = NEXT_IN_LINE
-                decision.reasons[run.id] = _say(alone, fitting[0].cluster.name, reasons)
+                name = fitting[0].cluster.name
+                decision.reasons[run.id] = _say(alone, name, reasons)
+                decision.chosen[run.id] = name
+                decision.why[run.id] = "fits now; the round's admissions are all taken"
                 continue
             best = min(fitting, key=_free_left)
             part, outcome = _offered(best)
             decision.placements[run.id] = part.admit(run, outcome)
             decision.admit.append((run.id, best.cluster.name))
+            decision.chosen[run.id] = best.cluster.name
+            decision.why[run.id] = (
+                f"fits now on {len(fitting)} clusters; this one it fills most tightly"
+                if len(fitting) > 1
+                else "fits now"
+            )
             used[run.team] += info.accelerators
             continue
         if over is not None and any(o.outcome is None for o in found):
@@ -206,11 +218,24 @@ def decide_across(
                     f"; {ahead} run{'s' if ahead > 1 else ''} ahead of it wait there"
                 )
             decision.reasons[run.id] = _say(alone, best.cluster.name, reasons)
+            decision.chosen[run.id] = best.cluster.name
+            decision.why[run.id] = (
+                f"fits later on {len(waits)} clusters; it would start soonest on this one "
+                "(fewest runs waiting ahead of it, then fewest accelerators still in use)"
+                if len(waits) > 1
+                else "the one cluster where it fits once runs ahead of it end"
+            )
             continue
         chosen = next((o for o in found if o.outcome is not None and o.outcome.kind is QUOTA), None)
         chosen = chosen or next((o for o in found if o.outcome is None), None)
         if chosen is not None:
             decision.reasons[run.id] = _say(alone, chosen.cluster.name, reasons)
+            decision.chosen[run.id] = chosen.cluster.name
+            decision.why[run.id] = (
+                "its team's quota on this cluster is all that stops it"
+                if chosen.outcome is not None
+                else "the only clusters where it could fit are down"
+            )
         elif alone:
             decision.reasons[run.id] = found[0].reason
         else:
