@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from service.scheduling import backlog
 from service.scheduling.across import ClusterDecision, ClusterState, decide_across
-from service.scheduling.admission import HeldRun, QueuedRun, Quotas
+from service.scheduling.admission import HeldRun, QueuedRun, Quotas, held_by_team
 from service.scheduling.backlog import plan_across
 from service.scheduling.inventory import Inventory, Node
 from service.scheduling.node_groups import NodeGroups, decide_grouped
@@ -341,3 +341,70 @@ def test_with_one_cluster_the_plan_answers_as_the_plan_of_one_cluster(tmp_path: 
     assert one["reasons"] and one["placement"]  # a run that waits, with where it would go
     assert {k: plan[k] for k in one} == one
     assert plan["cluster"] == "default"
+
+
+# ---- what holds of every round over several clusters ---------------------------------------
+
+
+@st.composite
+def several(
+    draw: st.DrawFn,
+) -> tuple[list[ClusterState], list[QueuedRun], dict[str, list[str]], Quotas, int | None]:
+    states = []
+    for c in range(draw(st.integers(1, 4))):
+        queued, held, inventory, quotas, _ = draw(rounds())
+        held = [HeldRun(f"c{c}{r.id}", r.team, r.shape, r.settled) for r in held]
+        down = draw(st.sampled_from([None, None, None, "cluster down since 12:01:03"]))
+        known = inventory if down is None or draw(st.booleans()) else None
+        states.append(ClusterState(f"c{c}", known, held, quotas=quotas, down=down))
+    names = [s.name for s in states]
+    queued, _, _, quotas, limit = draw(rounds())
+    candidates = {r.id: draw(st.lists(st.sampled_from(names), unique=True)) for r in queued}
+    return states, queued, candidates, quotas, limit
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(several())
+def test_every_round_keeps_to_candidates_capacity_quotas_and_the_limit(
+    case: tuple[list[ClusterState], list[QueuedRun], dict[str, list[str]], Quotas, int | None],
+) -> None:
+    states, queued, candidates, quotas, limit = case
+    d = decide_across(states, queued, candidates, quotas, limit)
+    runs = {r.id: r for r in queued}
+    by_name = {s.name: s for s in states}
+    assert limit is None or len(d.admit) <= limit
+    assert set(d.reasons) | {run_id for run_id, _ in d.admit} == set(runs)
+    assert not set(d.reasons) & {run_id for run_id, _ in d.admit}
+    used = held_by_team([h for s in states for h in s.held])
+    on: dict[tuple[str, str], int] = {}
+    for run_id, name in d.admit:
+        run, state = runs[run_id], by_name[name]
+        # Only a cluster it may use, that is up, and (gang admission) every group on its nodes.
+        assert name in candidates[run_id] and state.down is None and state.inventory
+        placement = d.placements[run_id]
+        assert sorted(s.accelerators for s in placement.slots if s.role != "driver") == sorted(
+            g.accelerators for g in run.shape.groups
+        )
+        used[run.team] += run.shape.accelerators
+        key = (name, run.team)
+        on[key] = on.get(key, sum(h.shape.accelerators for h in state.held if h.team == run.team))
+        on[key] += run.shape.accelerators
+        # Quotas hold, over all clusters and on this one.
+        assert quotas.of(run.team) is None or used[run.team] <= quotas.of(run.team)  # type: ignore[operator]
+        own = state.quotas.of(run.team)
+        assert own is None or on[key] <= own
+    for name, state in by_name.items():
+        # What is admitted on a node fits what Ray shows free there.
+        if state.inventory is None:
+            continue
+        free = {n.id: dict(n.available) for n in state.inventory.nodes}
+        taken: dict[str, float] = {}
+        for run_id, where in d.admit:
+            if where != name:
+                continue
+            for slot in d.placements[run_id].slots:
+                taken[slot.node] = taken.get(slot.node, 0.0) + slot.accelerators
+        unsettled = any(not h.settled for h in state.held)
+        if not unsettled:
+            for node, amount in taken.items():
+                assert amount <= free[node].get("NPU", 0.0) + 1e-9

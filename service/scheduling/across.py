@@ -93,6 +93,7 @@ class _Cluster:
         if state.inventory is None:
             self.down = self.down or CLUSTER_DOWN
         self._rounds: dict[str | None, Round] = {}
+        self._by_team: dict[str, Round] = {}
         self._group_of: dict[str, str | None] = {}
         self._views: dict[str | None, Inventory] = {}
 
@@ -115,7 +116,12 @@ class _Cluster:
         return view
 
     def round_of(self, team: str) -> Round:
-        key = self.group_of(team)
+        part = self._by_team.get(team)
+        if part is None:
+            part = self._by_team[team] = self._round_of_group(self.group_of(team))
+        return part
+
+    def _round_of_group(self, key: str | None) -> Round:
         part = self._rounds.get(key)
         if part is None:
             state, groups = self.state, self.state.groups
@@ -137,7 +143,7 @@ class _Cluster:
         return part.reason(run, outcome)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Offer:
     """What one run finds on one cluster it may go to."""
 

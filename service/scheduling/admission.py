@@ -122,7 +122,7 @@ FITS, QUOTA, HEAD, BEHIND, CAPACITY, NEVER_FITS = (
 )
 
 
-@dataclass
+@dataclass(slots=True)
 class Outcome:
     kind: Finds
     info: ShapeInfo
