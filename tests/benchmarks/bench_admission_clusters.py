@@ -11,7 +11,9 @@ only), 4-NPU jobs and a few GPU runs, from 20 teams in three priorities; every o
 global quota, two clusters have per-cluster quotas, two teams may use the A2 clusters only,
 one run in ten is pinned to one cluster and one in five asks for A3 by selector. A round is
 ``decide_across`` with every run's reasons per cluster, capped at 16 admissions as the
-submitter caps it; the figure is the median over the rounds, wall and CPU time.
+submitter caps it, then with no cap; the figure is the median over the rounds, wall and CPU
+time (on a loaded machine the wall time includes waiting for a core: the CPU time is the
+round's own cost).
 """
 
 from __future__ import annotations
@@ -122,9 +124,9 @@ def bench(report: Report, rounds: int) -> None:
         capped = "16 admissions at most" if limit else "no cap"
         report.add(
             f"round over 10 clusters x 100 nodes, 1,000 queued, {capped}, median of {rounds}",
-            f"{median_wall:.1f} ms wall, {median_cpu:.1f} ms CPU (goal <= {GOAL_MS:.0f} ms: "
-            f"{'met' if median_wall <= GOAL_MS else 'NOT met'}; load average {load:.1f} on "
-            f"{os.cpu_count()} cores)",
+            f"{median_wall:.1f} ms wall, {median_cpu:.1f} ms CPU, fastest {min(wall):.1f} ms "
+            f"wall (goal <= {GOAL_MS:.0f} ms: {_met(median_wall)} in wall time, "
+            f"{_met(median_cpu)} in CPU time; load average {load:.1f} on {os.cpu_count()} cores)",
         )
         reasons = sum(len(r) for r in decision.by_cluster.values())
         report.add(
@@ -132,6 +134,10 @@ def bench(report: Report, rounds: int) -> None:
             f"{len(decision.admit)} admitted on {len(where)} clusters, "
             f"{len(decision.reasons)} waiting: {dict(kinds)}; {reasons} reasons per cluster",
         )
+
+
+def _met(ms: float) -> str:
+    return "met" if ms <= GOAL_MS else "NOT met"
 
 
 KINDS = ("capacity", "behind", "quota", "next in line", "cluster down", "no cluster")
