@@ -162,7 +162,8 @@ def decide_across(
 ) -> ClusterDecision:
     """Decide one round over every cluster. ``queued`` is first in, first out; ``candidates``
     maps a run id to the clusters it may go to (the team's rules and the run's selector
-    applied), most preferred first; ``quotas`` hold over all clusters together."""
+    applied), most preferred first (a run it does not name may go nowhere); ``quotas`` hold
+    over all clusters together, each ``ClusterState.quotas`` on its cluster besides."""
     shapes = Shapes()
     by_name = {c.name: _Cluster(c, shapes) for c in clusters}
     alone = len(clusters) == 1
@@ -227,7 +228,7 @@ def decide_across(
             decision.chosen[run.id] = best.cluster.name
             decision.why[run.id] = (
                 f"fits later on {len(waits)} clusters; it would start soonest on this one "
-                "(fewest runs waiting ahead of it, then fewest accelerators still in use)"
+                "(fewest runs waiting ahead of it, then fewest accelerators it still lacks)"
                 if len(waits) > 1
                 else "the one cluster where it fits once runs ahead of it end"
             )

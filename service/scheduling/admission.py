@@ -124,6 +124,8 @@ FITS, QUOTA, HEAD, BEHIND, CAPACITY, NEVER_FITS = (
 
 @dataclass(slots=True)
 class Outcome:
+    """What ``Round.assess`` found for a run: ``placed`` where it fits now."""
+
     kind: Finds
     info: ShapeInfo
     placed: Placement | None = None
