@@ -94,6 +94,7 @@ class _Cluster:
             self.down = self.down or CLUSTER_DOWN
         self._rounds: dict[str | None, Round] = {}
         self._by_team: dict[str, Round] = {}
+        self.grouped = bool(state.groups)
         self._group_of: dict[str, str | None] = {}
         self._views: dict[str | None, Inventory] = {}
 
@@ -138,7 +139,7 @@ class _Cluster:
         return part
 
     def reason(self, run: QueuedRun, part: Round, outcome: Outcome) -> str:
-        if self.state.groups and not part.inventory.nodes:
+        if self.grouped and not part.inventory.nodes:
             return no_nodes(self.group_of(run.team))
         return part.reason(run, outcome)
 

@@ -177,6 +177,7 @@ class Round:
         self._lacks: dict[int, float] = {}
         self._freest: dict[str, Pool] = {}  # per accelerator: the capacity, freest nodes first
         self._found: dict[int, Outcome] = {}
+        self._behind: dict[bool, str] = {}  # behind the head, by whether it is of higher priority
 
     def _changed(self) -> None:
         """What is free changed: the answers kept per shape are stale."""
@@ -253,7 +254,11 @@ class Round:
             )
         if kind is BEHIND:
             assert self.head is not None
-            return _behind(self.head, run)
+            higher = self.head.priority > run.priority
+            said = self._behind.get(higher)
+            if said is None:
+                said = self._behind[higher] = _behind(self.head, run)
+            return said
         key = outcome.info.key
         reason = self._waiting.get(key)
         if reason is None:
@@ -302,6 +307,7 @@ class Round:
         if outcome.kind is HEAD:
             self.head = run
             self._found.clear()
+            self._behind.clear()
             # Reserve the nodes the head will use (the freest first), so backfill cannot delay it.
             self.unreserved = Fitter(self.free.copy())
             reservation = self.reservation(run.shape)

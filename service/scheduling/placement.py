@@ -163,9 +163,16 @@ def _search(
 
 def _spread_driver(cpus: float, free_cpus: list[float]) -> list[tuple[int, float]]:
     """Driver CPUs on the nodes with the most CPUs left (the caller checked that the sum fits)."""
+    if cpus <= EPS:
+        return []
+    # Most often the node with the most CPUs left holds them all: the first such node, as the
+    # stable sort below would put first.
+    most = max(range(len(free_cpus)), key=free_cpus.__getitem__)
+    if free_cpus[most] >= cpus:
+        return [(most, cpus)]
     slots = []
     remaining = cpus
-    for node in sorted(range(len(free_cpus)), key=lambda n: -free_cpus[n]):
+    for node in sorted(range(len(free_cpus)), key=free_cpus.__getitem__, reverse=True):
         if remaining <= EPS:
             break
         share = min(remaining, free_cpus[node])
