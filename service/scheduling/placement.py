@@ -30,6 +30,11 @@ class Pool:
         default_factory=dict, init=False, repr=False, compare=False
     )
     _index: dict[str, int] | None = field(default=None, init=False, repr=False, compare=False)
+    # Free CPUs per node; and per (accelerator, accelerators, CPUs) the nodes that hold as much.
+    _cpus: list[float] | None = field(default=None, init=False, repr=False, compare=False)
+    _holding: dict[tuple[str, float, float], list[int]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @classmethod
     def of(cls, nodes: dict[str, dict[str, float]]) -> Pool:
@@ -56,6 +61,25 @@ class Pool:
             self._pairs[accelerator] = known
         return known
 
+    def cpus(self) -> list[float]:
+        """Free CPUs per node (kept up to date by ``take``; not to be changed by the caller)."""
+        if self._cpus is None:
+            self._cpus = [r.get("CPU", 0.0) for r in self.free]
+        return self._cpus
+
+    def holding(self, accelerator: str, accelerators: float, cpus: float) -> list[int]:
+        """The nodes (in order) with at least ``accelerators`` and ``cpus`` free; kept up to
+        date by ``take`` (a node only loses what is free there)."""
+        key = (accelerator, accelerators, cpus)
+        known = self._holding.get(key)
+        if known is None:
+            pairs = self.pairs(accelerator)[0]
+            known = [
+                i for i, (a, c) in enumerate(pairs) if a + EPS >= accelerators and c + EPS >= cpus
+            ]
+            self._holding[key] = known
+        return known
+
     def take(self, placement: Placement) -> None:
         """Subtract a placement (never below zero: a pool may be a conservative estimate)."""
         index = self._index
@@ -77,6 +101,15 @@ class Pool:
                 pairs[i] = new = (self.free[i].get(acc, 0.0), self.free[i].get("CPU", 0.0))
                 free_acc, free_cpu = free_acc - a + new[0], free_cpu - c + new[1]
             self._pairs[acc] = (pairs, free_acc, free_cpu)
+        if self._cpus is not None:
+            for i in touched:
+                self._cpus[i] = self.free[i].get("CPU", 0.0)
+        for (acc, least_a, least_c), nodes in self._holding.items():
+            for i in touched:
+                res = self.free[i]
+                holds = res.get(acc, 0.0) + EPS >= least_a and res.get("CPU", 0.0) + EPS >= least_c
+                if not holds and i in nodes:
+                    nodes.remove(i)
 
 
 @dataclass(frozen=True)
@@ -108,17 +141,26 @@ def pack(shape: ResourceShape, pool: Pool) -> Placement | None:
     if need_acc > free_acc + EPS or need_cpu > free_cpu + EPS:
         return None
     order = sorted(range(len(groups)), key=lambda i: (-groups[i].accelerators, -groups[i].cpus))
-    nodes = _search([(groups[i].accelerators, groups[i].cpus) for i in order], free)
+    nodes: list[int] | None = []
+    if groups:
+        # A node too small for the smallest group holds none: the search looks at the others
+        # only (on a busy cluster, most nodes are such), which changes no answer.
+        least_a = min(g.accelerators for g in groups)
+        least_c = min(g.cpus for g in groups)
+        useful = pool.holding(acc, least_a, least_c)
+        found = _search(
+            [(groups[i].accelerators, groups[i].cpus) for i in order], [free[n] for n in useful]
+        )
+        nodes = None if found is None else [useful[n] for n in found]
     if nodes is None:
         return None
-    left = list(free)
+    left = list(pool.cpus())
     slots = []
     for i, node in zip(order, nodes, strict=True):
         g = groups[i]
         slots.append(Slot(g.role, pool.node_ids[node], g.accelerators, g.cpus))
-        a, c = left[node]
-        left[node] = (a - g.accelerators, c - g.cpus)
-    for node, cpus in _spread_driver(shape.driver_cpus, [c for _, c in left]):
+        left[node] = left[node] - g.cpus
+    for node, cpus in _spread_driver(shape.driver_cpus, left):
         slots.append(Slot("driver", pool.node_ids[node], 0, cpus))
     return Placement(acc, tuple(slots))
 
