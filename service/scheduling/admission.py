@@ -293,9 +293,8 @@ class Round:
                 need: dict[str, float] = defaultdict(float)
                 for slot in reserved.slots:
                     need[slot.node] += slot.accelerators
-                free = dict(zip(self.free.node_ids, self.free.free, strict=True))
-                acc = reserved.accelerator
-                lacks = sum(max(0.0, n - free[node].get(acc, 0.0)) for node, n in need.items())
+                acc, at = reserved.accelerator, self.free.at
+                lacks = sum(max(0.0, n - at(node).get(acc, 0.0)) for node, n in need.items())
             self._lacks[key] = lacks
         return lacks
 

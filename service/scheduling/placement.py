@@ -61,6 +61,13 @@ class Pool:
             self._pairs[accelerator] = known
         return known
 
+    def at(self, node: str) -> dict[str, float]:
+        """What is free on ``node`` (a node of this pool)."""
+        index = self._index
+        if index is None:
+            index = self._index = {n: i for i, n in enumerate(self.node_ids)}
+        return self.free[index[node]]
+
     def cpus(self) -> list[float]:
         """Free CPUs per node (kept up to date by ``take``; not to be changed by the caller)."""
         if self._cpus is None:
