@@ -30,13 +30,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from service.scheduling.admission import (
-    BEHIND,
-    CAPACITY,
-    FITS,
-    HEAD,
-    NEVER_FITS,
     NEXT_IN_LINE,
-    QUOTA,
+    Finds,
     HeldRun,
     Outcome,
     QueuedRun,
@@ -56,7 +51,7 @@ from service.scheduling.placement import Placement
 FITS_NOW = "fits now"
 CLUSTER_DOWN = "cluster down"
 NO_CLUSTER = "no cluster this run may use"
-_WAITS = (HEAD, BEHIND, CAPACITY)
+_WAITS = (Finds.HEAD, Finds.BEHIND, Finds.CAPACITY)
 
 
 @dataclass(frozen=True)
@@ -190,7 +185,7 @@ def decide_across(
         found = [_offer(cluster, run, info, over) for cluster in mine]
         for offer in found:
             reasons[offer.cluster.name] = offer.reason
-        fitting = [o for o in found if o.outcome is not None and o.outcome.kind is FITS]
+        fitting = [o for o in found if o.outcome is not None and o.outcome.kind is Finds.FITS]
         if fitting:
             if limit is not None and len(decision.admit) >= limit:
                 for offer in fitting:
@@ -234,7 +229,9 @@ def decide_across(
                 else "the one cluster where it fits once runs ahead of it end"
             )
             continue
-        chosen = next((o for o in found if o.outcome is not None and o.outcome.kind is QUOTA), None)
+        chosen = next(
+            (o for o in found if o.outcome is not None and o.outcome.kind is Finds.QUOTA), None
+        )
         chosen = chosen or next((o for o in found if o.outcome is None), None)
         if chosen is not None:
             decision.reasons[run.id] = _say(alone, chosen.cluster.name, reasons)
@@ -263,10 +260,10 @@ def _offer(cluster: _Cluster, run: QueuedRun, info: ShapeInfo, over: str | None)
         # Not offered: its last known nodes only say whether it could ever fit.
         if part.fits_ever(run.shape, info.key):
             return _Offer(cluster, part, None, cluster.down or over or "")
-        outcome = Outcome(NEVER_FITS, info)
+        outcome = Outcome(Finds.NEVER, info)
     else:
         outcome = part.assess(run, info)
-    if outcome.kind is FITS:
+    if outcome.kind is Finds.FITS:
         return _Offer(cluster, part, outcome, FITS_NOW)
     return _Offer(cluster, part, outcome, cluster.reason(run, part, outcome))
 

@@ -86,7 +86,7 @@ def decide(
     decision = Decision([r.id for r in order], [], {}, {})
     for run in order:
         outcome = part.assess(run)
-        if outcome.kind is FITS:
+        if outcome.kind is Finds.FITS:
             if limit is not None and len(decision.admit) >= limit:
                 decision.reasons[run.id] = NEXT_IN_LINE
                 continue
@@ -110,16 +110,6 @@ class Finds(Enum):
     BEHIND = "fits but for the nodes a run ahead of it reserved"
     CAPACITY = "waits for capacity"
     NEVER = "can never fit"
-
-
-FITS, QUOTA, HEAD, BEHIND, CAPACITY, NEVER_FITS = (
-    Finds.FITS,
-    Finds.QUOTA,
-    Finds.HEAD,
-    Finds.BEHIND,
-    Finds.CAPACITY,
-    Finds.NEVER,
-)
 
 
 @dataclass(slots=True)
@@ -205,30 +195,30 @@ class Round:
         found = self._found.get(info.key)
         if found is None:
             found = self._found[info.key] = self._find(run.shape, info)
-        if found.kind is NEVER_FITS:
+        if found.kind is Finds.NEVER:
             return found
         quota = self.quotas.of(run.team)
         if quota is not None and self.team_used[run.team] + info.accelerators > quota:
-            return Outcome(QUOTA, info)
+            return Outcome(Finds.QUOTA, info)
         return found
 
     def _find(self, shape: ResourceShape, info: ShapeInfo) -> Outcome:
         if not self.fits_ever(shape, info.key):
-            return Outcome(NEVER_FITS, info)
+            return Outcome(Finds.NEVER, info)
         placed = self.now.fit(shape, info.key)
         account = self.account
         in_account = all(account[r] + EPS >= n for r, n in info.demand.items())
         if placed is not None and in_account:
-            return Outcome(FITS, info, placed)
+            return Outcome(Finds.FITS, info, placed)
         if self.head is None:
-            return Outcome(HEAD, info)
+            return Outcome(Finds.HEAD, info)
         backfill = self.unreserved
         if in_account and backfill is not None and backfill.fit(shape, info.key) is not None:
-            return Outcome(BEHIND, info)
-        return Outcome(CAPACITY, info)
+            return Outcome(Finds.BEHIND, info)
+        return Outcome(Finds.CAPACITY, info)
 
     def admit(self, run: QueuedRun, outcome: Outcome) -> Placement:
-        """Take what ``run`` (which ``assess`` found ``FITS``) uses, and say where."""
+        """Take what ``run`` (which ``assess`` found ``Finds.FITS``) uses, and say where."""
         placed = outcome.placed
         assert placed is not None
         self.now.take(placed)
@@ -240,11 +230,11 @@ class Round:
         return placed
 
     def reason(self, run: QueuedRun, outcome: Outcome) -> str:
-        """Why ``run`` would wait here (for any outcome but ``FITS``)."""
+        """Why ``run`` would wait here (for any outcome but ``Finds.FITS``)."""
         kind = outcome.kind
-        if kind is NEVER_FITS:
+        if kind is Finds.NEVER:
             return NEVER
-        if kind is QUOTA:
+        if kind is Finds.QUOTA:
             return quota_reason(
                 run.team,
                 self.team_used[run.team],
@@ -252,7 +242,7 @@ class Round:
                 outcome.info.accelerators,
                 self.quota_scope,
             )
-        if kind is BEHIND:
+        if kind is Finds.BEHIND:
             assert self.head is not None
             higher = self.head.priority > run.priority
             said = self._behind.get(higher)
@@ -303,7 +293,7 @@ class Round:
         the head and reserves."""
         reason = self.reason(run, outcome)
         self.waiters += 1
-        if outcome.kind is HEAD:
+        if outcome.kind is Finds.HEAD:
             self.head = run
             self._found.clear()
             self._behind.clear()
