@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from service.scheduling.admission import (
     NEXT_IN_LINE,
@@ -91,7 +91,6 @@ class _Cluster:
         self._by_team: dict[str, Round] = {}
         self.grouped = bool(state.groups)
         self._group_of: dict[str, str | None] = {}
-        self._views: dict[str | None, Inventory] = {}
 
     def group_of(self, team: str) -> str | None:
         if team not in self._group_of:
@@ -100,16 +99,7 @@ class _Cluster:
 
     def view(self, key: str | None) -> Inventory:
         """The nodes of group ``key`` (the whole cluster without groups)."""
-        view = self._views.get(key)
-        if view is None:
-            inventory = self.state.inventory or Inventory(())
-            if self.state.groups:
-                ids = self.state.groups.node_ids(inventory, key)
-                inventory = replace(
-                    inventory, nodes=tuple(n for n in inventory.nodes if n.id in ids)
-                )
-            view = self._views[key] = inventory
-        return view
+        return self._round_of_group(key).inventory
 
     def round_of(self, team: str) -> Round:
         part = self._by_team.get(team)
@@ -120,16 +110,13 @@ class _Cluster:
     def _round_of_group(self, key: str | None) -> Round:
         part = self._rounds.get(key)
         if part is None:
-            state, groups = self.state, self.state.groups
-            view = self.view(key)
-            if groups:
-                held = [h for h in state.held if groups.group_of(h.team) == key]
-                ids = {n.id for n in view.nodes}
-                outside = held_outside(state.outside, ids)
+            state = self.state
+            inventory = state.inventory or Inventory(())
+            if self.grouped:
+                nodes, held, outside = state.groups.part(key, inventory, state.held, state.outside)
             else:
-                held, outside = list(state.held), held_outside(state.outside)
-            scope = f" on {self.name}"
-            part = Round(held, view, state.quotas, outside, self.shapes, scope)
+                nodes, held, outside = inventory, list(state.held), held_outside(state.outside)
+            part = Round(held, nodes, state.quotas, outside, self.shapes, f" on {self.name}")
             self._rounds[key] = part
         return part
 
