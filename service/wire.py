@@ -283,6 +283,18 @@ class AuditPage(BaseModel):
     next_cursor: int | None
 
 
+# Who is calling
+
+
+class WhoAmIOut(BaseModel):
+    """The caller as the service sees it (open mode: an anonymous admin)."""
+
+    user: str
+    team: str | None
+    role: str
+    auth: bool = Field(description="whether the service asks for tokens")
+
+
 # Usage
 
 
@@ -312,6 +324,13 @@ class Threshold(BaseModel):
     for_steps: int = Field(default=1, ge=1, le=1_000_000)
 
 
+class AttemptOut(BaseModel):
+    at: datetime
+    status_code: int | None
+    latency_ms: float | None
+    error: str | None
+
+
 class WebhookOut(BaseModel):
     id: str
     team: str | None
@@ -326,6 +345,12 @@ class WebhookOut(BaseModel):
     created_at: datetime
     paused_at: datetime | None
     paused_reason: str | None
+    last_attempt: AttemptOut | None = Field(
+        default=None, description="its newest try at sending anything (null: none yet)"
+    )
+    failures: int = Field(
+        default=0, description="tries failed since its last 2xx answer (all, when none had one)"
+    )
 
 
 class NewSecret(BaseModel):
@@ -335,13 +360,6 @@ class NewSecret(BaseModel):
 
 class NewWebhook(WebhookOut, NewSecret):
     pass
-
-
-class AttemptOut(BaseModel):
-    at: datetime
-    status_code: int | None
-    latency_ms: float | None
-    error: str | None
 
 
 class DeliveryOut(BaseModel):

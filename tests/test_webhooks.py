@@ -384,3 +384,49 @@ def test_the_cli_adds_lists_and_removes_subscriptions(db_url: str) -> None:
         assert (
             json.loads(runner.invoke(cli, ["webhook", "list", "-o", "json", *server]).stdout) == []
         )
+
+
+def test_a_subscription_shows_its_newest_attempt_and_the_failures_since_its_last_success(
+    api: TestClient, receiver: Receiver, db_url: str
+) -> None:
+    hook = _subscribe(api, f"{receiver.url}/in")
+    quiet = _subscribe(api, f"{receiver.url}/quiet", statuses=["LOST"])
+    db, notifier = _notifier(db_url)
+    receiver.script = [(500, {}), (503, {}), (200, {}), (500, {})]
+
+    def standing() -> tuple[int | None, int]:
+        shown = api.get(f"/webhooks/{hook['id']}").json()
+        listed = {h["id"]: h for h in api.get("/webhooks").json()}[hook["id"]]
+        assert (listed["last_attempt"], listed["failures"]) == (
+            shown["last_attempt"],
+            shown["failures"],
+        )
+        return shown["last_attempt"]["status_code"], shown["failures"]
+
+    add_run(db, "r1")
+    _fail(db, "r1")
+    for expected in [(500, 1), (503, 2), (200, 0)]:
+        notifier.tick()
+        with db.transaction() as s:  # no waiting for the backoff in a test
+            s.execute(update(WebhookDelivery).values(next_attempt_at=utcnow()))
+        assert standing() == expected
+    add_run(db, "r2")
+    _fail(db, "r2")
+    notifier.tick()
+    assert standing() == (500, 1)
+    untried = api.get(f"/webhooks/{quiet['id']}").json()
+    assert (untried["last_attempt"], untried["failures"]) == (None, 0)
+    db.dispose()
+
+
+def test_whoami_names_the_token_s_user_team_and_role(db_url: str) -> None:
+    upgrade(db_url)
+    db = Database(db_url)
+    with db.transaction() as s:
+        _, viewer = create_token(s, "vic", "vision", "viewer")
+    db.dispose()
+    settings = make_settings(db_url, "http://127.0.0.1:9", run_loops=False, auth="on")
+    with TestClient(create_app(settings)) as client:
+        me = client.get("/whoami", headers={"Authorization": f"Bearer {viewer}"}).json()
+        assert me == {"user": "vic", "team": "vision", "role": "viewer", "auth": True}
+        assert client.get("/whoami").status_code == 401
