@@ -436,6 +436,15 @@ def print_run(run: RunOut) -> None:
         say(f"health: {run.health.reason}", style="red")
     if run.queue_reason:
         say(f"queued: {run.queue_reason}")
+    if run.budget_wait:
+        wait = run.budget_wait
+        say(
+            f"waits for budget: {wait.over_by_hours:,.1f} {wait.accelerator}-hours over "
+            f"(used {wait.used_hours:,.1f} of {wait.budget_hours:g} in {wait.month})",
+            style="yellow",
+        )
+    if run.over_budget_by:
+        say(f"let through its team's budget by {run.over_budget_by}")
     if run.ray.message:
         say(f"ray: {run.ray.status} {run.ray.message}")
     if run.progress.step is not None:

@@ -116,6 +116,18 @@ class RunAttemptOut(BaseModel):
     )
 
 
+class BudgetWaitOut(BaseModel):
+    """A queued run waits for its team's budget: what the team used this UTC month (running
+    runs up to the submitter's last round), of how many accelerator-hours, and by how much it
+    is past them. An admin may let the run through (``POST /runs/{id}/admit-over-budget``)."""
+
+    month: str = Field(description="YYYY-MM (UTC)")
+    used_hours: float
+    budget_hours: float
+    over_by_hours: float = Field(description="used_hours - budget_hours, >= 0")
+    accelerator: str
+
+
 class RunOut(RunSummary):
     spec: dict[str, Any]
     command: list[str]
@@ -135,6 +147,11 @@ class RunOut(RunSummary):
     attempt: int = 1
     retry_at: datetime | None = None
     attempts: list[RunAttemptOut] = Field(default_factory=list)
+    # While it waits for its team's budget (null otherwise), and the admin who let it through.
+    budget_wait: BudgetWaitOut | None = None
+    over_budget_by: str | None = Field(
+        None, description="the admin who let it start although its team is past its budget"
+    )
     events: list[EventOut]
 
 
@@ -435,6 +452,8 @@ def run_doc(
         "attempt": run.attempt or 1,
         "retry_at": run.retry_at,
         "attempts": history(run, ended),
+        "budget_wait": run.budget_wait if run.status == "QUEUED" else None,
+        "over_budget_by": run.over_budget_by,
         "metrics": {
             "step": max((s for s, _ in latest.values()), default=None),
             "latest": {k: v for k, (_, v) in sorted(latest.items())},
