@@ -917,6 +917,55 @@ def webhook_list(
     console.print(table)
 
 
+@webhook_app.command("edit")
+def webhook_edit(
+    hook_id: str,
+    threshold: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--threshold",
+            help="metric.threshold rule 'KEY OP VALUE [for N]' (repeat for more): these replace "
+            "the subscription's rules",
+        ),
+    ] = None,
+    no_thresholds: Annotated[
+        bool,
+        typer.Option("--no-thresholds", help="Drop every rule (and the metric.threshold event)"),
+    ] = False,
+    paused: Annotated[
+        bool | None, typer.Option("--pause/--resume", help="Stop or restart its deliveries")
+    ] = None,
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+    output: OutputOpt = Output.table,
+) -> None:
+    """Change a subscription's threshold rules, or pause or resume it; the rest stays."""
+    if threshold and no_thresholds:
+        raise typer.BadParameter("give --threshold or --no-thresholds, not both")
+    changes: dict[str, Any] = {} if paused is None else {"paused": paused}
+    with connect(server, token) as client:
+        if threshold or no_thresholds:
+            events = [e for e in client.webhook(hook_id)["events"] if e != "metric.threshold"]
+            rules = [_threshold_rule(t) for t in threshold or []]
+            changes |= {
+                "thresholds": rules,
+                "events": [*events, "metric.threshold"] if rules else events,
+            }
+        if not changes:
+            raise typer.BadParameter(
+                "nothing to change: give --threshold, --no-thresholds, --pause or --resume"
+            )
+        hook = client.update_webhook(hook_id, changes)
+    if output == Output.json:
+        emit_json(hook)
+        return
+    shown = "; ".join(
+        f"{r['key']} {r['op']} {r['value']:g} for {r['for_steps']}" for r in hook["thresholds"]
+    )
+    state = "paused" if hook["paused_at"] else "active"
+    say(f"{hook['id']}: {','.join(hook['events'])}; {shown or 'no threshold rules'}; {state}")
+
+
 @webhook_app.command("rm")
 def webhook_rm(hook_id: str, server: ServerOpt = None, token: TokenOpt = None) -> None:
     """Delete a subscription (deliveries not yet sent go with it)."""

@@ -305,6 +305,15 @@ class Client:
         body: list[dict[str, Any]] = self._request("GET", "/webhooks").json()
         return body
 
+    def webhook(self, hook_id: str) -> dict[str, Any]:
+        body: dict[str, Any] = self._request("GET", f"/webhooks/{hook_id}").json()
+        return body
+
+    def update_webhook(self, hook_id: str, changes: dict[str, Any]) -> dict[str, Any]:
+        """``PATCH``: the fields given replace the subscription's (``paused: false`` resumes)."""
+        body: dict[str, Any] = self._request("PATCH", f"/webhooks/{hook_id}", json=changes).json()
+        return body
+
     def delete_webhook(self, hook_id: str) -> None:
         self._request("DELETE", f"/webhooks/{hook_id}")
 
