@@ -316,11 +316,15 @@ class WhoAmIOut(BaseModel):
 
 
 class UsageOut(BaseModel):
+    """A page of a usage report; the totals are the whole report's."""
+
     start: date
     end: date
     group_by: list[str]
     rows: list[dict[str, Any]]
-    total_accelerator_hours: float
+    total_rows: int = Field(description="rows of the whole report, on every page")
+    total_accelerator_hours: float = Field(description="of the whole report, not the page")
+    next_cursor: str | None = Field(description="pass back as cursor for the next page")
 
 
 # Webhooks
