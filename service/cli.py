@@ -904,8 +904,9 @@ def webhook_list(
     if output == Output.json:
         emit_json(hooks)
         return
-    table = Table("id", "team", "url", "events", "format", "paused")
+    table = Table("id", "team", "url", "events", "format", "paused", "last", "failures")
     for h in hooks:
+        last = h["last_attempt"]
         table.add_row(
             Text(h["id"]),
             Text(clean(h["team"] or "(all)")),
@@ -913,6 +914,8 @@ def webhook_list(
             Text(",".join(h["events"])),
             Text(h["format"]),
             Text(clean(h["paused_reason"] or "") if h["paused_at"] else ""),
+            Text(str(last["status_code"] or "error") if last else "-"),
+            Text(str(h["failures"])),
         )
     console.print(table)
 

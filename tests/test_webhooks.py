@@ -487,3 +487,5 @@ def test_the_cli_edits_a_subscription_s_thresholds_and_pauses_and_resumes_it(db_
             {"key": "c", "op": "<", "value": 1.0, "for_steps": 1}
         ]
         assert edit("whk_nothere", "--pause").exit_code != 0
+        table = runner.invoke(cli, ["webhook", "list", *server], env={"COLUMNS": "200"}).stdout
+        assert "failures" in table and only_id in table
