@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, Literal
 
-from sqlalchemy import and_, bindparam, case, func, or_, select, tuple_
-from sqlalchemy.orm import Session
+from sqlalchemy import and_, bindparam, case, func, inspect, or_, select, tuple_
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Mapper, Session
 
 from service.clock import utcnow
 from service.metrics.store import dialect_insert
@@ -217,10 +218,7 @@ def page_by_day(
     conn = session.connection()
     # The totals without summing each row: the groups counted from the key alone (the primary
     # key's index covers it), the seconds from month rows where whole months are in the window.
-    stored_rows = 0
-    if known_rows is None:
-        distinct = select(*columns).where(*where).distinct().subquery()
-        stored_rows = int(conn.execute(select(func.count()).select_from(distinct)).scalar_one())
+    stored_rows = 0 if known_rows is not None else _groups(conn, table, columns, where)
     months, less = _rows_within(table, start, end, by_day=False)
     column = table.accelerator_seconds
     signed = column if less is None else case((less, -column), else_=column)
@@ -234,13 +232,12 @@ def page_by_day(
         cell[0] += seconds
         cell[1] += counted
     stored_live: set[tuple[Any, ...]] = set()
-    if live:
-        days = {k[0] for k in live}
+    if live:  # their days only (inside the window: ``_live`` clips to it)
+        on_days = [table.period == "d", table.start.in_({k[0] for k in live})]
+        if team is not None:
+            on_days.append(table.team == team)
         stored_live = {
-            tuple(r)
-            for r in conn.execute(
-                select(*columns).where(*where, table.start.in_(days)).group_by(*columns)
-            )
+            tuple(r) for r in conn.execute(select(*columns).where(*on_days).group_by(*columns))
         }
     total_rows = stored_rows + len(live.keys() - stored_live) if known_rows is None else known_rows
     total_seconds += sum(c[0] for c in live.values())
@@ -266,6 +263,21 @@ def page_by_day(
         total_seconds,
         shown[-1] if len(keys) > limit else None,
     )
+
+
+def _groups(conn: Connection, table: Table, columns: list[Any], where: list[Any]) -> int:
+    """How many groups of ``columns`` the rows ``where`` make: the rows themselves when each
+    key column left out of the groups holds one value there (one accelerator kind, as most
+    clusters have: one pass over the key's index, no hashing), else counted distinct."""
+    grouped = {c.key for c in columns}
+    mapper: Mapper[Any] = inspect(table)
+    left = [c for c in mapper.primary_key if c.key not in grouped | {"period"}]
+    spans = [f(c) for c in left for f in (func.min, func.max)]
+    rows, *ends = conn.execute(select(func.count(), *spans).where(*where)).one()
+    if all(lo == hi for lo, hi in zip(ends[::2], ends[1::2], strict=True)):
+        return int(rows)
+    distinct = select(*columns).where(*where).distinct().subquery()
+    return int(conn.execute(select(func.count()).select_from(distinct)).scalar_one())
 
 
 def _row(

@@ -8,6 +8,7 @@ import io
 import random
 from datetime import UTC, date, datetime, timedelta
 
+import pytest
 from fastapi.testclient import TestClient
 
 from service import usage
@@ -259,11 +260,18 @@ def test_any_window_sums_what_its_days_hold_whether_read_from_days_or_months(
                 assert sum(r["runs"] for r in rows) == counted, (lo, hi, groups)
 
 
-def _history(db: Database, now: datetime) -> None:
+def _history(db: Database, now: datetime, gpus: bool) -> None:
     """Ten days of ended runs of four teams, and runs still running: some on days and teams
-    with ended runs, one on a team with none."""
+    with ended runs, one on a team with none; with ``gpus``, GPU runs beside the NPU ones."""
     rng = random.Random(5)
     with db.transaction() as s:
+        for d in range(0, 10, 3) if gpus else ():
+            run = new_run(f"gpu{d}", RunStatus.SUCCEEDED, team="a", npus=2)
+            run.launch = run.launch | {"shape": run.launch["shape"] | {"accelerator": "GPU"}}
+            run.submitted_at = now - timedelta(days=d, hours=1)
+            s.add(run)
+            s.flush()
+            usage.accrue(s, run, run.submitted_at + timedelta(minutes=30))
         for d in range(10):
             for team in ("a", "b", "c", "d"):
                 if rng.random() < 0.3:
@@ -279,9 +287,12 @@ def _history(db: Database, now: datetime) -> None:
             s.add(run)
 
 
-def test_get_usage_by_day_pages_through_exactly_the_whole_report(db_url: str, db: Database) -> None:
+@pytest.mark.parametrize("gpus", [False, True], ids=["one accelerator kind", "NPUs and GPUs"])
+def test_get_usage_by_day_pages_through_exactly_the_whole_report(
+    db_url: str, db: Database, gpus: bool
+) -> None:
     now = utcnow()
-    _history(db, now)
+    _history(db, now, gpus)
     lo, hi = (now - timedelta(days=12)).date(), (now + timedelta(days=1)).date()
     with db.read() as s:
         whole = usage.report(s, lo, hi, ["team", "day"], now=now)
