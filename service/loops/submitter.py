@@ -79,7 +79,7 @@ class Submitter:
         decision = decide_grouped(
             self.groups, offered, held, inventory, self.quotas, self.batch, outside
         )
-        decision.reasons |= over_budget
+        decision.reasons |= {run_id: o.reason for run_id, o in over_budget.items()}
         admitted = set(decision.admit)
         out = []
         for row in rows:
@@ -92,16 +92,20 @@ class Submitter:
                         claim_owner=self.owner,
                         claim_expires_at=now + timedelta(seconds=self.claim_ttl_s),
                         queue_reason=None,
+                        budget_wait=None,
                     )
                 )
                 if session.execute(claim).rowcount:  # type: ignore[attr-defined]
                     out.append(row)
-            elif decision.reasons.get(run_id) != row.queue_reason:
-                session.execute(
-                    update(Run)
-                    .where(Run.id == run_id)
-                    .values(queue_reason=decision.reasons.get(run_id))
-                )
+            else:
+                reason = decision.reasons.get(run_id)
+                wait = over_budget[run_id].doc() if run_id in over_budget else None
+                if (reason, wait) != (row.queue_reason, row.budget_wait):
+                    session.execute(
+                        update(Run)
+                        .where(Run.id == run_id)
+                        .values(queue_reason=reason, budget_wait=wait)
+                    )
         return out
 
     def _submit(self, queued: backlog.QueuedRow) -> None:

@@ -119,7 +119,7 @@ def plan_run(parts: Parts, principal: Principal, body: Any) -> dict[str, Any]:
         queued = backlog.QueuedRow(candidate, "", {}, None)
         over_budget = budgets.held_back(session, [queued], utcnow())
     if over_budget:
-        plan |= {"feasible_now": False, "reasons": list(over_budget.values())}
+        plan |= {"feasible_now": False, "reasons": [o.reason for o in over_budget.values()]}
     if refusal:
         plan |= {
             "feasible_ever": False,

@@ -64,6 +64,7 @@ class QueuedRow:
     over_budget_by: str | None = None
     attempt: int = 1
     resume: str | None = None  # what a later attempt resumes from
+    budget_wait: dict[str, Any] | None = None  # what it is told while its team is past budget
 
 
 def queued(session: Session, now: datetime, claim: bool = False) -> list[QueuedRow]:
@@ -84,6 +85,7 @@ def queued(session: Session, now: datetime, claim: bool = False) -> list[QueuedR
             Run.over_budget_by,
             Run.attempt,
             Run.resume,
+            Run.budget_wait,
         )
         .where(
             Run.status == RunStatus.QUEUED,
@@ -104,6 +106,7 @@ def queued(session: Session, now: datetime, claim: bool = False) -> list[QueuedR
             r.over_budget_by,
             r.attempt,
             r.resume,
+            r.budget_wait,
         )
         for r in rows
     ]
