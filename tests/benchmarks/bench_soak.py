@@ -21,9 +21,9 @@ from tests.soak import Gauges, soak
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--lifecycles", type=int, default=10_000)
-    parser.add_argument("--quick", action="store_true", help="200 lifecycles")
+    parser.add_argument("--quick", action="store_true", help="100 lifecycles (one wave)")
     args = parser.parse_args()
-    n = 200 if args.quick else args.lifecycles
+    n = 100 if args.quick else args.lifecycles
     logging.basicConfig(level=logging.ERROR)
     waves = -(-n // 100)
     rows: list[list[object]] = []
