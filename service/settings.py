@@ -165,6 +165,15 @@ class RaySettings(Section):
     """The longest one call to Ray's Jobs API may take."""
     inventory_ttl_s: float = 3.0
     """How long the cluster inventory read from Ray is reused by the API."""
+    clusters_file: str | None = None
+    """A YAML file declaring several Ray clusters (see the clusters page); unset: one cluster,
+    ``default``, at RLRUN_RAY_ADDRESS."""
+    cluster_down_after_s: float = Field(default=6.0, gt=0)
+    """A cluster is marked down once every probe of its head failed for this long (two at
+    least): its active runs then end LOST or are retried elsewhere. Shorter than this, a Ray
+    timeout or a head restart downs nothing."""
+    cluster_probe_interval_s: float = Field(default=1.0, gt=0)
+    """How often each cluster's head is probed (also bounds each probe's wait)."""
 
     @property
     def uses_local_ray(self) -> bool:

@@ -79,6 +79,7 @@ class RunSummary(BaseModel):
     status: str
     health: HealthOut
     queue_reason: str | None = None
+    cluster: str | None = Field(None, description="where it was admitted (null: not yet)")
     progress: ProgressOut = ProgressOut()
     reward: float | str | None = None
     created_at: datetime
@@ -377,6 +378,7 @@ def summary_doc(run: Any, latest: Latest | None = None) -> dict[str, Any]:
         "status": run.status,
         "health": {"status": run.health, "reason": run.health_reason},
         "queue_reason": run.queue_reason if run.status == "QUEUED" else None,
+        "cluster": run.cluster,
         "progress": progress_doc(total, latest),
         "reward": reward[1] if reward else None,
         "created_at": run.created_at,

@@ -24,6 +24,7 @@ from service.operations.idempotency import Accepted, replay, request_hash, scope
 from service.operations.parts import Parts
 from service.principal import Principal, record_call
 from service.recipes.base import Launch, LaunchContext, RunSpec
+from service.recipes.verl import versions
 from service.recovery import policy
 from service.scheduling import backlog
 from service.scheduling.admission import QueuedRun, Quotas
@@ -78,7 +79,7 @@ def accept_run(
         status=RunStatus.QUEUED,
         health="ok",
         spec=spec.model_dump(mode="json"),
-        launch=launch.as_dict(),
+        launch=launch.as_dict() | {"where": built.where},
         idempotency_key=key,
         request_hash=digest,
         created_by=principal.user,
@@ -127,6 +128,7 @@ def plan_run(parts: Parts, principal: Principal, body: Any) -> dict[str, Any]:
             "errors": refusal.extra["errors"],
             "suggestion": refusal.extra.get("suggestion"),
         }
+    plan["clusters"] = built.candidates
     shown = launch.as_dict() | {"runtime_env": masked_runtime_env(launch.runtime_env)}
     doc = {"dry_run": True, "spec": masked_spec(spec.model_dump(mode="json"))}
     return doc | launch_view(shown) | {"plan": plan}
@@ -150,11 +152,15 @@ class _Built:
     quotas: Quotas
     groups: NodeGroups
     refusal: InvalidSpec | None  # the shape can never fit (None: it can, or Ray is away)
+    # What the spec asks of a cluster, kept with the launch (the submitter reads it each round).
+    where: dict[str, Any]
+    candidates: list[str]  # the clusters the run may go to, in declared order
 
 
 def _build(parts: Parts, principal: Principal, body: Any) -> _Built:
-    """The spec and launch of ``body`` (with its team), its secrets and priority checked, and
-    whether its shape can ever fit the cluster (read outside any transaction)."""
+    """The spec and launch of ``body`` (with its team), its secrets and priority checked, the
+    clusters it may go to, and whether its shape can ever fit one of them (read outside any
+    transaction)."""
     run_id = new_run_id()
     ctx = LaunchContext(run_id=run_id, stop_grace_s=parts.settings.stop_grace_s)
     spec, launch = parts.registry.build(body, ctx)
@@ -167,14 +173,43 @@ def _build(parts: Parts, principal: Principal, body: Any) -> _Built:
         settings.team_retry_max_attempts,
         settings.retry_max_attempts,
     )
+    where = _where(spec)
+    candidates = parts.clusters.candidates(
+        spec.team, where["cluster"], where["accelerator"], where["labels"], where["verl_version"]
+    )
     quotas = backlog.quotas(parts.settings)
     groups = backlog.node_groups(parts.settings)
-    inventory = parts.cluster()
-    refusal = None
-    if inventory is not None:
-        mine = groups.view(inventory, spec.team)  # a team mapped to nodes: only those
-        refusal = never_fits(launch.shape, mine, spec.team, quotas.of(spec.team))
-    return _Built(run_id, spec, launch, inventory, quotas, groups, refusal)
+    primary = parts.clusters.primary.name
+    inventory, refusal = None, None
+    # A shape refused only when every cluster it may go to was read and none can ever hold it.
+    for name in candidates:
+        found = parts.cluster(name)
+        if found is None:
+            refusal = None
+            break
+        # A team mapped to nodes of the primary cluster: only those.
+        mine = groups.view(found, spec.team) if name == primary else found
+        inventory = inventory or found
+        never = never_fits(launch.shape, mine, spec.team, quotas.of(spec.team))
+        if never is None:
+            inventory, refusal = found, None
+            break
+        refusal = refusal or never
+    return _Built(run_id, spec, launch, inventory, quotas, groups, refusal, where, candidates)
+
+
+def _where(spec: RunSpec) -> dict[str, Any]:
+    """What ``spec`` asks of a cluster: its name, the selector, the verl version it needs."""
+    version = getattr(spec, "verl_version", None)
+    if version is None and hasattr(spec, "verl_version"):  # a verl spec: the service's own
+        version = versions.installed()
+    placement = spec.placement
+    return {
+        "cluster": spec.cluster,
+        "accelerator": placement.accelerator if placement else None,
+        "labels": dict(placement.labels) if placement else {},
+        "verl_version": version,
+    }
 
 
 def _with_team(body: Any, principal: Principal) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -61,6 +62,7 @@ class QueuedRow:
     over_budget_by: str | None = None
     attempt: int = 1
     resume: str | None = None  # what a later attempt resumes from
+    cluster: str | None = None  # where an earlier attempt ran (or a lapsed claim was for)
 
 
 def queued(session: Session, now: datetime, claim: bool = False) -> list[QueuedRow]:
@@ -81,6 +83,7 @@ def queued(session: Session, now: datetime, claim: bool = False) -> list[QueuedR
             Run.over_budget_by,
             Run.attempt,
             Run.resume,
+            Run.cluster,
         )
         .where(
             Run.status == RunStatus.QUEUED,
@@ -101,6 +104,7 @@ def queued(session: Session, now: datetime, claim: bool = False) -> list[QueuedR
             r.over_budget_by,
             r.attempt,
             r.resume,
+            r.cluster,
         )
         for r in rows
     ]
@@ -124,6 +128,33 @@ def held(session: Session, now: datetime, inventory_at: float) -> list[HeldRun]:
         )
         for r in rows
     ]
+
+
+def held_on(
+    session: Session, now: datetime, inventory_at: Mapping[str, float], primary: str
+) -> dict[str, list[HeldRun]]:
+    """``held`` by cluster (a run that records none is on ``primary``), each judged settled
+    against its own cluster's inventory time."""
+    rows = session.execute(
+        select(Run.id, Run.team, Run.launch, Run.status, Run.started_at, Run.cluster)
+        .where(is_held(now))
+        .order_by(Run.submitted_at.is_(None), Run.submitted_at, Run.id)
+    ).all()
+    out: dict[str, list[HeldRun]] = {name: [] for name in inventory_at}
+    for r in rows:
+        name = r.cluster or primary
+        at = inventory_at.get(name, now.timestamp())
+        out.setdefault(name, []).append(
+            HeldRun(
+                r.id,
+                r.team,
+                ResourceShape.from_dict(r.launch["shape"]),
+                settled=r.status == RunStatus.RUNNING
+                and r.started_at is not None
+                and r.started_at.timestamp() <= at - SETTLE_S,
+            )
+        )
+    return out
 
 
 def node_groups(settings: Settings) -> NodeGroups:

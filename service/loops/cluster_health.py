@@ -1,0 +1,123 @@
+"""Cluster health: each cluster's head probed every interval; a cluster is down once every probe
+has failed for a whole window (``RLRUN_CLUSTER_DOWN_AFTER_S``), up again at its first answer.
+
+When a cluster goes down, its SUBMITTED and RUNNING runs end LOST with the failure class
+``cluster_down`` (in this loop's transaction, each through the one transition function); a run
+whose retry policy names that class goes back to the queue at once as its next attempt, and
+admission places it on another cluster while its own is down. Queued runs avoid a down cluster
+(admission is told it is down) and the other loops leave its runs alone. Nothing is restarted
+when it comes back: the next probe that answers marks it up.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
+
+from service.clock import utcnow
+from service.cluster.ray_jobs import RayJobs, RayUnavailable
+from service.cluster.registry import ClusterHandle, Clusters
+from service.recovery import explain, retry
+from service.recovery.classify import Failure
+from service.recovery.retry import RetryConfig
+from service.store import audit
+from service.store.db import Database
+from service.store.lifecycle import transition
+from service.store.models import Run, RunLog
+from service.store.status import ACTIVE, RunStatus
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ClusterHealth:
+    db: Database
+    clusters: Clusters
+    window_s: float
+    probe_timeout_s: float = 2.0
+    retry: RetryConfig = field(default_factory=RetryConfig)
+    # Called after a cluster went down or came back (admission has another map now).
+    on_change: Callable[[], None] = lambda: None
+    clock: Callable[[], datetime] = utcnow
+    # A client per cluster with the probe's short timeout (the loops' clients wait longer).
+    _probes: dict[str, RayJobs] = field(default_factory=dict, init=False)
+
+    def _probe(self, handle: ClusterHandle) -> str | None:
+        """None when the head answers; else why not."""
+        ray = self._probes.get(handle.name)
+        if ray is None:
+            ray = handle.ray
+            if type(ray) is RayJobs:  # a real client: its own, quicker to give up
+                ray = RayJobs(ray.address, ray.token, self.probe_timeout_s)
+            self._probes[handle.name] = ray
+        try:
+            ray.version()
+        except RayUnavailable as exc:
+            return str(exc) or type(exc).__name__
+        return None
+
+    def tick(self) -> None:
+        handles = list(self.clusters)
+        with ThreadPoolExecutor(max_workers=len(handles)) as pool:
+            errors = list(pool.map(self._probe, handles))
+        changed = False
+        for handle, error in zip(handles, errors, strict=True):
+            change = handle.health.observe(error is None, self.window_s, self.clock(), error)
+            if change == "down":
+                log.warning(
+                    "cluster %s is down: its head has not answered for %.0f s (%s)",
+                    handle.name,
+                    self.window_s,
+                    error,
+                )
+                self._down(handle)
+            elif change == "up":
+                log.warning("cluster %s is up again", handle.name)
+                with self.db.transaction() as session:
+                    audit.by_cluster(session, "cluster.up", target=handle.name)
+            changed = changed or change is not None
+        if changed:
+            self.on_change()
+
+    def _down(self, handle: ClusterHandle) -> None:
+        name = handle.name
+        on_it = Run.cluster == name
+        if handle is self.clusters.primary:
+            on_it = or_(on_it, Run.cluster.is_(None))
+        with self.db.transaction() as session:
+            audit.by_cluster(session, "cluster.down", target=name)
+            runs = session.scalars(
+                select(Run).where(Run.status.in_(ACTIVE), on_it).with_for_update()
+            ).all()
+            for run in runs:
+                lose(session, run, name, self.retry)
+
+
+def lose(session: Session, run: Run, cluster: str, config: RetryConfig) -> None:
+    """End ``run`` LOST with its cluster down, settled at once (its log cannot be read there
+    any more), and start its next attempt if its policy names ``cluster_down``."""
+    if run.status not in ACTIVE:
+        return
+    why, was = f"cluster {cluster} down", run.status
+    transition(session, run, RunStatus.LOST, why)
+    explain.settle(
+        session,
+        run,
+        Failure(
+            "cluster_down",
+            f"{why}: its Ray head stopped answering while the run was {was}",
+            "retry the run; a retry policy with `cluster_down` in `on` moves it to another "
+            "cluster at once",
+        ),
+    )
+    runlog = session.get(RunLog, run.id, with_for_update=True)
+    if runlog is not None:
+        runlog.finished_at = utcnow()
+        runlog.lease_owner = runlog.lease_expires_at = None
+    retry.after_settle(session, run, config)
