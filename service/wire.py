@@ -244,6 +244,40 @@ class ClusterOut(BaseModel):
     )
 
 
+class ClusterHealthOut(BaseModel):
+    up: bool
+    since: datetime = Field(description="when it last went up or down (else: the start)")
+    failing_since: datetime | None = Field(
+        description="the first of the probes failing now (down once they fail for a window)"
+    )
+    error: str | None = Field(description="the last probe's error (admins only)")
+
+
+class ClusterInfoOut(BaseModel):
+    name: str
+    accelerator: str | None = Field(description="NPU or GPU (null: not declared)")
+    labels: dict[str, str]
+    teams: list[str] | None = Field(description="the teams that may use it (null: every team)")
+    usable: bool = Field(description="whether the caller's team may use it")
+    verl_versions: list[str] = Field(description="the verl releases it runs (empty: any)")
+    image: str | None
+    data_roots: list[str]
+    checkpoint_root: str | None
+    local: bool = Field(description="an embedded head the service started")
+    address: str | None = Field(description="its Ray dashboard (admins only)")
+    health: ClusterHealthOut
+    readable: bool = Field(description="whether its inventory could be read now")
+    nodes: int | None
+    capacity: dict[str, dict[str, float]] | None = Field(
+        description="accelerator -> {total, free} (null: down or unreadable)"
+    )
+    active_runs: int = Field(description="the service's SUBMITTED and RUNNING runs on it")
+
+
+class ClustersOut(BaseModel):
+    clusters: list[ClusterInfoOut] = Field(description="in declared order, the primary first")
+
+
 # Admin: API tokens and the audit trail
 
 

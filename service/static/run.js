@@ -23,6 +23,7 @@ export function runView(root, id, signal) {
   const health = h("span", { id: "run-health" });
   const queue = h("p", { id: "run-queue", class: "queue-reason", hidden: true });
   const progress = h("span", { id: "run-progress" });
+  const cluster = h("span", { id: "run-cluster", class: "dim" });
   const cancel = h("button", { id: "cancel", class: "danger", hidden: true }, "cancel");
   const clone = link(`#/submit?from=${encodeURIComponent(id)}`, "clone", "button");
   const charts = h("div", { id: "charts" }, empty("No metrics yet: the charts appear with the run's first step."));
@@ -36,7 +37,7 @@ export function runView(root, id, signal) {
   noLog.id = "no-log";
 
   root.append(
-    h("div", { class: "run-head" }, title, h("p", {}, status, " ", health, " ", progress, " ", cancel, " ", clone), queue),
+    h("div", { class: "run-head" }, title, h("p", {}, status, " ", health, " ", progress, " ", cluster, " ", cancel, " ", clone), queue),
     h("div", { class: "toolbar" }, picker),
     charts,
     h("div", { class: "columns" },
@@ -73,6 +74,7 @@ export function runView(root, id, signal) {
     queue.hidden = !run.queue_reason;
     queue.textContent = run.queue_reason ? `waiting: ${run.queue_reason}` : "";
     progress.replaceChildren(run.progress.step === null ? "" : "step ", progressCell(run.progress));
+    cluster.textContent = run.cluster ? `on cluster ${run.cluster}` : "";
     cancel.hidden = TERMINAL.has(run.status) || run.stop_requested;
     const values = Object.entries(run.metrics.latest);
     latest.replaceChildren(...(values.length ? values.map(([k, v]) => h("tr", {}, h("td", {}, k), h("td", {}, num(v))))
