@@ -28,7 +28,7 @@ from service.scheduling.admission import Quotas
 from service.scheduling.inventory import InventoryCache
 from service.settings import Settings
 from service.store.db import Database
-from service.store.models import AuditEntry, Run
+from service.store.models import AuditEntry, MetricKey, Run, RunLog
 from service.store.status import RunStatus
 from tests.conftest import make_settings
 from tests.factories import add_run, read_run
@@ -232,6 +232,8 @@ def test_a_blip_downs_nothing_and_a_head_silent_for_the_window_loses_its_runs(
     loops.follower.tick()
     loops.probe(9, big_answers=True)
     assert loops.clusters.of("big").health.up
+    # Its head was cut off, not restarted: the job of the run that ended is stopped there.
+    assert loops.big.stopped == ["r1"]
     with db.read() as s:
         actions = s.scalars(select(AuditEntry.action).where(AuditEntry.target == "big")).all()
     assert "cluster.down" in actions
@@ -257,8 +259,10 @@ def test_a_run_whose_policy_names_cluster_down_is_retried_on_another_cluster(
     loops.submitter.tick()
     assert [j["submission_id"] for j in loops.small.submitted] == ["r1-a2"]
     assert read_run(db)[0].cluster == "small"
-    # Each job was submitted once, each on one cluster.
+    # Each job was submitted once, each on one cluster; back, big stops the first attempt.
     assert [j["submission_id"] for j in loops.big.submitted] == ["r1"]
+    loops.probe(8, big_answers=True)
+    assert loops.big.stopped == ["r1"] and loops.small.stopped == []
 
 
 def test_get_clusters_lists_each_with_health_capacity_and_who_may_use_it(
@@ -296,3 +300,34 @@ def _two_groups(npus: int, where: dict[str, Any] | None = None) -> dict[str, Any
     groups = (Group("trainer", npus, 0.0), Group("rollout", npus, 0.0))
     launch = Launch(["true"], {}, ResourceShape(groups=groups, driver_cpus=0.1)).as_dict()
     return launch | {"where": where or {}}
+
+
+def test_two_replicas_share_the_runs_of_every_cluster_by_their_follower_leases(
+    db: Database,
+) -> None:
+    small, big = FakeRay(ONE_NODE), FakeRay(TWO_NODES)
+    clusters = _clusters(small=(small, {}), big=(big, {}))
+    runs = {"r1": small, "r2": big, "r3": small, "r4": big}
+    for run_id, ray in runs.items():
+        cluster = "small" if ray is small else "big"
+        add_run(db, run_id, RunStatus.RUNNING, cluster=cluster)
+        ray.set_status(run_id, "RUNNING")
+        ray.log[run_id] = f"step:1 - {run_id}/score:1.0\n"
+    # Replicas started together take at most claim_new unheld runs each a tick.
+    replicas = [
+        Follower(db, clusters, owner, 30.0, 10_000, HealthRules(), claim_new=2)
+        for owner in ("one", "two")
+    ]
+    for replica in replicas:
+        replica.tick()
+    with db.read() as s:
+        leases = dict(s.execute(select(RunLog.run_id, RunLog.lease_owner)).tuples().all())
+    assert leases == {"r1": "one", "r2": "one", "r3": "two", "r4": "two"}
+    # Each replica holds runs of both clusters.
+    for owner in ("one", "two"):
+        mine = {runs[r] is small for r, o in leases.items() if o == owner}
+        assert mine == {True, False}
+    # Each run's log was read from its own cluster, whichever replica holds it.
+    with db.read() as s:
+        keys = dict(s.execute(select(MetricKey.run_id, MetricKey.key)).tuples().all())
+    assert keys == {run_id: f"{run_id}/score" for run_id in runs}

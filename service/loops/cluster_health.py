@@ -6,7 +6,8 @@ When a cluster goes down, its SUBMITTED and RUNNING runs end LOST with the failu
 whose retry policy names that class goes back to the queue at once as its next attempt, and
 admission places it on another cluster while its own is down. Queued runs avoid a down cluster
 (admission is told it is down) and the other loops leave its runs alone. Nothing is restarted
-when it comes back: the next probe that answers marks it up.
+when it comes back: the next probe that answers marks it up, and the jobs it still runs for
+runs that ended or went on elsewhere meanwhile are stopped.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from service.clock import utcnow
-from service.cluster.ray_jobs import RayJobs, RayUnavailable
+from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable, stop_job
 from service.cluster.registry import ClusterHandle, Clusters
 from service.recovery import explain, retry
+from service.recovery.attempts import job_id, runs_of_jobs
 from service.recovery.classify import Failure
 from service.recovery.retry import RetryConfig
 from service.store import audit
@@ -33,6 +35,7 @@ from service.store.models import Run, RunLog
 from service.store.status import ACTIVE, RunStatus
 
 log = logging.getLogger(__name__)
+_ALIVE = frozenset({"PENDING", "RUNNING"})
 
 
 @dataclass
@@ -81,6 +84,7 @@ class ClusterHealth:
                 log.warning("cluster %s is up again", handle.name)
                 with self.db.transaction() as session:
                     audit.by_cluster(session, "cluster.up", target=handle.name)
+                self._stop_stale(handle)
             changed = changed or change is not None
         if changed:
             self.on_change()
@@ -97,6 +101,39 @@ class ClusterHealth:
             ).all()
             for run in runs:
                 lose(session, run, name, self.retry)
+
+    def _stop_stale(self, handle: ClusterHandle) -> None:
+        """Stop the jobs a cluster that is back still runs for runs that ended, or went on
+        elsewhere, while it was down (a head cut off, not restarted, kept them running): a run
+        runs in one place only."""
+        try:
+            alive = [j.submission_id for j in handle.ray.list_jobs() if j.status in _ALIVE]
+        except (RayUnavailable, RayRejected) as exc:
+            log.warning("cluster %s: listing its jobs failed: %s", handle.name, exc)
+            return
+        runs = runs_of_jobs(alive)
+        with self.db.read() as session:
+            rows = session.execute(
+                select(Run.id, Run.status, Run.attempt, Run.cluster).where(
+                    Run.id.in_(set(runs.values()))
+                )
+            ).all()
+        current = {
+            job_id(r.id, r.attempt)
+            for r in rows
+            if r.status in ACTIVE and (r.cluster or self.clusters.primary.name) == handle.name
+        }
+        ours = {r.id for r in rows}
+        for job in alive:
+            if runs[job] in ours and job not in current:
+                try:
+                    stop_job(handle.ray, job, "its run ended or went on elsewhere")
+                except (RayUnavailable, RayRejected) as exc:
+                    log.warning("cluster %s: stopping job %s failed: %s", handle.name, job, exc)
+                    continue
+                log.warning(
+                    "cluster %s: stopped job %s, its run went on without it", handle.name, job
+                )
 
 
 def lose(session: Session, run: Run, cluster: str, config: RetryConfig) -> None:

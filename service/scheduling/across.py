@@ -89,16 +89,21 @@ def decide_across(
         if r.id in admitted:
             continue
         per = out.by_cluster.get(r.id, {})
-        up = [(c, why) for c, why in per.items() if not _is_down(clusters, c)]
-        chosen = up[0] if up else next(iter(per.items()), None)
+        # The cluster that may take it first says why it waits: one that is up, then one that
+        # is down, then one it can never fit.
+        ranked = sorted(per.items(), key=lambda cw: _rank(clusters, *cw))
+        chosen = ranked[0] if ranked else None
         if chosen is not None:
             out.reasons[r.id] = f"{chosen[0]}: {chosen[1]}" if named else chosen[1]
     out.by_cluster = dict(out.by_cluster)
     return out
 
 
-def _is_down(clusters: Sequence[ClusterState], name: str) -> bool:
-    return any(c.name == name and (c.down is not None or c.inventory is None) for c in clusters)
+def _rank(clusters: Sequence[ClusterState], name: str, why: str) -> int:
+    if "can never fit" in why:
+        return 2
+    down = any(c.name == name and (c.down is not None or c.inventory is None) for c in clusters)
+    return 1 if down else 0
 
 
 def _quotas_left(
