@@ -277,10 +277,11 @@ def build_services(
             on_change=lambda: loops["submitter"].wake(),
         )
         backoff = settings.max_backoff_s
+        if settings.clusters_file:  # one cluster alone has nowhere else to send its runs
+            loops["clusters"] = Loop(
+                "clusters", health.tick, settings.cluster_probe_interval_s, backoff
+            )
         loops |= {
-            "clusters": Loop(
-                "clusters", health.tick, settings.cluster_probe_interval_s, settings.max_backoff_s
-            ),
             "notifier": Loop("notifier", notifier.tick, settings.webhook_interval_s, backoff),
             "submitter": Loop("submitter", submitter.tick, settings.submit_interval_s, backoff),
             "reconciler": Loop(

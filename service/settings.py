@@ -169,11 +169,12 @@ class RaySettings(Section):
     """A YAML file declaring several Ray clusters (see the clusters page); unset: one cluster,
     ``default``, at RLRUN_RAY_ADDRESS."""
     cluster_down_after_s: float = Field(default=6.0, gt=0)
-    """A cluster is marked down once every probe of its head failed for this long (two at
-    least): its active runs then end LOST or are retried elsewhere. Shorter than this, a Ray
-    timeout or a head restart downs nothing."""
+    """With a clusters file: a cluster is marked down once every probe of its head failed for
+    this long (two at least), and its active runs end LOST or are retried elsewhere. Shorter
+    than this, a Ray timeout or a blip downs nothing."""
     cluster_probe_interval_s: float = Field(default=1.0, gt=0)
-    """How often each cluster's head is probed (also bounds each probe's wait)."""
+    """With a clusters file: how often each cluster's head is probed (each probe waits at most
+    twice this)."""
 
     @property
     def uses_local_ray(self) -> bool:

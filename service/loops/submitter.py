@@ -182,7 +182,7 @@ class Submitter:
             return [row.cluster]
         return names
 
-    def _submit(self, queued: backlog.QueuedRow, cluster: str) -> None:
+    def _submit(self, queued: backlog.QueuedRow, cluster: str | None = None) -> None:
         run, launch = queued.run, queued.launch
         handle = self.clusters.of(cluster)
         ray = handle.ray
