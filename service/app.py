@@ -282,7 +282,9 @@ def build_services(
                 "clusters", health.tick, settings.cluster_probe_interval_s, backoff
             )
         loops |= {
-            "notifier": Loop("notifier", notifier.tick, settings.webhook_interval_s, backoff),
+            "notifier": Loop(
+                "notifier", notifier.tick, settings.webhook_interval_s, backoff, notifier.close
+            ),
             "submitter": Loop("submitter", submitter.tick, settings.submit_interval_s, backoff),
             "reconciler": Loop(
                 "reconciler", reconciler.tick, settings.reconcile_interval_s, backoff

@@ -55,6 +55,25 @@ def test_a_loop_cancelled_while_it_waits_leaves_no_waiter_pending() -> None:
     assert asyncio.run(cancel_while_waiting()) == 0
 
 
+def test_a_loop_closes_what_its_ticks_kept_open_once_it_stops_or_is_cancelled() -> None:
+    closed: list[str] = []
+
+    async def stop_and_cancel() -> None:
+        stop = asyncio.Event()
+        stopped = Loop("a", lambda: None, 60, 60, close=lambda: closed.append("a"))
+        cancelled = Loop("b", lambda: None, 60, 60, close=lambda: closed.append("b"))
+        tasks = [asyncio.create_task(stopped.run(stop)), asyncio.create_task(cancelled.run(stop))]
+        while stopped.ticks == 0 or cancelled.ticks == 0:
+            await asyncio.sleep(0.01)
+        assert closed == []
+        tasks[1].cancel()
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    asyncio.run(stop_and_cancel())
+    assert sorted(closed) == ["a", "b"]
+
+
 def test_a_stream_that_cannot_connect_retries_later_each_time(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -164,6 +164,23 @@ def test_an_event_reaches_the_receiver_signed_and_a_tampered_body_does_not_verif
     db.dispose()
 
 
+def test_a_closed_notifier_leaves_no_send_thread_and_no_kept_connection(
+    api: TestClient, receiver: Receiver, db_url: str
+) -> None:
+    _subscribe(api, f"{receiver.url}/in")
+    db, notifier = _notifier(db_url)
+    add_run(db, "r1", RunStatus.RUNNING)
+    _fail(db, "r1")
+    notifier.tick()
+    assert len(receiver.requests) == 1
+    senders = [t for t in threading.enumerate() if t.name.startswith("notifier")]
+    assert senders and notifier._clients
+    notifier.close()
+    assert not any(t.is_alive() for t in senders)
+    assert not notifier._clients
+    db.dispose()
+
+
 def test_a_failed_call_is_retried_with_the_same_webhook_id_and_a_redirect_is_not_followed(
     api: TestClient, receiver: Receiver, db_url: str
 ) -> None:

@@ -26,6 +26,8 @@ class Loop:
     tick: Callable[[], None]
     interval_s: float
     max_backoff_s: float
+    # Called once the loop has stopped (off the event loop): what its ticks kept open.
+    close: Callable[[], None] | None = None
     failures: int = field(default=0, init=False)  # in a row; the backoff grows with them
     ticks: int = field(default=0, init=False)  # ticks run to the end, failed or not
     on_tick: Callable[[float], None] | None = field(default=None, init=False)  # its seconds
@@ -44,6 +46,8 @@ class Loop:
             await self._run(stop, thread)
         finally:
             thread.shutdown(wait=False)
+            if self.close is not None:
+                await asyncio.to_thread(self.close)
 
     async def _run(self, stop: asyncio.Event, thread: ThreadPoolExecutor) -> None:
         assert self._loop is not None

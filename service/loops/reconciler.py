@@ -105,16 +105,18 @@ class Reconciler:
             retry.next_at = now + Backoff(self.interval_s, self.max_backoff_s).delay(retry.failures)
         ended = False
         if observed or failed:
+            # Rows are locked in run id order, the follower's order: no deadlock between them.
             with self.db.transaction() as session:
-                for run_id, info in observed.items():
+                for run_id in sorted(observed.keys() | failed.keys()):
+                    if run_id in failed:
+                        self._note_failure(session, run_id, failed[run_id])
+                        continue
                     run = session.get(Run, run_id, with_for_update=True)
                     if run is not None and run.status in ACTIVE:
                         if run.health == "ray_error":
                             set_health(session, run, "ok", None)
-                        apply(session, run, info)
+                        apply(session, run, observed[run_id])
                         ended = ended or run.status in TERMINAL
-                for run_id, error in failed.items():
-                    self._note_failure(session, run_id, error)
         if ended:
             self.on_end()
         if failed and not observed:

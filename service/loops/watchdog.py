@@ -58,7 +58,8 @@ class Watchdog:
         stopping = False
         with self.db.transaction() as session:
             query = select(Run).where(Run.status.in_(ACTIVE), Run.health.in_(WATCHDOG_HEALTH))
-            for run in session.scalars(query.with_for_update()):
+            # Locked in run id order, as every loop locks runs: no deadlock between loops.
+            for run in session.scalars(query.order_by(Run.id).with_for_update()):
                 hang = hangs.get(run.id)
                 if hang is not None and run.status == RunStatus.RUNNING:
                     set_health(session, run, "unschedulable", hang[:1000])

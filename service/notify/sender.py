@@ -82,6 +82,14 @@ class Notifier:
         self._clients: OrderedDict[str, httpx.Client] = OrderedDict()
         self._clients_lock = threading.Lock()
 
+    def close(self) -> None:
+        """End the send threads and the kept connections (when the service stops)."""
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        with self._clients_lock:
+            clients, self._clients = list(self._clients.values()), OrderedDict()
+        for client in clients:
+            client.close()
+
     def tick(self, rounds: int = 10) -> None:
         """Send what is due, and again what fell due meanwhile (up to ``rounds`` rounds): an
         event written while a round was sending waits for no interval."""
