@@ -79,28 +79,42 @@ class ClusterHealth:
                     self.window_s,
                     error,
                 )
-                self._down(handle)
+                with self.db.transaction() as session:
+                    audit.by_cluster(session, "cluster.down", target=handle.name)
             elif change == "up":
                 log.warning("cluster %s is up again", handle.name)
                 with self.db.transaction() as session:
                     audit.by_cluster(session, "cluster.up", target=handle.name)
                 self._stop_stale(handle)
             changed = changed or change is not None
+        # Every tick while down, not once: a round that failed (a lock wait, a deadlock the
+        # database broke) is made good by the next.
+        for handle in handles:
+            if not handle.health.up:
+                changed = self._down(handle) or changed
         if changed:
             self.on_change()
 
-    def _down(self, handle: ClusterHandle) -> None:
+    def _down(self, handle: ClusterHandle) -> bool:
+        """End the active runs on a cluster that is down; whether there were any."""
         name = handle.name
         on_it = Run.cluster == name
         if handle is self.clusters.primary:
             on_it = or_(on_it, Run.cluster.is_(None))
-        with self.db.transaction() as session:
-            audit.by_cluster(session, "cluster.down", target=name)
-            runs = session.scalars(
-                select(Run).where(Run.status.in_(ACTIVE), on_it).with_for_update()
+        with self.db.read() as session:
+            ids = session.scalars(
+                select(Run.id).where(Run.status.in_(ACTIVE), on_it).order_by(Run.id)
             ).all()
-            for run in runs:
-                lose(session, run, name, self.retry)
+        if not ids:
+            return False
+        with self.db.transaction() as session:
+            # One run at a time in run id order, its log row after it, as the follower does:
+            # no deadlock between loops.
+            for run_id in ids:
+                run = session.get(Run, run_id, with_for_update=True)
+                if run is not None:
+                    lose(session, run, name, self.retry)
+        return True
 
     def _stop_stale(self, handle: ClusterHandle) -> None:
         """Stop the jobs a cluster that is back still runs for runs that ended, or went on
