@@ -143,6 +143,22 @@ def test_a_run_may_use_only_the_clusters_its_team_selector_and_verl_version_allo
         ({"team": "nlp", "accelerator": "GPU"}, "placement.accelerator", "no cluster of GPU"),
         ({"team": "nlp", "labels": {"site": "sh"}}, "placement.labels.site", "site=sh"),
     ]
+    rooted = _clusters(
+        hz=(FakeRay(), {"data_roots": ["/data", "hdfs://nn/sets"]}),
+        sh=(FakeRay(), {"data_roots": ["/mnt/data"]}),
+        any=(FakeRay(), {}),
+    )
+    assert rooted.candidates("t", reads=["/data/geo3k/train.parquet"]) == ["hz", "any"]
+    assert rooted.candidates("t", reads=["hdfs://nn/sets/a", "/mnt/data/b"]) == ["any"]
+    assert rooted.candidates("t", reads=["/data/../etc/passwd"]) == ["any"]
+    clusters = _clusters(
+        small=(FakeRay(), {"labels": {"site": "hz"}, "verl_versions": ["0.9.1"]}),
+        big=(FakeRay(), {"labels": {"site": "sh"}, "teams": ["vision"], "data_roots": ["/d"]}),
+    )
+    cases += [
+        ({"team": "vision", "cluster": "big", "reads": ["/x/y"]}, "cluster", "/x/y"),
+        ({"team": "vision", "labels": {"site": "sh"}, "reads": ["/x/y"]}, "data", "/x/y"),
+    ]
     for asked, field, words in cases:
         with pytest.raises(InvalidSpec) as caught:
             clusters.candidates(**asked)
@@ -331,3 +347,16 @@ def test_two_replicas_share_the_runs_of_every_cluster_by_their_follower_leases(
     with db.read() as s:
         keys = dict(s.execute(select(MetricKey.run_id, MetricKey.key)).tuples().all())
     assert keys == {run_id: f"{run_id}/score" for run_id in runs}
+
+
+def test_a_verl_run_carries_the_paths_it_reads_for_the_clusters_data_roots() -> None:
+    from tests.test_verl_recipe import PRESET, build
+
+    reads = build(PRESET).reads
+    assert {"/mnt/data/geo3k/train.parquet", "/mnt/models/Qwen3-VL-8B-Instruct"} <= set(reads)
+    assert not [p for p in reads if p.startswith("/mnt/ckpt/")]  # its own dir is its own
+    clusters = _clusters(
+        hz=(FakeRay(), {"data_roots": ["/mnt/data", "/mnt/models"]}),
+        sh=(FakeRay(), {"data_roots": ["/data"]}),
+    )
+    assert clusters.candidates("t", reads=reads) == ["hz"]

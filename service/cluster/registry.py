@@ -136,6 +136,7 @@ class Clusters:
         accelerator: str | None = None,
         labels: Mapping[str, str] | None = None,
         verl_version: str | None = None,
+        reads: Sequence[str] = (),
     ) -> list[str]:
         """The clusters a run of ``team`` may go to, in declared order; 422 at the field that
         leaves none."""
@@ -168,7 +169,14 @@ class Clusters:
         specs = [s for s in specs if s.runs_verl(verl_version)]
         if not specs:
             _refuse(["verl_version"], f"no cluster the run may use runs verl {verl_version}")
-        return [s.name for s in specs]
+        held = [s for s in specs if s.holds(reads)]
+        if not held:
+            missing = next(p for p in reads if not all(s.holds([p]) for s in specs))
+            loc: list[str | int] = ["cluster"] if cluster is not None else ["data"]
+            _refuse(
+                loc, f"no cluster the run may use has all its paths under its data roots: {missing}"
+            )
+        return [s.name for s in held]
 
     def close(self) -> None:
         for handle in self:

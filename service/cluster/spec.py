@@ -8,12 +8,14 @@ service's store, in the namespace it shares with every team (``service.team_secr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from service.recipes.verl.paths import under_roots
 from service.settings import Settings
 
 DEFAULT = "default"
@@ -86,6 +88,10 @@ class ClusterSpec(_Strict):
 
     def admits_team(self, team: str) -> bool:
         return self.teams is None or team in self.teams
+
+    def holds(self, paths: Sequence[str]) -> bool:
+        """Whether its nodes hold every one of ``paths`` (no data roots declared: any)."""
+        return not self.data_roots or all(under_roots(p, self.data_roots) for p in paths)
 
     def runs_verl(self, version: str | None) -> bool:
         return version is None or not self.verl_versions or version in self.verl_versions

@@ -174,6 +174,7 @@ class Submitter:
                 where.get("accelerator"),
                 where.get("labels"),
                 where.get("verl_version"),
+                row.launch.get("reads") or (),
             )
         except InvalidSpec:
             return []  # the clusters file changed since it was accepted

@@ -175,7 +175,12 @@ def _build(parts: Parts, principal: Principal, body: Any) -> _Built:
     )
     where = _where(spec)
     candidates = parts.clusters.candidates(
-        spec.team, where["cluster"], where["accelerator"], where["labels"], where["verl_version"]
+        spec.team,
+        where["cluster"],
+        where["accelerator"],
+        where["labels"],
+        where["verl_version"],
+        launch.reads,
     )
     quotas = backlog.quotas(parts.settings)
     groups = backlog.node_groups(parts.settings)

@@ -111,6 +111,9 @@ class Launch:
     files: dict[str, str] = field(default_factory=dict)
     # Env var -> secret name: values are filled in by the service when it submits, never stored.
     secrets: dict[str, str] = field(default_factory=dict)
+    # Absolute paths and URIs the job reads on the nodes: a cluster with data roots must hold
+    # them all to take the run.
+    reads: list[str] = field(default_factory=list)
 
     @property
     def entrypoint(self) -> str:
@@ -129,6 +132,7 @@ class Launch:
             "samples_per_sync": self.samples_per_sync,
             "files": self.files,
             "secrets": self.secrets,
+            "reads": self.reads,
         }
 
 
