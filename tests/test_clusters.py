@@ -298,6 +298,14 @@ def test_get_clusters_lists_each_with_health_capacity_and_who_may_use_it(
         assert big["health"]["up"] and big["capacity"] == {"NPU": {"total": 16.0, "free": 16.0}}
         assert big["teams"] == ["vision"] and big["labels"] == {"site": "sh"}
         assert small["verl_versions"] == ["0.9.1"] and big["nodes"] == 2
+        # The plan of a run that may go to either: planned on the one that can hold it.
+        body = {"recipe": "test-script", "team": "vision", "groups": [{"accelerators": 8}] * 2}
+        plan = client.post("/runs?dry_run=true", json=body).json()["plan"]
+        assert (plan["clusters"], plan["cluster"], plan["feasible_ever"]) == (
+            ["small", "big"],
+            "big",
+            True,
+        )
         # Naming a cluster the team may not use is refused at the field.
         answer = client.post(
             "/runs", json={"recipe": "test-script", "team": "nlp", "cluster": "big"}

@@ -128,7 +128,8 @@ def plan_run(parts: Parts, principal: Principal, body: Any) -> dict[str, Any]:
             "errors": refusal.extra["errors"],
             "suggestion": refusal.extra.get("suggestion"),
         }
-    plan["clusters"] = built.candidates
+    # The clusters it may go to, and the one planned on (admission may place it on another).
+    plan |= {"clusters": built.candidates, "cluster": built.cluster}
     shown = launch.as_dict() | {"runtime_env": masked_runtime_env(launch.runtime_env)}
     doc = {"dry_run": True, "spec": masked_spec(spec.model_dump(mode="json"))}
     return doc | launch_view(shown) | {"plan": plan}
@@ -155,6 +156,7 @@ class _Built:
     # What the spec asks of a cluster, kept with the launch (the submitter reads it each round).
     where: dict[str, Any]
     candidates: list[str]  # the clusters the run may go to, in declared order
+    cluster: str | None = None  # the one it was planned on: the first that can ever hold it
 
 
 def _build(parts: Parts, principal: Principal, body: Any) -> _Built:
@@ -185,22 +187,27 @@ def _build(parts: Parts, principal: Principal, body: Any) -> _Built:
     quotas = backlog.quotas(parts.settings)
     groups = backlog.node_groups(parts.settings)
     primary = parts.clusters.primary.name
-    inventory, refusal = None, None
-    # A shape refused only when every cluster it may go to was read and none can ever hold it.
+    inventory, refusal, chosen, unread = None, None, None, False
+    # A shape refused only when every cluster it may go to was read and none can ever hold it;
+    # planned on the first that can.
     for name in candidates:
         found = parts.cluster(name)
         if found is None:
-            refusal = None
-            break
+            unread = True
+            continue
         # A team mapped to nodes of the primary cluster: only those.
         mine = groups.view(found, spec.team) if name == primary else found
         inventory = inventory or found
         never = never_fits(launch.shape, mine, spec.team, quotas.of(spec.team))
         if never is None:
-            inventory, refusal = found, None
+            inventory, chosen = found, name
             break
         refusal = refusal or never
-    return _Built(run_id, spec, launch, inventory, quotas, groups, refusal, where, candidates)
+    if chosen is not None or unread:
+        refusal = None
+    return _Built(
+        run_id, spec, launch, inventory, quotas, groups, refusal, where, candidates, chosen
+    )
 
 
 def _where(spec: RunSpec) -> dict[str, Any]:
