@@ -42,7 +42,7 @@ class ServiceProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.kills = 0
 
-    def start(self, timeout: float = 60) -> None:
+    def start(self, timeout: float = 120) -> None:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 # As deployed: `rlrun serve`.
@@ -59,7 +59,9 @@ class ServiceProcess:
         if self.proc.poll() is not None:
             pytest.fail(f"service exited: {self.log_path.read_text()[-3000:]}")
         try:
-            return httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
+            # A generous wait per call: on a loaded machine a process just started is slow to
+            # get the CPU, and a call cut short only starts again from nothing.
+            return httpx.get(f"{self.url}/healthz", timeout=5).status_code == 200
         except httpx.HTTPError:
             return False
 
