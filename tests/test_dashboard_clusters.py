@@ -47,6 +47,8 @@ def test_the_cluster_view_lists_every_cluster_with_its_health_and_capacity(
         assert "down since" in small and "site=hz" in small and "every team" in small
         assert "0.9.1" in small
         assert "up since" in big and "16 NPU (16 free)" in big and "vision" in big
+        # The nodes below are the primary's, the first declared.
+        assert page.locator("#primary-cluster").inner_text() == "Cluster small (the primary)"
         # A cluster that comes back shows so at the next refresh, without a reload.
         clusters.of("small").health = Health()
         until(

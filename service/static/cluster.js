@@ -53,9 +53,10 @@ export function clusterView(root, params, signal) {
   const groups = table("team-nodes", ["team", "node group", "nodes"], "no team is mapped to nodes: every node is shared");
   const queue = table("queue", ["#", "run", "id", "team", "priority", "accelerators", "reason"], "nothing yet: the queue is empty");
   const status = h("p", { id: "cluster-status" });
+  const primary = h("h2", { id: "primary-cluster" }, "Cluster");
   root.append(
     h("h2", {}, "Clusters"), clusters.node,
-    h("h2", {}, "Cluster"), status,
+    primary, status,
     h("h3", {}, "Nodes"),
     h("p", { class: "note" }, "Who holds what on a node is Ray's own report (the placement groups and actors of each job); a run admitted but not yet placed by Ray shows under runs only."),
     nodes.node,
@@ -69,6 +70,8 @@ export function clusterView(root, params, signal) {
   );
   every(3000, async () => {
     const [view, all] = await Promise.all([getJSON("/cluster", signal), getJSON("/clusters", signal)]);
+    // GET /cluster is the first cluster's view (the primary).
+    if (all.clusters.length > 1) primary.textContent = `Cluster ${all.clusters[0].name} (the primary)`;
     clusters.fill(all.clusters.map((c) => h("tr", { dataset: { cluster: c.name, up: String(c.health.up) } },
       h("td", { class: "mono" }, c.name), h("td", { class: "cluster-health" }, healthCell(c)),
       h("td", {}, capacityCell(c)), h("td", {}, c.accelerator || "—"),
