@@ -298,6 +298,9 @@ def test_get_clusters_lists_each_with_health_capacity_and_who_may_use_it(
         assert big["health"]["up"] and big["capacity"] == {"NPU": {"total": 16.0, "free": 16.0}}
         assert big["teams"] == ["vision"] and big["labels"] == {"site": "sh"}
         assert small["verl_versions"] == ["0.9.1"] and big["nodes"] == 2
+        # Readiness reports each cluster apart: the primary as `ray`, the others by name.
+        checks = client.get("/readyz").json()["checks"]
+        assert set(checks) == {"database", "ray", "ray:big"} and not checks["ray:big"]["ok"]
         # The plan of a run that may go to either: planned on the one that can hold it.
         body = {"recipe": "test-script", "team": "vision", "groups": [{"accelerators": 8}] * 2}
         plan = client.post("/runs?dry_run=true", json=body).json()["plan"]
