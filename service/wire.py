@@ -258,6 +258,7 @@ class ClusterInfoOut(BaseModel):
     accelerator: str | None = Field(description="NPU or GPU (null: not declared)")
     labels: dict[str, str]
     teams: list[str] | None = Field(description="the teams that may use it (null: every team)")
+    quotas: dict[str, int] = Field(description="team -> accelerators it may hold here")
     usable: bool = Field(description="whether the caller's team may use it")
     verl_versions: list[str] = Field(description="the verl releases it runs (empty: any)")
     image: str | None

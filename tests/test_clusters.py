@@ -179,6 +179,15 @@ def test_admission_places_each_run_on_a_cluster_that_can_hold_it(db: Database) -
     assert read_run(db, "r1")[0].cluster == "big" and read_run(db, "r2")[0].cluster == "small"
 
 
+def test_a_cluster_s_own_quota_sends_a_team_s_run_to_another(db: Database) -> None:
+    small, big = FakeRay(ONE_NODE), FakeRay(TWO_NODES)
+    clusters = _clusters(small=(small, {"quotas": {"t": 1}}), big=(big, {}))
+    loop = Submitter(db, clusters, None, Quotas(), "me", 30.0, 10)
+    add_run(db, "r1", RunStatus.QUEUED, launch=_two_groups(1))
+    loop.tick()
+    assert small.submitted == [] and read_run(db)[0].cluster == "big"
+
+
 def test_a_run_that_names_a_cluster_waits_for_it_and_a_down_cluster_admits_nothing(
     db: Database,
 ) -> None:

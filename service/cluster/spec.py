@@ -55,6 +55,9 @@ class ClusterSpec(_Strict):
     image: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     teams: list[str] | None = None  # None: every team
+    # Accelerators each team may hold on this cluster ("*": every team not named), besides the
+    # service-wide quotas.
+    quotas: dict[str, int] = Field(default_factory=dict)
     data_roots: list[str] = Field(default_factory=list)
     checkpoint_root: str | None = None
 

@@ -126,6 +126,7 @@ class Submitter:
                 held.get(h.name, []),
                 backlog.outside_jobs(session, inv) if (inv := inventories.get(h.name)) else [],
                 self.groups if h is self.clusters.primary else NodeGroups(),
+                _cluster_quotas(h.spec.quotas),
                 down=h.health.down_reason,
             )
             for h in self.clusters
@@ -263,3 +264,9 @@ class Submitter:
             if row is not None and row.status == RunStatus.QUEUED:
                 row.ray_message = reason
                 transition(session, row, RunStatus.FAILED, reason)
+
+
+def _cluster_quotas(declared: Mapping[str, int]) -> Quotas:
+    """A cluster's own quotas as declared (``"*"``: every team not named)."""
+    teams = {t: n for t, n in declared.items() if t != "*"}
+    return Quotas(teams, declared.get("*"))

@@ -48,6 +48,7 @@ def clusters_view(parts: Parts, principal: Principal) -> dict[str, Any]:
                 "accelerator": spec.accelerator,
                 "labels": spec.labels,
                 "teams": spec.teams,
+                "quotas": spec.quotas,
                 "usable": principal.team is None or admin or spec.admits_team(principal.team),
                 "verl_versions": spec.verl_versions,
                 "image": spec.image,
