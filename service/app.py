@@ -32,6 +32,7 @@ from service.api import (
     usage,
     verl,
     webhooks,
+    whoami,
 )
 from service.api import cluster as cluster_api
 from service.api.body_limit import BodyLimit
@@ -152,6 +153,7 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
     app.include_router(prometheus.router)
     app.include_router(verl.router)
     app.include_router(admin.router)
+    app.include_router(whoami.router)
     app.include_router(grants.router)
     dashboard.install(app)
     openapi.install(app)

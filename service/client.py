@@ -305,6 +305,15 @@ class Client:
         body: list[dict[str, Any]] = self._request("GET", "/webhooks").json()
         return body
 
+    def webhook(self, hook_id: str) -> dict[str, Any]:
+        body: dict[str, Any] = self._request("GET", f"/webhooks/{hook_id}").json()
+        return body
+
+    def update_webhook(self, hook_id: str, changes: dict[str, Any]) -> dict[str, Any]:
+        """``PATCH``: the fields given replace the subscription's (``paused: false`` resumes)."""
+        body: dict[str, Any] = self._request("PATCH", f"/webhooks/{hook_id}", json=changes).json()
+        return body
+
     def delete_webhook(self, hook_id: str) -> None:
         self._request("DELETE", f"/webhooks/{hook_id}")
 
@@ -316,10 +325,15 @@ class Client:
     def usage(
         self, start: str | None = None, end: str | None = None, group_by: Sequence[str] = ()
     ) -> dict[str, Any]:
-        """Accelerator-hours in the UTC days [start, end), per ``group_by`` (default team)."""
+        """Accelerator-hours in the UTC days [start, end), per ``group_by`` (default team):
+        the whole report, its pages read one after another."""
         params: dict[str, Any] = {"from": start, "to": end, "group_by": list(group_by) or None}
-        resp = self._request("GET", "/usage", params={k: v for k, v in params.items() if v})
-        body: dict[str, Any] = resp.json()
+        params = {k: v for k, v in params.items() if v} | {"limit": 10_000}
+        body: dict[str, Any] = self._request("GET", "/usage", params=params).json()
+        while body["next_cursor"]:
+            more = self._request("GET", "/usage", params=params | {"cursor": body["next_cursor"]})
+            page = more.json()
+            body = page | {"rows": body["rows"] + page["rows"]}
         return body
 
     # Cluster and service

@@ -7,18 +7,21 @@ a report is exact at any moment without a periodic job. A report reads month row
 whole months of its window and, for a month in part, its days inside or the month less its days
 outside, whichever are fewer (day rows throughout when grouped by day), whatever the number of
 runs. Each row is kept twice: per user and recipe (``UsageTotal``) and summed over them
-(``UsageTeamTotal``), which a report by team, day or accelerator reads.
+(``UsageTeamTotal``), which a report by team, day or accelerator reads. A report by day is
+also read a page at a time (``page_by_day``): sorted and cut by the database, in day order.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, Literal
 
-from sqlalchemy import and_, case, func, or_, select
-from sqlalchemy.orm import Session
+from sqlalchemy import and_, bindparam, case, func, inspect, or_, select, tuple_
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Mapper, Session
 
 from service.clock import utcnow
 from service.metrics.store import dialect_insert
@@ -41,8 +44,8 @@ def _days(start: datetime, end: datetime) -> Iterator[tuple[date, float]]:
         at = upto
 
 
-def _accelerators(run: Run) -> tuple[str, int]:
-    shape = run.launch.get("shape", {})
+def _accelerators(shape: dict[str, Any] | None) -> tuple[str, int]:
+    shape = shape or {}
     return str(shape.get("accelerator", "NPU")), int(shape.get("accelerators", 0))
 
 
@@ -64,7 +67,7 @@ _BY_TEAM = {"team", "day", "accelerator"}
 Table = type[UsageTotal] | type[UsageTeamTotal]
 
 
-def _group(run: Run, kind: str) -> dict[str, Any]:
+def _group(run: Run | Any, kind: str) -> dict[str, Any]:
     """The columns a run's usage is kept under (but the day)."""
     return {
         "team": run.team,
@@ -77,7 +80,7 @@ def _group(run: Run, kind: str) -> dict[str, Any]:
 def accrue(session: Session, run: Run, ended_at: datetime) -> None:
     """Add ``run``'s allocation, from its submission to ``ended_at``, to the day and month
     rows."""
-    kind, count = _accelerators(run)
+    kind, count = _accelerators(run.launch.get("shape"))
     if run.submitted_at is None or count == 0:
         return
     key = _group(run, kind)
@@ -169,17 +172,134 @@ def report(
         cell = totals.setdefault(key, [0.0, 0])
         cell[0] += seconds
         cell[1] += counted
-    days = [i for i, g in enumerate(group_by) if g == "day"]
-    rows = []
-    for key, (seconds, runs) in sorted(totals.items(), key=lambda kv: -kv[1][0]):
-        row = dict(zip(group_by, key, strict=True))
-        for i in days:
-            row["day"] = key[i].isoformat()
-        row["accelerator_seconds"] = round(seconds, 3)
-        row["accelerator_hours"] = round(seconds / 3600, 6)
-        row["runs"] = int(runs)
-        rows.append(row)
-    return rows
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1][0])
+    return [_row(group_by, key, seconds, runs) for key, (seconds, runs) in ranked]
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of a report by day, and what the whole report holds."""
+
+    rows: list[dict[str, Any]]
+    total_rows: int  # stored groups and running runs' groups not stored yet
+    total_seconds: float
+    last: tuple[Any, ...] | None  # the key of the page's last row when more follow
+
+
+def order_of(group_by: Sequence[GroupBy]) -> list[GroupBy]:
+    """The order of a report by day: by day, then by the other groups as given."""
+    return ["day", *(g for g in group_by if g != "day")]
+
+
+def page_by_day(
+    session: Session,
+    start: date,
+    end: date,
+    group_by: Sequence[GroupBy],
+    limit: int,
+    after: tuple[Any, ...] | None = None,
+    team: str | None = None,
+    now: datetime | None = None,
+    known_rows: int | None = None,
+) -> Page:
+    """A page of ``limit`` rows of a report grouped by day (and more), in ``order_of`` order,
+    after the key ``after`` (a previous page's ``last``): the database sorts and cuts the
+    page, so a year of 100 teams costs a page's rows, not 36,500. The totals are the whole
+    report's: its rows counted unless ``known_rows`` (a first page's count) says; running runs
+    count up to ``now`` as in ``report``."""
+    assert "day" in group_by
+    table: Table = UsageTeamTotal if _BY_TEAM.issuperset(group_by) else UsageTotal
+    order = order_of(group_by)
+    columns = [table.start if g == "day" else getattr(table, g) for g in order]
+    rows_in, _ = _rows_within(table, start, end, by_day=True)
+    where = [rows_in] if team is None else [rows_in, table.team == team]
+    summed: list[Any] = [func.sum(table.accelerator_seconds), func.sum(table.runs)]
+    grouped = select(*columns, *summed).where(*where).group_by(*columns)
+    conn = session.connection()
+    # The totals without summing each row: the groups counted from the key alone (the primary
+    # key's index covers it), the seconds from month rows where whole months are in the window.
+    stored_rows = 0 if known_rows is not None else _groups(conn, table, columns, where)
+    months, less = _rows_within(table, start, end, by_day=False)
+    column = table.accelerator_seconds
+    signed = column if less is None else case((less, -column), else_=column)
+    in_months = [months] if team is None else [months, table.team == team]
+    total_seconds = float(conn.execute(select(func.sum(signed)).where(*in_months)).scalar() or 0)
+    # Running runs, keyed in the page's order; those on days and groups with no stored row
+    # yet are rows of their own.
+    live: dict[tuple[Any, ...], list[float]] = {}
+    for key, seconds, counted in _live(session, start, end, order, team, now):
+        cell = live.setdefault(key, [0.0, 0])
+        cell[0] += seconds
+        cell[1] += counted
+    stored_live: set[tuple[Any, ...]] = set()
+    if live:  # their days only (inside the window: ``_live`` clips to it)
+        on_days = [table.period == "d", table.start.in_({k[0] for k in live})]
+        if team is not None:
+            on_days.append(table.team == team)
+        stored_live = {
+            tuple(r) for r in conn.execute(select(*columns).where(*on_days).group_by(*columns))
+        }
+    total_rows = stored_rows + len(live.keys() - stored_live) if known_rows is None else known_rows
+    total_seconds += sum(c[0] for c in live.values())
+    if after is not None:
+        bound = [bindparam(None, v, type_=c.type) for c, v in zip(columns, after, strict=True)]
+        grouped = grouped.where(tuple_(*columns) > tuple_(*bound))
+    fetched = {
+        tuple(r[: len(order)]): [r[-2] or 0.0, r[-1] or 0]
+        for r in conn.execute(grouped.order_by(*columns).limit(limit + 1))
+    }
+    merged = dict(fetched)
+    for key, (so_far, started) in live.items():
+        if (after is not None and key <= after) or (key in stored_live and key not in fetched):
+            continue  # on an earlier page, or on a later one with its stored row
+        cell = merged.setdefault(key, [0.0, 0])
+        cell[0] += so_far
+        cell[1] += started
+    keys = sorted(merged)
+    shown = keys[:limit]
+    return Page(
+        [_row(order, k, *merged[k]) for k in shown],
+        total_rows,
+        total_seconds,
+        shown[-1] if len(keys) > limit else None,
+    )
+
+
+def _groups(conn: Connection, table: Table, columns: list[Any], where: list[Any]) -> int:
+    """How many groups of ``columns`` the rows ``where`` make: the rows themselves when each
+    key column left out of the groups holds one value there (one accelerator kind, as most
+    clusters have: one pass over the key's index, no hashing), else counted distinct."""
+    grouped = {c.key for c in columns}
+    mapper: Mapper[Any] = inspect(table)
+    left = [c for c in mapper.primary_key if c.key not in grouped | {"period"}]
+    spans = [f(c) for c in left for f in (func.min, func.max)]
+    rows, *ends = conn.execute(select(func.count(), *spans).where(*where)).one()
+    if all(lo == hi for lo, hi in zip(ends[::2], ends[1::2], strict=True)):
+        return int(rows)
+    distinct = select(*columns).where(*where).distinct().subquery()
+    return int(conn.execute(select(func.count()).select_from(distinct)).scalar_one())
+
+
+def _row(
+    group_by: Sequence[GroupBy], key: tuple[Any, ...], seconds: float, runs: float
+) -> dict[str, Any]:
+    row = dict(zip(group_by, key, strict=True))
+    if "day" in row:
+        row["day"] = row["day"].isoformat()
+    row["accelerator_seconds"] = round(seconds, 3)
+    row["accelerator_hours"] = round(seconds / 3600, 6)
+    row["runs"] = int(runs)
+    return row
+
+
+# What the usage of a run not yet ended is counted from (no ORM object: a report reads them all).
+_LIVE = (
+    Run.team,
+    Run.created_by,
+    Run.recipe,
+    Run.launch["shape"].label("shape"),
+    Run.submitted_at,
+)
 
 
 def _live(
@@ -192,13 +312,13 @@ def _live(
 ) -> Iterator[tuple[tuple[Any, ...], float, int]]:
     """The allocation so far of runs that have not ended, per group and day."""
     now = now or utcnow()
-    query = select(Run).where(Run.status.in_(ACTIVE), Run.submitted_at.is_not(None))
+    query = select(*_LIVE).where(Run.status.in_(ACTIVE), Run.submitted_at.is_not(None))
     if team is not None:
         query = query.where(Run.team == team)
     window_start = datetime.combine(start, time(), UTC)
     window_end = datetime.combine(end, time(), UTC)
-    for run in session.scalars(query):
-        kind, count = _accelerators(run)
+    for run in session.execute(query):
+        kind, count = _accelerators(run.shape)
         assert run.submitted_at is not None
         submitted_on = run.submitted_at.astimezone(UTC).date()
         for day, seconds in _days(max(run.submitted_at, window_start), min(now, window_end)):
@@ -222,9 +342,9 @@ def lifetime(session: Session, now: datetime | None = None) -> dict[tuple[str, s
     )
     for team, kind, seconds in session.execute(summed):
         totals[team, kind] += seconds or 0.0
-    active = select(Run).where(Run.status.in_(ACTIVE), Run.submitted_at.is_not(None))
-    for run in session.scalars(active):
-        kind, count = _accelerators(run)
+    active = select(*_LIVE).where(Run.status.in_(ACTIVE), Run.submitted_at.is_not(None))
+    for run in session.execute(active):
+        kind, count = _accelerators(run.shape)
         assert run.submitted_at is not None
         totals[run.team, kind] += count * max(0.0, (now - run.submitted_at).total_seconds())
     return dict(totals)

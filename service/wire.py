@@ -117,6 +117,18 @@ class RunAttemptOut(BaseModel):
     )
 
 
+class BudgetWaitOut(BaseModel):
+    """A queued run waits for its team's budget: what the team used this UTC month (running
+    runs up to the submitter's last round), of how many accelerator-hours, and by how much it
+    is past them. An admin may let the run through (``POST /runs/{id}/admit-over-budget``)."""
+
+    month: str = Field(description="YYYY-MM (UTC)")
+    used_hours: float
+    budget_hours: float
+    over_by_hours: float = Field(description="used_hours - budget_hours, >= 0")
+    accelerator: str
+
+
 class RunOut(RunSummary):
     spec: dict[str, Any]
     command: list[str]
@@ -136,6 +148,11 @@ class RunOut(RunSummary):
     attempt: int = 1
     retry_at: datetime | None = None
     attempts: list[RunAttemptOut] = Field(default_factory=list)
+    # While it waits for its team's budget (null otherwise), and the admin who let it through.
+    budget_wait: BudgetWaitOut | None = None
+    over_budget_by: str | None = Field(
+        None, description="the admin who let it start although its team is past its budget"
+    )
     events: list[EventOut]
 
 
@@ -319,15 +336,31 @@ class AuditPage(BaseModel):
     next_cursor: int | None
 
 
+# Who is calling
+
+
+class WhoAmIOut(BaseModel):
+    """The caller as the service sees it (open mode: an anonymous admin)."""
+
+    user: str
+    team: str | None
+    role: str
+    auth: bool = Field(description="whether the service asks for tokens")
+
+
 # Usage
 
 
 class UsageOut(BaseModel):
+    """A page of a usage report; the totals are the whole report's."""
+
     start: date
     end: date
     group_by: list[str]
     rows: list[dict[str, Any]]
-    total_accelerator_hours: float
+    total_rows: int = Field(description="rows of the whole report, on every page")
+    total_accelerator_hours: float = Field(description="of the whole report, not the page")
+    next_cursor: str | None = Field(description="pass back as cursor for the next page")
 
 
 # Webhooks
@@ -348,6 +381,13 @@ class Threshold(BaseModel):
     for_steps: int = Field(default=1, ge=1, le=1_000_000)
 
 
+class AttemptOut(BaseModel):
+    at: datetime
+    status_code: int | None
+    latency_ms: float | None
+    error: str | None
+
+
 class WebhookOut(BaseModel):
     id: str
     team: str | None
@@ -362,6 +402,12 @@ class WebhookOut(BaseModel):
     created_at: datetime
     paused_at: datetime | None
     paused_reason: str | None
+    last_attempt: AttemptOut | None = Field(
+        default=None, description="its newest try at sending anything (null: none yet)"
+    )
+    failures: int = Field(
+        default=0, description="tries failed since its last 2xx answer (all, when none had one)"
+    )
 
 
 class NewSecret(BaseModel):
@@ -371,13 +417,6 @@ class NewSecret(BaseModel):
 
 class NewWebhook(WebhookOut, NewSecret):
     pass
-
-
-class AttemptOut(BaseModel):
-    at: datetime
-    status_code: int | None
-    latency_ms: float | None
-    error: str | None
 
 
 class DeliveryOut(BaseModel):
@@ -454,6 +493,8 @@ def run_doc(
         "attempt": run.attempt or 1,
         "retry_at": run.retry_at,
         "attempts": history(run, ended),
+        "budget_wait": run.budget_wait if run.status == "QUEUED" else None,
+        "over_budget_by": run.over_budget_by,
         "metrics": {
             "step": max((s for s, _ in latest.values()), default=None),
             "latest": {k: v for k, (_, v) in sorted(latest.items())},

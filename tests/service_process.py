@@ -52,16 +52,19 @@ class ServiceProcess:
                 stderr=subprocess.STDOUT,
                 cwd=ROOT,
             )
-        wait_for(self._ready, bool, timeout=timeout, every=0.1)
+        # One client for the whole wait: each new one loads the CA bundle (about 60 ms of CPU),
+        # which, ten times a second, would compete with the very process being waited for.
+        with httpx.Client(timeout=5) as http:
+            wait_for(lambda: self._ready(http), bool, timeout=timeout, every=0.1)
 
-    def _ready(self) -> bool:
+    def _ready(self, http: httpx.Client) -> bool:
         assert self.proc is not None
         if self.proc.poll() is not None:
             pytest.fail(f"service exited: {self.log_path.read_text()[-3000:]}")
         try:
             # A generous wait per call: on a loaded machine a process just started is slow to
             # get the CPU, and a call cut short only starts again from nothing.
-            return httpx.get(f"{self.url}/healthz", timeout=5).status_code == 200
+            return http.get(f"{self.url}/healthz").status_code == 200
         except httpx.HTTPError:
             return False
 

@@ -29,7 +29,12 @@ TABLE = re.compile(r"^\|.*\|\n\|(?: *:?-+:? *\|)+\n\|.*\|$", re.MULTILINE)
 
 def test_benchmarks_are_found_by_name() -> None:
     names = {p.stem for p in SCRIPTS}
-    assert {"bench_metrics", "bench_metrics_peers", "bench_peers"} <= names
+    assert {
+        "bench_metrics",
+        "bench_metrics_peers",
+        "bench_peers",
+        "bench_admission_clusters",
+    } <= names
 
 
 def test_a_markdown_table_is_recognised_and_lines_alone_are_not() -> None:

@@ -104,3 +104,45 @@ def test_a_dry_run_of_a_team_past_its_budget_says_it_would_wait_and_why(
         assert len(plan["reasons"]) == 1 and OVER.match(plan["reasons"][0]), plan["reasons"]
         other = api.post("/runs?dry_run=true", json=body | {"team": "vision"}).json()["plan"]
         assert not any(r.startswith("budget") for r in other["reasons"])
+
+
+def test_a_run_waiting_for_its_team_s_budget_says_by_how_much_in_the_api_and_the_cli(
+    db_url: str, db: Database
+) -> None:
+    import httpx
+    from typer.testing import CliRunner
+
+    from service.cli import app as cli
+    from tests.live import ServerThread
+
+    used_this_month(db, "nlp", 8, 0.5)
+    add_run(db, "r1", RunStatus.QUEUED, team="nlp", npus=8)
+    add_run(db, "r2", RunStatus.QUEUED, team="vision", npus=16)  # more than the cluster has
+    submitter(db, FakeRay(NODES), Budgets({"nlp": 2})).tick()
+    settings = make_settings(db_url, "http://127.0.0.1:9", run_loops=False)
+    with ServerThread(create_app(settings)) as url, httpx.Client(base_url=url) as api:
+        month = api.get("/usage", params={"group_by": "team"}).json()["rows"]
+        used = next(r["accelerator_hours"] for r in month if r["team"] == "nlp")
+        wait = api.get("/runs/r1").json()["budget_wait"]
+        assert wait == {
+            "month": utcnow().strftime("%Y-%m"),
+            "used_hours": round(used, 1),
+            "budget_hours": 2.0,
+            "over_by_hours": round(used - 2, 1),
+            "accelerator": "NPU",
+        }
+        # A run that waits for capacity, not budget, says nothing of a budget.
+        r2 = api.get("/runs/r2").json()
+        assert r2["queue_reason"] and r2["budget_wait"] is None
+        shown = CliRunner().invoke(cli, ["status", "r1", "--server", url])
+        assert shown.exit_code == 0, shown.output
+        said = f"waits for budget: {used - 2:,.1f} NPU-hours over (used {used:,.1f} of 2 in"
+        assert said in shown.output
+        # Let through, it no longer waits for budget (but for capacity: there is no node).
+        doc = api.post("/runs/r1/admit-over-budget").json()
+        assert (doc["budget_wait"], doc["over_budget_by"]) == (None, "anonymous")
+        submitter(db, FakeRay({}), Budgets({"nlp": 2})).tick()
+        shown = CliRunner().invoke(cli, ["status", "r1", "--server", url])
+        assert "waits for budget" not in shown.output
+        assert "let through its team's budget by anonymous" in shown.output
+    assert read_run(db, "r1")[0].budget_wait is None

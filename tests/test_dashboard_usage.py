@@ -87,3 +87,37 @@ def test_the_usage_view_stacks_teams_per_day_and_its_table_agrees_with_the_api(
         until(page, "document.querySelector(\"[data-chart='usage']\")?.dataset.days === '7'")
         assert "from=" in page.evaluate("location.hash")
         page.goto("about:blank")
+
+
+def test_a_run_waiting_for_its_team_s_budget_says_by_how_much_on_its_page(
+    tmp_path: Path,
+    page: Any,  # noqa: F811
+) -> None:
+    from service.loops.submitter import Submitter
+    from service.scheduling.admission import Quotas
+    from service.scheduling.budgets import Budgets
+    from service.scheduling.inventory import InventoryCache
+    from tests.fake_ray import FakeRay
+    from tests.test_budgets import used_this_month
+
+    url = f"sqlite:///{tmp_path}/budget.db"
+    upgrade(url)
+    db = Database(url)
+    used_this_month(db, "nlp", 8, 0.5)
+    with db.transaction() as s:
+        s.add(new_run("r1", RunStatus.QUEUED, team="nlp", npus=8))
+    ray = FakeRay({"n0": {"NPU": 8.0, "CPU": 8.0}})
+    Submitter(
+        db, ray, InventoryCache(ray, 0.0), Quotas(), "me", 30.0, 10, budgets=Budgets({"nlp": 2})
+    ).tick()
+    settings = make_settings(url, "http://127.0.0.1:9", run_loops=False, migrate_on_start=False)
+    with ServerThread(create_app(settings)) as base, httpx.Client(base_url=base) as http:
+        wait = http.get("/runs/r1").json()["budget_wait"]
+        page.goto(f"{base}/ui/#/runs/r1")
+        page.locator("#run-budget").wait_for()
+        over = f"{round(wait['over_by_hours'], 1):g} NPU-hours over"
+        assert page.locator("#over-by").inner_text() == over
+        assert "waits for budget" in page.locator("#run-budget").inner_text()
+        assert f"for {wait['month']}" in page.locator("#run-budget").inner_text()
+        page.goto("about:blank")  # its streams end before the service does
+    db.dispose()

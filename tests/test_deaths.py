@@ -11,8 +11,9 @@ from service.cluster.ray_jobs import RayUnavailable
 from service.loops.follower import Follower
 from service.metrics.health import HealthRules
 from service.metrics.log_readers import WholeLogReader
+from service.recovery.deaths import VERDICT_WAIT
 from service.store.db import Database
-from service.store.models import Run
+from service.store.models import Run, utcnow
 from service.store.status import RunStatus
 from tests.factories import add_run, read_run
 from tests.fake_ray import FakeRay
@@ -83,3 +84,57 @@ def test_ray_s_state_api_failing_leaves_the_log_to_classify(db: Database) -> Non
     _dead_trainer(ray, "n1", {"oom_context": {"error_message": "killed due to memory pressure"}})
     ray.fail("state", RayUnavailable("the dashboard is restarting"), times=5)
     assert _failed(db, ray, "step:1 - a:1\n" + DIED)["class"] == "actor_died"
+
+
+# A lost node as the job's driver first sees it: the actor on it cannot be reached.
+UNREACHABLE = (
+    "ray.exceptions.ActorUnavailableError: The actor 5d1a is unavailable: The actor is "
+    "temporarily unavailable: RpcError: RPC error: failed to connect to all addresses; "
+    "Failed to connect to remote host: Connection refused rpc_code: 14.\n"
+)
+OWNER_DIED = {
+    "actor_died_error_context": {
+        "error_message": "The actor is dead because its owner has died. Owner Ip address: 127.0.0.1"
+    }
+}
+
+
+def _ended_on_an_unreachable_actor(db: Database, ray: FakeRay, ago: timedelta) -> Follower:
+    add_run(db, "r1", RunStatus.FAILED)
+    with db.transaction() as s:
+        run = s.get(Run, "r1")
+        assert run is not None
+        run.ended_at = utcnow() - ago
+    ray.set_status("r1", "FAILED", "exit code 1, last logs:\n" + UNREACHABLE, error_type="X")
+    ray.log["r1"] = "step:1 - a:1\n" + UNREACHABLE
+    _dead_trainer(ray, "n2", OWNER_DIED)
+    return Follower(db, ray, "me", 30.0, 100_000, HealthRules(), reader=WholeLogReader(ray))
+
+
+def test_a_job_ended_on_an_unreachable_actor_waits_for_ray_to_find_its_node_dead(
+    db: Database,
+) -> None:
+    ray = FakeRay()
+    follower = _ended_on_an_unreachable_actor(db, ray, timedelta(seconds=5))
+    follower.tick()
+    assert read_run(db)[0].failure is None  # Ray's health checks have not decided yet
+    ray.dead_nodes.append(
+        {"node_id": "n2", "node_ip": "127.0.0.1", "state_message": "health check failed"}
+    )
+    follower.tick()
+    failure = read_run(db)[0].failure
+    assert failure is not None and failure["class"] == "node_lost", failure
+    assert (
+        failure["evidence"][0]["line"]
+        == "Ray's state API: node 127.0.0.1 died: health check failed"
+    )
+
+
+def test_an_unreachable_actor_whose_node_ray_never_finds_dead_is_an_actor_that_died(
+    db: Database,
+) -> None:
+    ray = FakeRay()
+    follower = _ended_on_an_unreachable_actor(db, ray, VERDICT_WAIT + timedelta(seconds=1))
+    follower.tick()
+    failure = read_run(db)[0].failure
+    assert failure is not None and failure["class"] == "actor_died", failure

@@ -28,6 +28,6 @@ def test_an_actor_death_only_ray_s_state_api_knows_of_is_the_failure_s_class(
     assert run["failure"]["class"] == "actor_died", run["failure"]
     # Ray prints the worker's death into the driver's log too (the evidence above); its state
     # API, which the classifier reads after the log, says it with the cause.
-    (line,) = deaths.read(ray, run_id)
+    (line,) = deaths.read(ray, run_id).lines
     assert line.startswith("Ray's state API: actor Dying died: "), line
     assert "worker process has died" in line or "exit" in line.lower(), line

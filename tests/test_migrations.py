@@ -181,12 +181,12 @@ def test_the_run_cluster_migration_puts_every_existing_run_on_the_default_cluste
     db_url: str,
 ) -> None:
     upgrade(db_url)
-    downgrade(db_url, "0019")
+    downgrade(db_url, "0020")
     db = Database(db_url)
     _old_run(db, "r1")
     upgrade(db_url)
     with db.transaction() as s:
         assert s.scalar(text("SELECT cluster FROM runs WHERE id = 'r1'")) == "default"
     db.dispose()
-    downgrade(db_url, "0019")
+    downgrade(db_url, "0020")
     upgrade(db_url)

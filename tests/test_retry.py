@@ -5,7 +5,11 @@ ones from the step it resumed at, so the run keeps one history."""
 
 from __future__ import annotations
 
+import json
+import threading
+import time
 from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -18,6 +22,8 @@ from service.loops.submitter import Submitter
 from service.metrics.health import HealthRules
 from service.metrics.log_readers import WholeLogReader
 from service.notify.formats import headline
+from service.notify.guard import AllowList
+from service.notify.sender import Notifier
 from service.recovery.retry import RetryConfig
 from service.scheduling.admission import Quotas
 from service.scheduling.inventory import InventoryCache
@@ -313,3 +319,63 @@ def test_a_policy_names_known_classes_and_attempts_within_bounds(api: TestClient
     ok = api.post("/runs", json=base | {"retry": {"max_attempts": 3, "on": ["node_lost"]}})
     assert ok.status_code == 201, ok.text
     assert ok.json()["spec"]["retry"] == {"max_attempts": 3, "on": ["node_lost"], "backoff_s": 30.0}
+
+
+class _SlowToTakeFailures:
+    """A receiver that records each message's type as it has taken it, a run.failed only after
+    a pause: a sender that sent a subscription's messages side by side would be heard out of
+    order."""
+
+    def __init__(self) -> None:
+        self.types: list[str] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                kind = json.loads(self.rfile.read(int(self.headers["content-length"])))["type"]
+                if kind == "run.failed":
+                    time.sleep(0.5)
+                receiver.types.append(kind)
+                self.send_response(200)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/in"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+
+def test_a_subscriber_hears_an_attempt_failed_before_it_hears_of_the_retry(
+    api: TestClient, db_url: str
+) -> None:
+    db = Database(db_url)
+    loops = Loops(db)
+    _queued(db)
+    receiver = _SlowToTakeFailures()
+    with db.transaction() as s:
+        s.add(
+            Webhook(
+                id="wh1",
+                team=None,
+                created_by="admin",
+                url=receiver.url,
+                rules={"events": ["run.failed", "run.retrying"]},
+                secret="whsec_" + "A" * 32,
+            )
+        )
+    loops.submitter.tick()
+    loops.end("r1", "FAILED", DIED)
+    notifier = Notifier(db, "me", AllowList.parse(["127.0.0.1/32"]), "http://rlrun.example")
+    try:
+        notifier.tick()
+    finally:
+        receiver.httpd.shutdown()
+        receiver.httpd.server_close()
+    assert receiver.types == ["run.failed", "run.retrying"]
+    with db.read() as s:
+        sent = {d.event_type: d.payload for d in s.scalars(select(WebhookDelivery))}
+    assert sent["run.failed"]["failure"]["class"] == "actor_died"
+    assert sent["run.retrying"]["attempt"] == 2

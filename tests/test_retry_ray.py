@@ -1,7 +1,9 @@
 """Retry and resume on the real local Ray head: tiny-grpo's trainer actor is SIGKILLed mid-run,
 the policy starts attempt 2 as its own Ray job, which resumes from the last checkpoint and
 succeeds, with one reward series and no step twice; then by hand, from checkpoint and from
-scratch. The time from the kill to the next attempt RUNNING is measured (backoff 0)."""
+scratch. The time from the kill to the next attempt RUNNING is measured (backoff 0). The run
+page in Chromium, after attempt 2, is docs/dashboard-retry.png: the reward chart marks where
+attempt 2 resumed."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from service.cluster.ray_jobs import RayJobs
 from service.metrics.keys import REWARD_KEY
 from tests.conftest import make_settings, wait_for, wait_status
 from tests.live import ServerThread
+from tests.test_dashboard import DOCS, browser, page, until  # noqa: F401
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -51,8 +54,26 @@ def _ended_attempt(http: httpx.Client, run_id: str, n: int) -> dict[str, Any]:
     return run
 
 
+def _shoot_the_resumed_run(tab: Any, url: str, run_id: str, resumed: int) -> None:
+    """The run page once attempt 2 has succeeded: its charts (the reward chart marks the step
+    attempt 2 resumed from) and its status timeline (the failure and the retry)."""
+    tab.goto(f"{url}/ui/#/runs/{run_id}")
+    reward = "document.querySelector(\"[data-chart='reward']\")"
+    until(tab, f"{reward}.dataset.markers == 'attempt 2@{resumed}'")
+    until(tab, f"{reward}.dataset.points == '{VERSIONS}'")
+    until(tab, "document.querySelectorAll('#events li').length >= 6")
+    tab.evaluate("new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)))")
+    box = tab.locator(".columns").bounding_box()
+    clip = {"x": 0, "y": 0, "width": 1400, "height": box["y"] + box["height"] + 16}
+    tab.screenshot(path=str(DOCS / "dashboard-retry.png"), clip=clip, full_page=True)
+
+
 def test_a_killed_trainer_is_retried_from_its_checkpoint_into_one_history(
-    ray_cluster: LocalRayCluster, ray: RayJobs, db_url: str, tmp_path: Path
+    ray_cluster: LocalRayCluster,
+    ray: RayJobs,
+    db_url: str,
+    tmp_path: Path,
+    page: Any,  # noqa: F811
 ) -> None:
     settings = make_settings(
         db_url,
@@ -98,6 +119,8 @@ def test_a_killed_trainer_is_retried_from_its_checkpoint_into_one_history(
         reasons = [(e["attempt"], e["reason"]) for e in done["events"]]
         assert (2, "retrying: attempt 2 of 2 after actor_died") in reasons
         assert to_running <= 60, to_running
+        if db_url.startswith("sqlite"):
+            _shoot_the_resumed_run(page, url, run_id, resumed)
 
         # By hand, from the checkpoint: the newest is the last version, nothing left to train.
         resp = http.post(f"/runs/{run_id}/retry", json={"from": "checkpoint"})

@@ -8,10 +8,12 @@ import io
 import random
 from datetime import UTC, date, datetime, timedelta
 
+import pytest
 from fastapi.testclient import TestClient
 
 from service import usage
 from service.app import create_app
+from service.clock import utcnow
 from service.store.db import Database
 from service.store.lifecycle import transition
 from service.store.models import Run
@@ -256,3 +258,78 @@ def test_any_window_sums_what_its_days_hold_whether_read_from_days_or_months(
                 got = sum(r["accelerator_seconds"] for r in rows)
                 assert abs(got - expected) <= 1e-6 * expected + 1e-3, (lo, hi, groups)
                 assert sum(r["runs"] for r in rows) == counted, (lo, hi, groups)
+
+
+def _history(db: Database, now: datetime, gpus: bool) -> None:
+    """Ten days of ended runs of four teams, and runs still running: some on days and teams
+    with ended runs, one on a team with none; with ``gpus``, GPU runs beside the NPU ones."""
+    rng = random.Random(5)
+    with db.transaction() as s:
+        for d in range(0, 10, 3) if gpus else ():
+            run = new_run(f"gpu{d}", RunStatus.SUCCEEDED, team="a", npus=2)
+            run.launch = run.launch | {"shape": run.launch["shape"] | {"accelerator": "GPU"}}
+            run.submitted_at = now - timedelta(days=d, hours=1)
+            s.add(run)
+            s.flush()
+            usage.accrue(s, run, run.submitted_at + timedelta(minutes=30))
+        for d in range(10):
+            for team in ("a", "b", "c", "d"):
+                if rng.random() < 0.3:
+                    continue  # a team idle that day: no row
+                run = new_run(f"{team}{d}", RunStatus.SUCCEEDED, team=team, npus=4)
+                run.submitted_at = now - timedelta(days=d, hours=rng.uniform(2, 20))
+                s.add(run)
+                s.flush()
+                usage.accrue(s, run, run.submitted_at + timedelta(hours=1))
+        for i, (team, hours) in enumerate((("a", 30), ("b", 3), ("e", 50))):
+            run = new_run(f"live{i}", RunStatus.RUNNING, team=team, npus=8)
+            run.submitted_at = now - timedelta(hours=hours)
+            s.add(run)
+
+
+@pytest.mark.parametrize("gpus", [False, True], ids=["one accelerator kind", "NPUs and GPUs"])
+def test_get_usage_by_day_pages_through_exactly_the_whole_report(
+    db_url: str, db: Database, gpus: bool
+) -> None:
+    now = utcnow()
+    _history(db, now, gpus)
+    lo, hi = (now - timedelta(days=12)).date(), (now + timedelta(days=1)).date()
+    with db.read() as s:
+        whole = usage.report(s, lo, hi, ["team", "day"], now=now)
+    settings = make_settings(db_url, "http://127.0.0.1:9", run_loops=False)
+    window = {"from": lo.isoformat(), "to": hi.isoformat(), "group_by": ["team", "day"]}
+    with TestClient(create_app(settings)) as api:
+        rows, cursor, pages = [], None, 0
+        while True:
+            params = window | {"limit": 7} | ({"cursor": cursor} if cursor else {})
+            page = api.get("/usage", params=params).json()
+            assert len(page["rows"]) <= 7 and page["total_rows"] == len(whole)
+            rows += page["rows"]
+            pages += 1
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+        assert pages == -(-len(whole) // 7)
+        # By day, then team; every row once, each as the whole report counts it (running runs
+        # up to the moment of each page's read).
+        assert [(r["day"], r["team"]) for r in rows] == sorted((r["day"], r["team"]) for r in whole)
+        by_key = {(r["day"], r["team"]): r for r in whole}
+        for r in rows:
+            expected = by_key[r["day"], r["team"]]
+            assert r["runs"] == expected["runs"]
+            assert abs(r["accelerator_seconds"] - expected["accelerator_seconds"]) < 8 * 60
+        assert ("e" in {r["team"] for r in rows}) and page["total_accelerator_hours"] > 0
+        # By team: largest first, paged the same way.
+        first = api.get("/usage", params=window | {"group_by": "team", "limit": 2}).json()
+        second = api.get(
+            "/usage", params=window | {"group_by": "team", "cursor": first["next_cursor"]}
+        ).json()
+        teams = [r["team"] for r in first["rows"] + second["rows"]]
+        hours = [r["accelerator_hours"] for r in first["rows"] + second["rows"]]
+        assert len(teams) == first["total_rows"] == 5 and hours == sorted(hours, reverse=True)
+        assert second["next_cursor"] is None
+        # A cursor is a next_cursor of the same report, or a 422 at cursor.
+        for bad in ("nope", first["next_cursor"]):
+            refused = api.get("/usage", params=window | {"cursor": bad})
+            assert refused.status_code == 422, bad
+            assert refused.json()["errors"][0]["field"] == "query.cursor"

@@ -401,3 +401,108 @@ def test_the_cli_adds_lists_and_removes_subscriptions(db_url: str) -> None:
         assert (
             json.loads(runner.invoke(cli, ["webhook", "list", "-o", "json", *server]).stdout) == []
         )
+
+
+def test_a_subscription_shows_its_newest_attempt_and_the_failures_since_its_last_success(
+    api: TestClient, receiver: Receiver, db_url: str
+) -> None:
+    hook = _subscribe(api, f"{receiver.url}/in")
+    quiet = _subscribe(api, f"{receiver.url}/quiet", statuses=["LOST"])
+    db, notifier = _notifier(db_url)
+    receiver.script = [(500, {}), (503, {}), (200, {}), (500, {})]
+
+    def standing() -> tuple[int | None, int]:
+        shown = api.get(f"/webhooks/{hook['id']}").json()
+        listed = {h["id"]: h for h in api.get("/webhooks").json()}[hook["id"]]
+        assert (listed["last_attempt"], listed["failures"]) == (
+            shown["last_attempt"],
+            shown["failures"],
+        )
+        return shown["last_attempt"]["status_code"], shown["failures"]
+
+    add_run(db, "r1")
+    _fail(db, "r1")
+    for expected in [(500, 1), (503, 2), (200, 0)]:
+        notifier.tick()
+        with db.transaction() as s:  # no waiting for the backoff in a test
+            s.execute(update(WebhookDelivery).values(next_attempt_at=utcnow()))
+        assert standing() == expected
+    add_run(db, "r2")
+    _fail(db, "r2")
+    notifier.tick()
+    assert standing() == (500, 1)
+    untried = api.get(f"/webhooks/{quiet['id']}").json()
+    assert (untried["last_attempt"], untried["failures"]) == (None, 0)
+    db.dispose()
+
+
+def test_whoami_names_the_token_s_user_team_and_role(db_url: str) -> None:
+    upgrade(db_url)
+    db = Database(db_url)
+    with db.transaction() as s:
+        _, viewer = create_token(s, "vic", "vision", "viewer")
+    db.dispose()
+    settings = make_settings(db_url, "http://127.0.0.1:9", run_loops=False, auth="on")
+    with TestClient(create_app(settings)) as client:
+        me = client.get("/whoami", headers={"Authorization": f"Bearer {viewer}"}).json()
+        assert me == {"user": "vic", "team": "vision", "role": "viewer", "auth": True}
+        assert client.get("/whoami").status_code == 401
+
+
+def test_the_cli_edits_a_subscription_s_thresholds_and_pauses_and_resumes_it(db_url: str) -> None:
+    from typer.testing import CliRunner
+
+    from service.cli import app as cli
+    from tests.live import ServerThread
+
+    settings = make_settings(
+        db_url, "http://127.0.0.1:9", run_loops=False, webhook_allow="127.0.0.1/32"
+    )
+    runner = CliRunner()
+    with ServerThread(create_app(settings)) as url:
+        server = ["--server", url]
+
+        def shown(hook_id: str) -> dict[str, Any]:
+            out = runner.invoke(cli, ["webhook", "list", "-o", "json", *server]).stdout
+            return next(h for h in json.loads(out) if h["id"] == hook_id)
+
+        def edit(*args: str) -> Any:
+            return runner.invoke(cli, ["webhook", "edit", *args, *server])
+
+        added = runner.invoke(cli, ["webhook", "add", "http://127.0.0.1:9/x", *server])
+        hook_id = added.stdout.strip().splitlines()[0]
+        done = edit(hook_id, "--threshold", "critic/score/mean < 0.1 for 20", "--threshold", "a>=2")
+        assert done.exit_code == 0, done.output
+        assert "critic/score/mean < 0.1 for 20; a >= 2 for 1; active" in done.output
+        hook = shown(hook_id)
+        assert hook["events"] == ["run.status", "metric.threshold"]
+        assert hook["thresholds"] == [
+            {"key": "critic/score/mean", "op": "<", "value": 0.1, "for_steps": 20},
+            {"key": "a", "op": ">=", "value": 2.0, "for_steps": 1},
+        ]
+        # The rules given replace the rules there were; the events stay as they are.
+        assert edit(hook_id, "--threshold", "b > 1 for 3").exit_code == 0
+        hook = shown(hook_id)
+        assert hook["events"] == ["run.status", "metric.threshold"]
+        assert hook["thresholds"] == [{"key": "b", "op": ">", "value": 1.0, "for_steps": 3}]
+        assert edit(hook_id, "--no-thresholds").exit_code == 0
+        assert (shown(hook_id)["events"], shown(hook_id)["thresholds"]) == (["run.status"], [])
+        assert edit(hook_id, "--pause").exit_code == 0
+        assert shown(hook_id)["paused_reason"] == "paused by anonymous"
+        assert "active" in edit(hook_id, "--resume").output
+        assert shown(hook_id)["paused_at"] is None
+        # Refused by the CLI (not a rule), by the service (no event left), or not found.
+        assert edit(hook_id, "--threshold", "b is big").exit_code == 2
+        assert edit(hook_id).exit_code == 2
+        only = runner.invoke(
+            cli, ["webhook", "add", "http://127.0.0.1:9/y", "--threshold", "c<1", *server]
+        )
+        only_id = only.stdout.strip().splitlines()[0]
+        refused = edit(only_id, "--no-thresholds")
+        assert refused.exit_code == 3 and "events" in refused.stderr
+        assert shown(only_id)["thresholds"] == [
+            {"key": "c", "op": "<", "value": 1.0, "for_steps": 1}
+        ]
+        assert edit("whk_nothere", "--pause").exit_code != 0
+        table = runner.invoke(cli, ["webhook", "list", *server], env={"COLUMNS": "200"}).stdout
+        assert "failures" in table and only_id in table

@@ -24,6 +24,7 @@ from service.clock import utcnow
 from service.errors import Forbidden, InvalidSpec, NotFound, field_error, invalid_from_pydantic
 from service.notify.guard import AllowList, UnsafeUrl, check
 from service.notify.outbox import EVENT_TYPES, EventType
+from service.notify.standing import Standing, standing
 from service.notify.thresholds import rule_id
 from service.store.models import Webhook, WebhookAttempt, WebhookDelivery, WebhookThreshold
 from service.store.status import RunStatus
@@ -88,8 +89,9 @@ class Rotate(BaseModel):
     overlap_s: int = Field(default=86400, ge=0, le=7 * 86400)
 
 
-def _out(hook: Webhook) -> WebhookOut:
+def _out(hook: Webhook, standing: Standing | None = None) -> WebhookOut:
     rules = hook.rules
+    last = standing.last if standing else None
     return WebhookOut(
         id=hook.id,
         team=hook.team,
@@ -104,6 +106,8 @@ def _out(hook: Webhook) -> WebhookOut:
         created_at=hook.created_at,
         paused_at=hook.paused_at,
         paused_reason=hook.paused_reason,
+        last_attempt=AttemptOut.model_validate(last, from_attributes=True) if last else None,
+        failures=standing.failures if standing else 0,
     )
 
 
@@ -159,18 +163,22 @@ def create_webhook(
 
 @router.get("/webhooks", response_model=list[WebhookOut])
 def list_webhooks(services: ServicesDep, principal: Viewer) -> list[WebhookOut]:
-    """A team's subscriptions (an admin: every one), without their secrets."""
+    """A team's subscriptions (an admin: every one), without their secrets, each with its
+    newest attempt and the failures since its last success."""
     with services.db.read() as session:
         query = select(Webhook).order_by(Webhook.created_at.desc())
         if not principal.at_least("admin"):
             query = query.where(Webhook.team == principal.team)
-        return [_out(h) for h in session.scalars(query.limit(500))]
+        hooks = session.scalars(query.limit(500)).all()
+        stood = standing(session, [h.id for h in hooks])
+        return [_out(h, stood[h.id]) for h in hooks]
 
 
 @router.get("/webhooks/{hook_id}", response_model=WebhookOut)
 def get_webhook(services: ServicesDep, principal: Viewer, hook_id: str) -> WebhookOut:
     with services.db.read() as session:
-        return _out(_visible(session, principal, hook_id))
+        hook = _visible(session, principal, hook_id)
+        return _out(hook, standing(session, [hook.id])[hook.id])
 
 
 @router.patch("/webhooks/{hook_id}", response_model=WebhookOut)
@@ -202,7 +210,7 @@ def update_webhook(
             hook.paused_at, hook.paused_reason = utcnow(), f"paused by {principal.user}"
         audited(session, request, principal, "webhook.update", target=hook.id)
         session.flush()
-        return _out(hook)
+        return _out(hook, standing(session, [hook.id])[hook.id])
 
 
 def _merged_rules(rules: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:

@@ -2,6 +2,8 @@
 
 Each node is one ``ray start --block`` process in its own session and temp dir; stopping the
 handle stops exactly those nodes (``ray stop`` would kill every Ray process on the host).
+A worker node can be killed alone, as a node the cluster loses (``stop_node``), and started
+again in its place (``start_node``).
 Ports stay outside 10002-19999, which Ray reserves for its workers; unset, free ones are chosen
 at start, and a port given but in use is a one-line ``PortInUse`` error before anything starts.
 
@@ -32,7 +34,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Collection
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -86,6 +90,8 @@ class LocalRayCluster:
         self.dashboard_port = dashboard_port or 0
         self.state_dir = Path(state_dir) if state_dir else None
         self._procs: list[subprocess.Popen[bytes]] = []
+        self._stopped: set[int] = set()  # worker nodes stopped alone (``stop_node``)
+        self._starts: dict[int, int] = {}  # how often each node was started
         # Ray's auth token, made once per handle (each start of the service makes its own):
         # a head restarted by the same handle takes the same token, and its clients keep working.
         self.token = secrets.token_hex(32)
@@ -110,7 +116,9 @@ class LocalRayCluster:
         return f"127.0.0.1:{self.port}"
 
     def _node_args(self, index: int) -> list[str]:
-        temp_dir = (self.base_dir / f"node{index}").resolve()
+        # A node started again gets a temp dir of its own, clear of its last run's sockets.
+        again = self._starts.get(index, 0)
+        temp_dir = (self.base_dir / (f"node{index}" + (f".{again}" if again else ""))).resolve()
         temp_dir.mkdir(parents=True, exist_ok=True)
         return [
             "--block",
@@ -157,7 +165,8 @@ class LocalRayCluster:
             argv = [str(Path(sys.executable).with_name("ray")), "start", *args]
         else:
             argv = [sys.executable, "-c", _JOIN, "start", *args]
-        log = open(self.base_dir / f"node{index}.log", "wb")  # noqa: SIM115 - owned by the child
+        self._starts[index] = self._starts.get(index, 0) + 1
+        log = open(self.base_dir / f"node{index}.log", "ab")  # noqa: SIM115 - owned by the child
         proc = subprocess.Popen(
             argv,
             stdout=log,
@@ -166,7 +175,10 @@ class LocalRayCluster:
             start_new_session=True,
         )
         log.close()
-        self._procs.append(proc)
+        if index < len(self._procs):
+            self._procs[index] = proc
+        else:
+            self._procs.append(proc)
         self._record()
 
     @property
@@ -236,48 +248,77 @@ class LocalRayCluster:
 
     def _wait_dashboard(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            self._check_alive()
-            try:
-                resp = httpx.get(
-                    f"{self.address}/api/version", headers=self.auth_headers, timeout=2
-                )
-                if resp.status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+        # One client for the wait: a new one costs tens of ms of CPU, taken from the nodes.
+        with httpx.Client(headers=self.auth_headers, timeout=2) as http:
+            while time.monotonic() < deadline:
+                self._check_alive()
+                try:
+                    if http.get(f"{self.address}/api/version").status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.5)
         raise TimeoutError(f"Ray dashboard did not come up at {self.address}; see {self.base_dir}")
 
-    def _wait_nodes(self, timeout_s: float) -> None:
-        """Wait until every node reports its NPUs to the head."""
+    def _usage(self, http: httpx.Client) -> dict[str, Any]:
+        """The head's resources by node id, as its autoscaler last reported them."""
+        status = http.get(f"{self.address}/api/cluster_status").json()
+        usage: dict[str, Any] = status["data"]["clusterStatus"]["loadMetricsReport"]["usageByNode"]
+        return usage
+
+    def _wait_nodes(self, timeout_s: float, known: Collection[str] = ()) -> None:
+        """Wait until every node reports its NPUs to the head, and (``known``: the node ids
+        reported before a node was started again) the new one is among them."""
         want = sum(self.npus_per_node)
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            self._check_alive()
-            try:
-                status = httpx.get(
-                    f"{self.address}/api/cluster_status", headers=self.auth_headers, timeout=5
-                ).json()
-                usage = status["data"]["clusterStatus"]["loadMetricsReport"]["usageByNode"]
-                have = sum(r.get("NPU", [0, 0])[1] for r in usage.values())
-                if len(usage) == len(self.npus_per_node) and have == want:
-                    return
-            except (httpx.HTTPError, KeyError, TypeError, ValueError):
-                pass
-            time.sleep(0.5)
+        with httpx.Client(headers=self.auth_headers, timeout=5) as http:
+            while time.monotonic() < deadline:
+                self._check_alive()
+                try:
+                    usage = self._usage(http)
+                    have = sum(r.get("NPU", [0, 0])[1] for r in usage.values())
+                    fresh = not known or bool(set(usage) - set(known))
+                    if len(usage) == len(self.npus_per_node) and have == want and fresh:
+                        return
+                except (httpx.HTTPError, KeyError, TypeError, ValueError):
+                    pass
+                time.sleep(0.5)
         raise TimeoutError(f"Ray nodes did not all join; see {self.base_dir}")
 
+    def stop_node(self, index: int, timeout_s: float = 30.0) -> None:
+        """Kill worker node ``index`` alone, as a node the cluster loses: its raylet and workers
+        die at once, with no drain (which SIGTERM would start), and the head finds it dead by
+        its missed health checks; the head and the other nodes run on. ``start_node`` brings one
+        back in its place."""
+        if index == 0:
+            raise ValueError("the head node stops with the cluster only (stop)")
+        _stop_group(self._procs[index], timeout_s, drain=False)
+        self._stopped.add(index)
+
+    def start_node(self, index: int, timeout_s: float = 90.0) -> None:
+        """Start worker node ``index`` again after ``stop_node``; returns once it has joined."""
+        if index not in self._stopped:
+            raise ValueError(f"node {index} is not stopped")
+        with httpx.Client(headers=self.auth_headers, timeout=5) as http:
+            known = self._usage(http)
+        self._spawn([f"--address={self.gcs_address}", *self._node_args(index)], index)
+        self._stopped.discard(index)
+        self._wait_nodes(timeout_s, known)
+
     def _check_alive(self) -> None:
-        for proc in self._procs:
-            if proc.poll() is not None:
-                raise RuntimeError(f"ray start exited with {proc.returncode}; see {self.base_dir}")
+        for index, proc in enumerate(self._procs):
+            if index not in self._stopped and proc.poll() is not None:
+                last = _last_line(self.base_dir / f"node{index}.log")
+                raise RuntimeError(
+                    f"ray start exited with {proc.returncode} ({last}); see {self.base_dir}"
+                )
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stop the nodes this handle started, workers first, then the head."""
         for proc in reversed(self._procs):
             _stop_group(proc, timeout_s)
         self._procs.clear()
+        self._stopped.clear()
         self.token_path.unlink(missing_ok=True)
         if self._record_path is not None:
             self._record_path.unlink(missing_ok=True)
@@ -289,13 +330,16 @@ class LocalRayCluster:
             shutil.rmtree(self.base_dir, ignore_errors=True)
 
 
-def _stop_group(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+def _stop_group(proc: subprocess.Popen[bytes], timeout_s: float, drain: bool = True) -> None:
     pgid = proc.pid  # each node's `ray start` leads its own session, even after it exited
     # A job's driver runs in a session of its own (Ray starts it so), outside the node's group:
     # the node's descendants are taken now, while they are still its descendants.
     descendants = _descendants(proc.pid)
+    if proc.poll() is None and not drain:
+        proc.kill()
+        proc.wait()
     if proc.poll() is None:
-        # SIGTERM to the blocking `ray start` makes it tear down its node's processes.
+        # SIGTERM to the blocking `ray start` makes it drain and tear down its node's processes.
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout_s)
@@ -315,6 +359,14 @@ def _stop_group(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
         _group(pgid, "") or any(_alive(pid, started) for pid, started in descendants)
     ):
         time.sleep(0.1)
+
+
+def _last_line(path: Path) -> str:
+    """The last line a node wrote to its log (why its ``ray start`` exited)."""
+    with contextlib.suppress(OSError):
+        lines = path.read_text(errors="replace").strip().splitlines()
+        return lines[-1][-300:] if lines else "no output"
+    return "no log"
 
 
 def _descendants(pid: int) -> list[tuple[int, str]]:

@@ -12,13 +12,14 @@ import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from service.clock import utcnow
 from service.cluster.local_ray import LocalRayCluster
 from service.cluster.ray_jobs import RayJobs
 from service.cluster.spec import DEFAULT, ClustersFileError, ClusterSpec
 from service.errors import InvalidSpec, field_error
+from service.scheduling.admission import Quotas
 from service.scheduling.inventory import InventoryCache
 from service.settings import Settings
 from service.team_secrets import SecretStore
@@ -178,6 +179,29 @@ class Clusters:
             )
         return [s.name for s in held]
 
+    def for_queued(
+        self, team: str, launch: Mapping[str, Any], previous: str | None = None
+    ) -> list[str]:
+        """The clusters a queued run may go to now, from what its spec asked (``where`` and
+        ``reads``, kept with its launch; none left if the clusters changed since it was
+        accepted); a run that ran on a cluster stays there while that one is up."""
+        where = launch.get("where") or {}
+        try:
+            names = self.candidates(
+                team,
+                where.get("cluster"),
+                where.get("accelerator"),
+                where.get("labels"),
+                where.get("verl_version"),
+                launch.get("reads") or (),
+            )
+        except InvalidSpec:
+            return []
+        here = self.get(previous)
+        if previous in names and here is not None and here.health.up:
+            return [previous]
+        return names
+
     def close(self) -> None:
         for handle in self:
             handle.ray.close()
@@ -217,3 +241,9 @@ def build(
             ClusterHandle(spec, ray, InventoryCache(ray, settings.inventory_ttl_s), head)
         )
     return Clusters(handles)
+
+
+def cluster_quotas(spec: ClusterSpec) -> Quotas:
+    """A cluster's own quotas as declared (``"*"``: every team not named)."""
+    teams = {t: n for t, n in spec.quotas.items() if t != "*"}
+    return Quotas(teams, spec.quotas.get("*"))

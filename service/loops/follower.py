@@ -261,16 +261,19 @@ class Follower:
             held.job, held.offset - held.base, ended_at if settled else None
         )
         final = settled and complete
+        word = self._deaths(held) if final and held.status in _FAILED else deaths.Word()
+        if word.undecided and ended_at is not None and utcnow() - ended_at < deaths.VERDICT_WAIT:
+            final = False  # Ray's health checks may yet find the unreachable actor's node dead
         if text is None and not final:
             return None  # Ray does not know the job (yet, or any more): the reconciler decides.
         new, lines = split_lines(text or "", held.offset, final)
         parsed = [(end, m) for end, line in lines if (m := parse_line(line)) is not None]
         reports = [r for _, line in lines if (r := parse_preflight(line)) is not None]
-        ray_state = self._deaths(held) if final and held.status in _FAILED else []
+        ray_state = word.lines
         resumed = [s for _, line in lines if (s := resume.parse(line)) is not None]
         return _Read(held, new, parsed, reports, final, ray_state, resumed[-1] if resumed else None)
 
-    def _deaths(self, held: Held) -> list[str]:
+    def _deaths(self, held: Held) -> deaths.Word:
         job = held.job
         try:
             return deaths.read(self.clusters.of(held.cluster).ray, job)
@@ -284,7 +287,7 @@ class Follower:
         ) as exc:
             # The log alone classifies the failure: Ray's state is evidence, not a condition.
             log.warning("follower: reading what died under job %s failed: %r", job, exc)
-            return []
+            return deaths.Word()
 
     def _store(self, reads: list[_Read]) -> None:
         """Store what was read of these runs in one transaction, each run's part only while

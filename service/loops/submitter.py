@@ -27,12 +27,11 @@ from jobs import grant as job_grant
 from jobs import resume
 from service.client import DEFAULT_URL
 from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable, stop_job, zip_files
-from service.cluster.registry import ClusterHandle, Clusters
-from service.errors import InvalidSpec
+from service.cluster.registry import ClusterHandle, Clusters, cluster_quotas
 from service.recipes.base import RUN_FILES_DIR
 from service.recovery.attempts import job_id
 from service.scheduling import backlog
-from service.scheduling.across import ClusterState, decide_across
+from service.scheduling.across import decide_across
 from service.scheduling.admission import Quotas
 from service.scheduling.budgets import Budgets
 from service.scheduling.inventory import Inventory, InventoryCache
@@ -116,28 +115,20 @@ class Submitter:
         rows = backlog.queued(session, now, claim=True)
         if not rows:
             return []
-        primary = self.clusters.primary.name
-        at = {n: i.fetched_at if i else now.timestamp() for n, i in inventories.items()}
-        held = backlog.held_on(session, now, at, primary)
-        states = [
-            ClusterState(
-                h.name,
-                inventories.get(h.name),
-                held.get(h.name, []),
-                backlog.outside_jobs(session, inv) if (inv := inventories.get(h.name)) else [],
-                self.groups if h is self.clusters.primary else NodeGroups(),
-                _cluster_quotas(h.spec.quotas),
-                down=h.health.down_reason,
+        views = [
+            backlog.ClusterView(
+                h.name, inventories.get(h.name), h.health.down_reason, cluster_quotas(h.spec)
             )
             for h in self.clusters
         ]
+        states = backlog.cluster_states(session, now, views, self.groups)
         over_budget = self.budgets.held_back(session, rows, now)
         offered = [r for r in rows if r.run.id not in over_budget]
         candidates = {r.run.id: self._candidates(r) for r in offered}
         decision = decide_across(
             states, [r.run for r in offered], candidates, self.quotas, self.batch
         )
-        reasons = decision.reasons | over_budget
+        reasons = decision.reasons | {run_id: o.reason for run_id, o in over_budget.items()}
         for r in offered:
             if not candidates[r.run.id]:
                 reasons[r.run.id] = "no declared cluster may take this run now"
@@ -154,35 +145,24 @@ class Submitter:
                         claim_expires_at=now + timedelta(seconds=self.claim_ttl_s),
                         queue_reason=None,
                         cluster=admitted[run_id],
+                        budget_wait=None,
                     )
                 )
                 if session.execute(claim).rowcount:  # type: ignore[attr-defined]
                     out.append((row, admitted[run_id]))
-            elif reasons.get(run_id) != row.queue_reason:
-                session.execute(
-                    update(Run).where(Run.id == run_id).values(queue_reason=reasons.get(run_id))
-                )
+            else:
+                reason = reasons.get(run_id)
+                wait = over_budget[run_id].doc() if run_id in over_budget else None
+                if (reason, wait) != (row.queue_reason, row.budget_wait):
+                    session.execute(
+                        update(Run)
+                        .where(Run.id == run_id)
+                        .values(queue_reason=reason, budget_wait=wait)
+                    )
         return out
 
     def _candidates(self, row: backlog.QueuedRow) -> list[str]:
-        """The clusters ``row`` may go to now: those its spec allows (``where``, kept with its
-        launch); a run that ran on a cluster stays there while that one is up."""
-        where = row.launch.get("where") or {}
-        try:
-            names = self.clusters.candidates(
-                row.run.team,
-                where.get("cluster"),
-                where.get("accelerator"),
-                where.get("labels"),
-                where.get("verl_version"),
-                row.launch.get("reads") or (),
-            )
-        except InvalidSpec:
-            return []  # the clusters file changed since it was accepted
-        here = self.clusters.get(row.cluster)
-        if row.cluster in names and here is not None and here.health.up:
-            return [row.cluster]
-        return names
+        return self.clusters.for_queued(row.run.team, row.launch, row.cluster)
 
     def _submit(self, queued: backlog.QueuedRow, cluster: str | None = None) -> None:
         run, launch = queued.run, queued.launch
@@ -264,9 +244,3 @@ class Submitter:
             if row is not None and row.status == RunStatus.QUEUED:
                 row.ray_message = reason
                 transition(session, row, RunStatus.FAILED, reason)
-
-
-def _cluster_quotas(declared: Mapping[str, int]) -> Quotas:
-    """A cluster's own quotas as declared (``"*"``: every team not named)."""
-    teams = {t: n for t, n in declared.items() if t != "*"}
-    return Quotas(teams, declared.get("*"))

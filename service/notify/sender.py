@@ -1,10 +1,12 @@
 """The notifier: sends the outbox's due deliveries, signed as Standard Webhooks says.
 
 Each tick claims due rows (``SKIP LOCKED`` on PostgreSQL, so replicas never send one row
-twice at once; a claim lapses if its replica dies), sends them in parallel with bounded
-timeouts, reads at most ``MAX_RESPONSE`` bytes of each answer and follows no redirect. A 2xx
-delivers; anything else is retried with exponential backoff and jitter until ``max_age_s`` after
-the event, then the delivery fails and its subscription is paused. Every try is recorded.
+twice at once; a claim lapses if its replica dies) and sends them with bounded timeouts: one
+subscription's in the order they were written (an attempt's ``run.failed`` before the
+``run.retrying`` that follows it), subscriptions in parallel. It reads at most
+``MAX_RESPONSE`` bytes of each answer and follows no redirect. A 2xx delivers; anything else is
+retried with exponential backoff and jitter until ``max_age_s`` after the event, then the
+delivery fails and its subscription is paused. Every try is recorded.
 
 The ``webhook-id`` is the delivery's id, the same on every try, so a receiver de-duplicates a
 retry of a message it has already taken (a crash between sending and recording sends again).
@@ -97,12 +99,16 @@ class Notifier:
             claimed = self._claim()
             if not claimed:
                 return
-            sending = {self.pool.submit(self._send, d, h): (d.id, h.id) for d, h in claimed}
-            # Each result recorded as it comes: a crash re-sends (same webhook-id) only what
-            # was in flight, not the whole round.
+            queues: dict[str, list[tuple[WebhookDelivery, Webhook]]] = {}
+            for delivery, hook in claimed:
+                queues.setdefault(hook.id, []).append((delivery, hook))
+            sending = {self.pool.submit(self._send_each, q): q for q in queues.values()}
+            # Each subscription's results recorded as they come: a crash re-sends (same
+            # webhook-id) only what was in flight, not the whole round.
             for done in as_completed(sending):
-                with self.db.transaction() as session:
-                    self._record(session, *sending[done], done.result())
+                for (delivery, hook), sent in zip(sending[done], done.result(), strict=True):
+                    with self.db.transaction() as session:
+                        self._record(session, delivery.id, hook.id, sent)
 
     def _claim(self) -> list[tuple[WebhookDelivery, Webhook]]:
         now = utcnow()
@@ -115,7 +121,7 @@ class Notifier:
                     WebhookDelivery.next_attempt_at <= now,
                     free,
                 )
-                .order_by(WebhookDelivery.next_attempt_at)
+                .order_by(WebhookDelivery.next_attempt_at, WebhookDelivery.created_at)
                 .limit(self.batch)
                 .with_for_update(skip_locked=True)
             ).all()
@@ -131,6 +137,10 @@ class Notifier:
                 session.expunge(hook)
                 claimed.append((row, hook))
             return claimed
+
+    def _send_each(self, queue: list[tuple[WebhookDelivery, Webhook]]) -> list[Sent]:
+        """One subscription's deliveries, one after another in the order claimed (written)."""
+        return [self._send(delivery, hook) for delivery, hook in queue]
 
     def _send(self, delivery: WebhookDelivery, hook: Webhook) -> Sent:
         started = time.perf_counter()

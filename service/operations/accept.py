@@ -18,6 +18,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from service.cluster.registry import cluster_quotas
 from service.errors import Forbidden, InvalidSpec, TooManyRequests, field_error
 from service.ids import new_run_id
 from service.operations.idempotency import Accepted, replay, request_hash, scoped_key
@@ -112,15 +113,35 @@ def plan_run(parts: Parts, principal: Principal, body: Any) -> dict[str, Any]:
     built = _build(parts, principal, body)
     spec, launch, refusal = built.spec, built.launch, built.refusal
     candidate = QueuedRun(built.run_id, spec.team, PRIORITIES[spec.priority], launch.shape)
-    with parts.db.read() as session:
-        plan = backlog.plan(
-            session, built.inventory, candidate, built.quotas, utcnow(), built.groups
+    clusters = parts.clusters
+    # Several clusters: each one's state as the submitter's round reads it (inventories first,
+    # outside the transaction; a down cluster's is not asked).
+    views = [
+        backlog.ClusterView(
+            h.name, parts.cluster(h.name), h.health.down_reason, cluster_quotas(h.spec)
         )
+        for h in clusters
+    ]
+    with parts.db.read() as session:
+        if len(clusters) == 1:
+            plan = backlog.plan(
+                session, built.inventory, candidate, built.quotas, utcnow(), built.groups
+            )
+        else:
+            now = utcnow()
+            rows = backlog.queued(session, now)
+            states = backlog.cluster_states(session, now, views, built.groups)
+            candidates = {
+                r.run.id: clusters.for_queued(r.run.team, r.launch, r.cluster) for r in rows
+            } | {candidate.id: built.candidates}
+            plan = backlog.plan_across(
+                states, [r.run for r in rows], candidates, candidate, built.quotas
+            )
         budgets = Budgets.of_settings(parts.settings)
         queued = backlog.QueuedRow(candidate, "", {}, None)
         over_budget = budgets.held_back(session, [queued], utcnow())
     if over_budget:
-        plan |= {"feasible_now": False, "reasons": list(over_budget.values())}
+        plan |= {"feasible_now": False, "reasons": [o.reason for o in over_budget.values()]}
     if refusal:
         plan |= {
             "feasible_ever": False,
@@ -128,8 +149,6 @@ def plan_run(parts: Parts, principal: Principal, body: Any) -> dict[str, Any]:
             "errors": refusal.extra["errors"],
             "suggestion": refusal.extra.get("suggestion"),
         }
-    # The clusters it may go to, and the one planned on (admission may place it on another).
-    plan |= {"clusters": built.candidates, "cluster": built.cluster}
     shown = launch.as_dict() | {"runtime_env": masked_runtime_env(launch.runtime_env)}
     doc = {"dry_run": True, "spec": masked_spec(spec.model_dump(mode="json"))}
     return doc | launch_view(shown) | {"plan": plan}
@@ -156,7 +175,6 @@ class _Built:
     # What the spec asks of a cluster, kept with the launch (the submitter reads it each round).
     where: dict[str, Any]
     candidates: list[str]  # the clusters the run may go to, in declared order
-    cluster: str | None = None  # the one it was planned on: the first that can ever hold it
 
 
 def _build(parts: Parts, principal: Principal, body: Any) -> _Built:
@@ -205,9 +223,7 @@ def _build(parts: Parts, principal: Principal, body: Any) -> _Built:
         refusal = refusal or never
     if chosen is not None or unread:
         refusal = None
-    return _Built(
-        run_id, spec, launch, inventory, quotas, groups, refusal, where, candidates, chosen
-    )
+    return _Built(run_id, spec, launch, inventory, quotas, groups, refusal, where, candidates)
 
 
 def _where(spec: RunSpec) -> dict[str, Any]:

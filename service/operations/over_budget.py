@@ -21,7 +21,7 @@ def admit_over_budget(
         run = visible_run(session, principal, run_id, lock=True)
         if run.status != RunStatus.QUEUED:
             raise Conflict(f"run {run_id} is {run.status}, not queued", status_of_run=run.status)
-        run.over_budget_by = principal.user
+        run.over_budget_by, run.budget_wait = principal.user, None
         record_call(
             session, principal, client, "run.admit_over_budget", run_id=run.id, target=run.team
         )

@@ -1,24 +1,43 @@
 """Ray's own word on what died under a run's job, from its state API: the job's dead actors
 (with their death causes) and the nodes they were on that died. Read when a failed run's log is
-read to the end, outside any transaction, as lines the classifier reads after the log."""
+read to the end, outside any transaction, as lines the classifier reads after the log.
+
+A lost node is not known at once: an actor on it first turns *unavailable* (the job's driver
+fails with Ray's ``ActorUnavailableError``), and only Ray's health checks, some 15-30 s later,
+call the node dead. Until they have, Ray's word is ``undecided`` and the failure waits for it
+(at most ``VERDICT_WAIT``), so a lost node is not taken for an actor that died."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from service.cluster.ray_jobs import RayJobs
 
 PREFIX = "Ray's state API: "
 MAX_LINES = 20
+# Ray's error when it could not reach an actor and cannot yet tell whether it is dead.
+UNAVAILABLE = "ActorUnavailableError"
+# How long after the job ended an undecided word is waited for: Ray's health checks call a node
+# dead after 5 missed checks 3 s apart (its defaults), well within this.
+VERDICT_WAIT = timedelta(seconds=45)
 
 
-def read(ray: RayJobs, run_id: str) -> list[str]:
-    """The lines for ``run_id``'s job: a line per dead node that held one of its actors, then a
-    line per dead actor of the job; none when Ray no longer knows the job."""
+@dataclass(frozen=True)
+class Word:
+    lines: list[str] = field(default_factory=list)
+    # The job ended on an unreachable actor and no node of its actors is dead (yet).
+    undecided: bool = False
+
+
+def read(ray: RayJobs, run_id: str) -> Word:
+    """Ray's word on ``run_id``'s job: a line per dead node that held one of its actors, then a
+    line per dead actor of the job; nothing when Ray no longer knows the job."""
     info = ray.get(run_id)
     if info is None or not info.job_id:
-        return []
+        return Word()
     actors = ray.state("actors", "DEAD", job_id=info.job_id)
     on = {a.get("node_id") for a in actors if a.get("node_id")}
     nodes = [n for n in ray.state("nodes", "DEAD") if n.get("node_id") in on]
@@ -31,7 +50,8 @@ def read(ray: RayJobs, run_id: str) -> list[str]:
         why = "; ".join(dict.fromkeys(_messages(actor.get("death_cause"))))
         if why:
             lines.append(f"{PREFIX}actor {actor.get('class_name') or 'actor'} died: {why}")
-    return [line[:1000] for line in lines[:MAX_LINES]]
+    undecided = UNAVAILABLE in (info.message or "") and not nodes
+    return Word([line[:1000] for line in lines[:MAX_LINES]], undecided)
 
 
 def _messages(cause: Any) -> Iterator[str]:

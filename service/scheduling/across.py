@@ -1,22 +1,57 @@
-"""Admission across clusters: one queue, each run admitted on one of the clusters it may go to.
+"""Admission across several Ray clusters: one queue, each run placed where it starts soonest.
 
-Each cluster in turn decides (``decide_grouped``) the runs that may go there and that no earlier
-cluster admitted; a cluster that is down admits nothing. Quotas are global: a team's use on the
-other clusters (held, and admitted earlier in the round) counts against its quota on this one;
-a cluster's own quotas apply on it besides.
+Every cluster (and every node group of one, see ``node_groups``) keeps its own admission
+round (``admission.Round``): what is free there, the service's account, the one run that
+waits there first and the nodes it reserves. The queue is taken once, in the fair order of
+``admission`` over all clusters (a team without a quota is measured against the accelerators
+of the clusters its runs may use), and each run is offered to the clusters it may go to:
+
+- **Fits now** on one or more: admitted on the one it fills most tightly (fewest accelerators
+  of its kind left free there), so the roomier clusters stay whole for larger runs.
+- **Fits later**: it waits for the cluster where it would start soonest, the one with the
+  fewest runs waiting there ahead of it, then the fewest accelerators it still lacks on the
+  nodes it would use. Only there does it count as waiting: if it is the first to wait there it
+  reserves the nodes it will use, and backfill goes on everywhere else.
+- **Never fits** (or its team is at its quota on a cluster, or the cluster is down): said per
+  cluster; a run that fits no cluster now or later waits for a quota, then for a cluster that is
+  down ("cluster down"), then can never fit.
+
+Quotas hold globally (``quotas``: a team's accelerators on every cluster, those admitted
+earlier in the same round included) and per cluster (``ClusterState.quotas``). ``limit`` caps
+the admissions of the round over all clusters, in queue order. With one cluster this decides as
+``node_groups.decide_grouped`` does, but for a limit with node groups: that caps group by group,
+this in queue order.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from service.scheduling.admission import HeldRun, QueuedRun, Quotas, held_by_team
+from service.scheduling.admission import (
+    NEXT_IN_LINE,
+    Finds,
+    HeldRun,
+    Outcome,
+    QueuedRun,
+    Quotas,
+    Round,
+    ShapeInfo,
+    Shapes,
+    fair_order,
+    held_by_team,
+    quota_reason,
+)
 from service.scheduling.inventory import Inventory
-from service.scheduling.node_groups import NodeGroups, decide_grouped
-from service.scheduling.outside import ClusterJob
+from service.scheduling.node_groups import NodeGroups, no_nodes
+from service.scheduling.outside import ClusterJob, held_outside
 from service.scheduling.placement import Placement
+
+FITS_NOW = "fits now"
+CLUSTER_DOWN = "cluster down"
+NO_CLUSTER = "no cluster this run may use"
+_WAITS = (Finds.HEAD, Finds.BEHIND, Finds.CAPACITY)
 
 
 @dataclass(frozen=True)
@@ -25,7 +60,7 @@ class ClusterState:
     inventory: Inventory | None  # None: the cluster is down or unreadable
     held: Sequence[HeldRun]  # the service's runs admitted on it and not ended
     outside: Sequence[ClusterJob] = ()  # jobs on it that are no runs of the service
-    groups: NodeGroups = field(default_factory=NodeGroups)
+    groups: NodeGroups = field(default_factory=NodeGroups)  # nodes per team on this cluster
     quotas: Quotas = field(default_factory=Quotas)  # per-cluster quotas; Quotas() = none
     down: str | None = None  # why it is not usable now, e.g. "cluster down since 12:01:03"
 
@@ -36,6 +71,69 @@ class ClusterDecision:
     reasons: dict[str, str]  # run id -> the one line stored as queue_reason
     by_cluster: dict[str, dict[str, str]]  # run id -> cluster -> that cluster's reason
     placements: dict[str, Placement]
+    order: list[str] = field(default_factory=list)  # run ids in the order they were decided
+    # Run id -> the cluster it was admitted to or waits for, and why that one.
+    chosen: dict[str, str] = field(default_factory=dict)
+    why: dict[str, str] = field(default_factory=dict)
+
+
+class _Cluster:
+    """One cluster in a round: a ``Round`` per node group its queued runs map to."""
+
+    def __init__(self, state: ClusterState, shapes: Shapes) -> None:
+        self.state = state
+        self.name = state.name
+        self.shapes = shapes
+        self.down = _down(state.down) if state.down is not None else None
+        if state.inventory is None:
+            self.down = self.down or CLUSTER_DOWN
+        self._rounds: dict[str | None, Round] = {}
+        self._by_team: dict[str, Round] = {}
+        self.grouped = bool(state.groups)
+        self._group_of: dict[str, str | None] = {}
+
+    def group_of(self, team: str) -> str | None:
+        if team not in self._group_of:
+            self._group_of[team] = self.state.groups.group_of(team) if self.state.groups else None
+        return self._group_of[team]
+
+    def view(self, key: str | None) -> Inventory:
+        """The nodes of group ``key`` (the whole cluster without groups)."""
+        return self._round_of_group(key).inventory
+
+    def round_of(self, team: str) -> Round:
+        part = self._by_team.get(team)
+        if part is None:
+            part = self._by_team[team] = self._round_of_group(self.group_of(team))
+        return part
+
+    def _round_of_group(self, key: str | None) -> Round:
+        part = self._rounds.get(key)
+        if part is None:
+            state = self.state
+            inventory = state.inventory or Inventory(())
+            if self.grouped:
+                nodes, held, outside = state.groups.part(key, inventory, state.held, state.outside)
+            else:
+                nodes, held, outside = inventory, list(state.held), held_outside(state.outside)
+            part = Round(held, nodes, state.quotas, outside, self.shapes, f" on {self.name}")
+            self._rounds[key] = part
+        return part
+
+    def reason(self, run: QueuedRun, part: Round, outcome: Outcome) -> str:
+        if self.grouped and not part.inventory.nodes:
+            return no_nodes(self.group_of(run.team))
+        return part.reason(run, outcome)
+
+
+@dataclass(slots=True)
+class _Offer:
+    """What one run finds on one cluster it may go to."""
+
+    cluster: _Cluster
+    part: Round | None  # the cluster's round for the run's team (None: no nodes known)
+    outcome: Outcome | None  # None: it may fit but was not offered (down, global quota)
+    reason: str
 
 
 def decide_across(
@@ -45,81 +143,176 @@ def decide_across(
     quotas: Quotas,
     limit: int | None = None,
 ) -> ClusterDecision:
-    """Decide one round over every cluster. ``candidates``: run id -> the clusters it may go
-    to (a run missing from it may go anywhere)."""
-    every = [c.name for c in clusters]
-    used: dict[str, dict[str, int]] = {c.name: dict(held_by_team(c.held)) for c in clusters}
-    out = ClusterDecision([], {}, defaultdict(dict), {})
-    admitted: set[str] = set()
-    for state in clusters:
-        mine = [
-            r for r in queued if r.id not in admitted and state.name in candidates.get(r.id, every)
-        ]
+    """Decide one round over every cluster. ``queued`` is first in, first out; ``candidates``
+    maps a run id to the clusters it may go to (the team's rules and the run's selector
+    applied), most preferred first (a run it does not name may go nowhere); ``quotas`` hold
+    over all clusters together, each ``ClusterState.quotas`` on its cluster besides."""
+    shapes = Shapes()
+    by_name = {c.name: _Cluster(c, shapes) for c in clusters}
+    alone = len(clusters) == 1
+    where = {
+        r.id: [by_name[n] for n in dict.fromkeys(candidates.get(r.id, ())) if n in by_name]
+        for r in queued
+    }
+    used = held_by_team([h for c in clusters for h in c.held])
+    order = fair_order(queued, dict(used), quotas, _shares(queued, where), shapes)
+    decision = ClusterDecision([], {}, {}, {}, [r.id for r in order])
+    for run in order:
+        reasons: dict[str, str] = {}
+        decision.by_cluster[run.id] = reasons
+        mine = where[run.id]
         if not mine:
+            decision.reasons[run.id] = NO_CLUSTER
             continue
-        if state.down is not None or state.inventory is None:
-            why = state.down or "cluster unreadable"
-            for r in mine:
-                out.by_cluster[r.id][state.name] = why
+        info = shapes.of(run.shape)
+        quota = quotas.of(run.team)
+        over = None
+        if quota is not None and used[run.team] + info.accelerators > quota:
+            over = quota_reason(run.team, used[run.team], quota, info.accelerators)
+        found = [_offer(cluster, run, info, over) for cluster in mine]
+        for offer in found:
+            reasons[offer.cluster.name] = offer.reason
+        fitting = [o for o in found if o.outcome is not None and o.outcome.kind is Finds.FITS]
+        if fitting:
+            if limit is not None and len(decision.admit) >= limit:
+                for offer in fitting:
+                    reasons[offer.cluster.name] = NEXT_IN_LINE
+                name = fitting[0].cluster.name
+                decision.reasons[run.id] = _say(alone, name, reasons)
+                decision.chosen[run.id] = name
+                decision.why[run.id] = "fits now; the round's admissions are all taken"
+                continue
+            best = min(fitting, key=_free_left)
+            part, outcome = _offered(best)
+            decision.placements[run.id] = part.admit(run, outcome)
+            decision.admit.append((run.id, best.cluster.name))
+            decision.chosen[run.id] = best.cluster.name
+            decision.why[run.id] = (
+                f"fits now on {len(fitting)} clusters; this one it fills most tightly"
+                if len(fitting) > 1
+                else "fits now"
+            )
+            used[run.team] += info.accelerators
             continue
-        left = None if limit is None else max(0, limit - len(out.admit))
-        elsewhere: dict[str, int] = defaultdict(int)
-        for name, teams in used.items():
-            if name != state.name:
-                for team, n in teams.items():
-                    elsewhere[team] += n
-        here = _quotas_left(quotas, state.quotas, elsewhere, {r.team for r in mine})
-        d = decide_grouped(
-            state.groups, mine, state.held, state.inventory, here, left, state.outside
+        if over is not None and any(o.outcome is None for o in found):
+            decision.reasons[run.id] = over
+            continue
+        waits = [o for o in found if o.outcome is not None and o.outcome.kind in _WAITS]
+        if waits:
+            best = _soonest(waits, run)
+            part, outcome = _offered(best)
+            ahead = part.waiters
+            part.wait(run, outcome)
+            if ahead and not alone:
+                reasons[best.cluster.name] += (
+                    f"; {ahead} run{'s' if ahead > 1 else ''} ahead of it wait there"
+                )
+            decision.reasons[run.id] = _say(alone, best.cluster.name, reasons)
+            decision.chosen[run.id] = best.cluster.name
+            decision.why[run.id] = (
+                f"fits later on {len(waits)} clusters; it would start soonest on this one "
+                "(fewest runs waiting ahead of it, then fewest accelerators it still lacks)"
+                if len(waits) > 1
+                else "the one cluster where it fits once runs ahead of it end"
+            )
+            continue
+        chosen = next(
+            (o for o in found if o.outcome is not None and o.outcome.kind is Finds.QUOTA), None
         )
-        for run_id in d.admit:
-            admitted.add(run_id)
-            out.admit.append((run_id, state.name))
-        out.placements |= d.placements
-        shapes = {r.id: r for r in mine}
-        for run_id in d.admit:
-            run = shapes[run_id]
-            used[state.name][run.team] = used[state.name].get(run.team, 0) + run.shape.accelerators
-        for run_id, reason in d.reasons.items():
-            out.by_cluster[run_id][state.name] = reason
-    rank = {r.id: i for i, r in enumerate(queued)}
-    out.admit.sort(key=lambda a: rank[a[0]])
-    named = len(clusters) > 1
-    for r in queued:
-        if r.id in admitted:
-            continue
-        per = out.by_cluster.get(r.id, {})
-        # The cluster that may take it first says why it waits: one that is up, then one that
-        # is down, then one it can never fit.
-        ranked = sorted(per.items(), key=lambda cw: _rank(clusters, *cw))
-        chosen = ranked[0] if ranked else None
+        chosen = chosen or next((o for o in found if o.outcome is None), None)
         if chosen is not None:
-            out.reasons[r.id] = f"{chosen[0]}: {chosen[1]}" if named else chosen[1]
-    out.by_cluster = dict(out.by_cluster)
-    return out
+            decision.reasons[run.id] = _say(alone, chosen.cluster.name, reasons)
+            decision.chosen[run.id] = chosen.cluster.name
+            decision.why[run.id] = (
+                "its team's quota on this cluster is all that stops it"
+                if chosen.outcome is not None
+                else "the only clusters where it could fit are down"
+            )
+        elif alone:
+            decision.reasons[run.id] = found[0].reason
+        else:
+            names = ", ".join(c.name for c in mine)
+            decision.reasons[run.id] = (
+                f"capacity: can never fit the nodes of any cluster it may use ({names})"
+            )
+    return decision
 
 
-def _rank(clusters: Sequence[ClusterState], name: str, why: str) -> int:
-    if "can never fit" in why:
-        return 2
-    down = any(c.name == name and (c.down is not None or c.inventory is None) for c in clusters)
-    return 1 if down else 0
+def _offer(cluster: _Cluster, run: QueuedRun, info: ShapeInfo, over: str | None) -> _Offer:
+    """What ``run`` finds on ``cluster``; ``over``: the global quota's reason if it is over it."""
+    if cluster.state.inventory is None:
+        return _Offer(cluster, None, None, cluster.down or CLUSTER_DOWN)
+    part = cluster.round_of(run.team)
+    if cluster.down is not None or over is not None:
+        # Not offered: its last known nodes only say whether it could ever fit.
+        if part.fits_ever(run.shape, info.key):
+            return _Offer(cluster, part, None, cluster.down or over or "")
+        outcome = Outcome(Finds.NEVER, info)
+    else:
+        outcome = part.assess(run, info)
+    if outcome.kind is Finds.FITS:
+        return _Offer(cluster, part, outcome, FITS_NOW)
+    return _Offer(cluster, part, outcome, cluster.reason(run, part, outcome))
 
 
-def _quotas_left(
-    quotas: Quotas, own: Quotas, elsewhere: Mapping[str, int], teams: set[str]
-) -> Quotas:
-    """The quotas on one cluster: the global ones less the team's use elsewhere, and the
-    cluster's own, whichever is smaller."""
-    if not elsewhere and not own.teams and own.default is None:
-        return quotas
-    out: dict[str, int] = {}
-    for team in teams:
-        limits = []
-        if (q := quotas.of(team)) is not None:
-            limits.append(max(0, q - elsewhere.get(team, 0)))
-        if (c := own.of(team)) is not None:
-            limits.append(c)
-        if limits:
-            out[team] = min(limits)
-    return Quotas(out, None)
+def _down(why: str) -> str:
+    return why if why.startswith(CLUSTER_DOWN) else f"{CLUSTER_DOWN}: {why}"
+
+
+def _say(alone: bool, chosen: str, reasons: Mapping[str, str]) -> str:
+    """The queue reason: with one cluster its own; else the cluster it waits for, then the rest."""
+    if alone:
+        return reasons[chosen]
+    rest = "".join(f"; {c}: {r}" for c, r in reasons.items() if c != chosen)
+    return f"waits for {chosen}: {reasons[chosen]}{rest}"
+
+
+def _offered(offer: _Offer) -> tuple[Round, Outcome]:
+    part, outcome = offer.part, offer.outcome
+    assert part is not None, "only a cluster with nodes is offered a run"
+    assert outcome is not None, "only a cluster offered the run has an outcome"
+    return part, outcome
+
+
+def _free_left(offer: _Offer) -> float:
+    """Accelerators of the run's kind free (outside reservations) where it fits now."""
+    part, outcome = _offered(offer)
+    return part.now.pool.pairs(outcome.info.accelerator)[1]
+
+
+def _soonest(waits: list[_Offer], run: QueuedRun) -> _Offer:
+    """Where ``run`` would start soonest: the cluster with the fewest runs waiting there ahead
+    of it, then the fewest accelerators it still lacks on the nodes it would use there (past
+    what the first of them reserved); then the first candidate."""
+    fewest = min(_offered(o)[0].waiters for o in waits)
+    tied = [o for o in waits if _offered(o)[0].waiters == fewest]
+    if len(tied) == 1:
+        return tied[0]
+    return min(tied, key=lambda o: _offered(o)[0].lacks(run.shape))
+
+
+def _shares(
+    queued: Sequence[QueuedRun], where: Mapping[str, list[_Cluster]]
+) -> Callable[[str], float]:
+    """Per team: the accelerators of the clusters (its node group on each) its runs may use."""
+    clusters: dict[str, dict[str, _Cluster]] = defaultdict(dict)
+    for run in queued:
+        for cluster in where[run.id]:
+            clusters[run.team][cluster.name] = cluster
+    memo: dict[str, float] = {}
+    sums: dict[tuple[str, str | None], float] = {}
+
+    def share(team: str) -> float:
+        if team not in memo:
+            total = 0.0
+            for cluster in clusters[team].values():
+                if cluster.down is None:
+                    key = (cluster.name, cluster.group_of(team))
+                    if key not in sums:
+                        view = cluster.view(key[1])
+                        sums[key] = view.sum("NPU") + view.sum("GPU")
+                    total += sums[key]
+            memo[team] = max(1.0, total)
+        return memo[team]
+
+    return share

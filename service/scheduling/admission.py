@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 
 from service.scheduling.fit import on_empty_cluster
 from service.scheduling.inventory import Inventory
@@ -79,104 +80,269 @@ def decide(
 ) -> Decision:
     """Decide one round. ``queued`` is first in, first out; ``held`` in admission order;
     ``outside``: resources that jobs which are no runs of the service hold."""
-    ever = on_empty_cluster(inventory)
-    totals = ever.pool
-    free = Pool.of(inventory.available())
-    outside = outside or {}
-    sums = _Sums(inventory)
-    account = {r: sums[r] - outside.get(r, 0.0) for r in ACCOUNTED}
-    team_used = held_by_team(held)
-    for h in held:
-        _charge(account, h.shape)
-        if not h.settled:
-            _take_somewhere(free, h.shape)
-
-    shapes = _Shapes()
-    order = _fair_order(queued, team_used.copy(), quotas, _share(inventory), shapes)
+    part = Round(held, inventory, quotas, outside)
+    share = part.share
+    order = fair_order(queued, part.team_used.copy(), quotas, lambda _: share, part.shapes)
     decision = Decision([r.id for r in order], [], {}, {})
-    now = Fitter(free)
-    head: QueuedRun | None = None
-    unreserved: Fitter | None = None
-    # A capacity reason depends on the shape and on what is free and accounted, which change
-    # only when something is taken: kept per shape until then.
-    waiting: dict[int, str] = {}
     for run in order:
-        shape = run.shape
-        info = shapes.of(shape)
-        if info.ever is None:
-            info.ever = ever.fit(shape, info.key) is not None
-        if not info.ever:
-            decision.reasons[run.id] = "capacity: can never fit this cluster's nodes"
-            continue
-        quota = quotas.of(run.team)
-        used = team_used[run.team]
-        if quota is not None and used + info.accelerators > quota:
-            decision.reasons[run.id] = (
-                f"quota: team {run.team} holds {used} of its {quota} accelerators; "
-                f"this run needs {info.accelerators}"
-            )
-            continue
-        placed = now.fit(shape, info.key)
-        in_account = all(account[r] + EPS >= n for r, n in info.demand.items())
-        if placed is not None and in_account:
+        outcome = part.assess(run)
+        if outcome.kind is Finds.FITS:
             if limit is not None and len(decision.admit) >= limit:
-                decision.reasons[run.id] = "next in line"
+                decision.reasons[run.id] = NEXT_IN_LINE
                 continue
-            now.take(placed)
-            if unreserved is not None:
-                unreserved.take(placed)
-            _charge(account, shape)
-            waiting.clear()
-            team_used[run.team] += info.accelerators
             decision.admit.append(run.id)
-            decision.placements[run.id] = placed
+            decision.placements[run.id] = part.admit(run, outcome)
             continue
-        if head is None:
-            head = run
-            decision.reasons[run.id] = _capacity_reason(shape, free, sums, account, outside)
-            # Reserve the nodes the head will use (the freest first), so backfill cannot delay it.
-            unreserved = Fitter(free.copy())
-            freest = totals.ordered([-r.get(shape.accelerator, 0.0) for r in free.free])
-            reservation = pack(shape, freest)
-            if reservation is not None:
-                now.take(reservation)
-                waiting.clear()
-        elif in_account and unreserved is not None and unreserved.fit(shape, info.key) is not None:
-            decision.reasons[run.id] = _behind(head, run)
-        else:
-            reason = waiting.get(info.key)
-            if reason is None:
-                reason = waiting[info.key] = _capacity_reason(shape, free, sums, account, outside)
-            decision.reasons[run.id] = reason
+        decision.reasons[run.id] = part.wait(run, outcome)
     return decision
 
 
+NEXT_IN_LINE = "next in line"
+NEVER = "capacity: can never fit this cluster's nodes"
+
+
+class Finds(Enum):
+    """What a queued run finds on one round's nodes (``Round.assess``)."""
+
+    FITS = "fits now"
+    QUOTA = "its team's quota is used"
+    HEAD = "would be the first to wait for capacity here (and reserve)"
+    BEHIND = "fits but for the nodes a run ahead of it reserved"
+    CAPACITY = "waits for capacity"
+    NEVER = "can never fit"
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What ``Round.assess`` found for a run: ``placed`` where it fits now."""
+
+    kind: Finds
+    info: ShapeInfo
+    placed: Placement | None = None
+
+
+class Round:
+    """One round's admission state on one set of nodes (a cluster, or one node group of it):
+    what is free, what the service's account leaves, the head that waits and its reservation.
+
+    ``assess`` says what a run finds here without changing anything; ``admit`` and ``wait``
+    act on it. ``decide`` drives one round in queue order; admission across clusters drives
+    several, a run acting on one of them only."""
+
+    def __init__(
+        self,
+        held: Sequence[HeldRun],
+        inventory: Inventory,
+        quotas: Quotas,
+        outside: Mapping[str, float] | None = None,
+        shapes: Shapes | None = None,
+        quota_scope: str = "",
+    ) -> None:
+        self.inventory = inventory
+        self.quotas = quotas
+        self.quota_scope = quota_scope  # said after the quota in its reason (" on a2")
+        self.shapes = shapes or Shapes()
+        self.share = _share(inventory)
+        self._ever = on_empty_cluster(inventory)
+        self._totals = self._ever.pool
+        self._capacity = self._totals  # the totals less the head's reservation
+        self.free = Pool.of(inventory.available())
+        self._outside = outside or {}
+        self._sums = _Sums(inventory)
+        self.account = {r: self._sums[r] - self._outside.get(r, 0.0) for r in ACCOUNTED}
+        self.team_used = held_by_team(held)
+        for h in held:
+            _charge(self.account, h.shape)
+            if not h.settled:
+                _take_somewhere(self.free, h.shape)
+        self.now = Fitter(self.free)
+        self.head: QueuedRun | None = None
+        self.unreserved: Fitter | None = None
+        self.waiters = 0  # runs that wait here this round
+        self._fits_ever: dict[int, bool] = {}
+        # A capacity reason (and a head's reservation) depends on the shape and on what is free
+        # and accounted, which change only when something is taken: kept per shape until then.
+        self._waiting: dict[int, str] = {}
+        self._reserved: dict[int, Placement | None] = {}
+        self._lacks: dict[int, float] = {}
+        self._freest: dict[str, Pool] = {}  # per accelerator: the capacity, freest nodes first
+        self._found: dict[int, Outcome] = {}
+        self._behind: dict[bool, str] = {}  # behind the head, by whether it is of higher priority
+
+    def _changed(self) -> None:
+        """What is free changed: the answers kept per shape are stale."""
+        self._waiting.clear()
+        self._reserved.clear()
+        self._lacks.clear()
+        self._freest.clear()
+        self._found.clear()
+
+    def fits_ever(self, shape: ResourceShape, key: int | None = None) -> bool:
+        """Whether ``shape`` fits these nodes with nothing running."""
+        if key is None:
+            key = self.shapes.of(shape).key
+        ever = self._fits_ever.get(key)
+        if ever is None:
+            ever = self._fits_ever[key] = self._ever.fit(shape, key) is not None
+        return ever
+
+    def assess(self, run: QueuedRun, info: ShapeInfo | None = None) -> Outcome:
+        """What ``run`` finds here (``info``: its shape's, if the caller has it)."""
+        if info is None:
+            info = self.shapes.of(run.shape)
+        # Beside the quota, what a run finds depends on its shape and on what changes only
+        # when something is taken or a head starts to wait: kept per shape until then.
+        found = self._found.get(info.key)
+        if found is None:
+            found = self._found[info.key] = self._find(run.shape, info)
+        if found.kind is Finds.NEVER:
+            return found
+        quota = self.quotas.of(run.team)
+        if quota is not None and self.team_used[run.team] + info.accelerators > quota:
+            return Outcome(Finds.QUOTA, info)
+        return found
+
+    def _find(self, shape: ResourceShape, info: ShapeInfo) -> Outcome:
+        if not self.fits_ever(shape, info.key):
+            return Outcome(Finds.NEVER, info)
+        placed = self.now.fit(shape, info.key)
+        account = self.account
+        in_account = all(account[r] + EPS >= n for r, n in info.demand.items())
+        if placed is not None and in_account:
+            return Outcome(Finds.FITS, info, placed)
+        if self.head is None:
+            return Outcome(Finds.HEAD, info)
+        backfill = self.unreserved
+        if in_account and backfill is not None and backfill.fit(shape, info.key) is not None:
+            return Outcome(Finds.BEHIND, info)
+        return Outcome(Finds.CAPACITY, info)
+
+    def admit(self, run: QueuedRun, outcome: Outcome) -> Placement:
+        """Take what ``run`` (which ``assess`` found ``Finds.FITS``) uses, and say where."""
+        placed = outcome.placed
+        assert placed is not None
+        self.now.take(placed)
+        if self.unreserved is not None:
+            self.unreserved.take(placed)
+        _charge(self.account, run.shape)
+        self._changed()
+        self.team_used[run.team] += outcome.info.accelerators
+        return placed
+
+    def reason(self, run: QueuedRun, outcome: Outcome) -> str:
+        """Why ``run`` would wait here (for any outcome but ``Finds.FITS``)."""
+        kind = outcome.kind
+        if kind is Finds.NEVER:
+            return NEVER
+        if kind is Finds.QUOTA:
+            return quota_reason(
+                run.team,
+                self.team_used[run.team],
+                self.quotas.of(run.team) or 0,
+                outcome.info.accelerators,
+                self.quota_scope,
+            )
+        if kind is Finds.BEHIND:
+            assert self.head is not None
+            higher = self.head.priority > run.priority
+            said = self._behind.get(higher)
+            if said is None:
+                said = self._behind[higher] = _behind(self.head, run)
+            return said
+        key = outcome.info.key
+        reason = self._waiting.get(key)
+        if reason is None:
+            reason = self._waiting[key] = _capacity_reason(
+                run.shape, self.free, self._sums, self.account, self._outside
+            )
+        return reason
+
+    def reservation(self, shape: ResourceShape) -> Placement | None:
+        """Where ``shape`` would reserve: packed onto the node totals, the freest nodes first,
+        less what the head reserved (for the head itself, onto the whole totals)."""
+        key = self.shapes.of(shape).key
+        if key not in self._reserved:
+            acc = shape.accelerator
+            ordered = self._freest.get(acc)
+            if ordered is None:
+                keys = [-r.get(acc, 0.0) for r in self.free.free]
+                ordered = self._freest[acc] = self._capacity.ordered(keys)
+            self._reserved[key] = pack(shape, ordered)
+        return self._reserved[key]
+
+    def lacks(self, shape: ResourceShape) -> float:
+        """The accelerators ``shape`` still lacks on the nodes it would reserve (infinite when
+        it must wait for the head to end first)."""
+        key = self.shapes.of(shape).key
+        lacks = self._lacks.get(key)
+        if lacks is None:
+            reserved = self.reservation(shape)
+            if reserved is None:
+                lacks = float("inf")
+            else:
+                need: dict[str, float] = defaultdict(float)
+                for slot in reserved.slots:
+                    need[slot.node] += slot.accelerators
+                acc, at = reserved.accelerator, self.free.at
+                lacks = sum(max(0.0, n - at(node).get(acc, 0.0)) for node, n in need.items())
+            self._lacks[key] = lacks
+        return lacks
+
+    def wait(self, run: QueuedRun, outcome: Outcome) -> str:
+        """Record that ``run`` waits here and say why; the first to wait for capacity becomes
+        the head and reserves."""
+        reason = self.reason(run, outcome)
+        self.waiters += 1
+        if outcome.kind is Finds.HEAD:
+            self.head = run
+            self._found.clear()
+            self._behind.clear()
+            # Reserve the nodes the head will use (the freest first), so backfill cannot delay it.
+            self.unreserved = Fitter(self.free.copy())
+            reservation = self.reservation(run.shape)
+            if reservation is not None:
+                self._capacity = self._totals.copy()
+                self._capacity.take(reservation)
+                self.now.take(reservation)
+                self._changed()
+        return reason
+
+
+def quota_reason(team: str, used: int, quota: int, needs: int, scope: str = "") -> str:
+    return (
+        f"quota: team {team} holds {used} of its {quota} accelerators{scope}; "
+        f"this run needs {needs}"
+    )
+
+
 @dataclass
-class _Shape:
+class ShapeInfo:
     """What one round works out once per distinct shape."""
 
     key: int
     accelerators: int
     demand: dict[str, float]
-    ever: bool | None = None  # whether it fits the empty cluster, once asked
+    accelerator: str = "NPU"
 
 
-class _Shapes:
+class Shapes:
     """The distinct shapes of one round, each named by a small int. Runs read from the database
     carry equal shapes as distinct objects: each object is looked up by identity first, so the
     shape's value is hashed once per run, not once per question."""
 
     def __init__(self) -> None:
-        self._by_value: dict[ResourceShape, _Shape] = {}
-        self._by_id: dict[int, tuple[ResourceShape, _Shape]] = {}
+        self._by_value: dict[ResourceShape, ShapeInfo] = {}
+        self._by_id: dict[int, tuple[ResourceShape, ShapeInfo]] = {}
 
-    def of(self, shape: ResourceShape) -> _Shape:
+    def of(self, shape: ResourceShape) -> ShapeInfo:
         seen = self._by_id.get(id(shape))
         if seen is not None and seen[0] is shape:
             return seen[1]
         info = self._by_value.get(shape)
         if info is None:
-            info = _Shape(len(self._by_value), shape.accelerators, _demand(shape))
+            info = ShapeInfo(
+                len(self._by_value), shape.accelerators, _demand(shape), shape.accelerator
+            )
             self._by_value[shape] = info
         self._by_id[id(shape)] = (shape, info)  # holding the shape keeps its id unique
         return info
@@ -203,7 +369,8 @@ def queue_order(
     queued: Sequence[QueuedRun], held: Sequence[HeldRun], inventory: Inventory, quotas: Quotas
 ) -> list[QueuedRun]:
     """The order in which ``decide`` considers the queue (it depends on no free resources)."""
-    return _fair_order(queued, held_by_team(held), quotas, _share(inventory), _Shapes())
+    share = _share(inventory)
+    return fair_order(queued, held_by_team(held), quotas, lambda _: share, Shapes())
 
 
 def held_by_team(held: Sequence[HeldRun]) -> dict[str, int]:
@@ -238,10 +405,15 @@ def _take_somewhere(pool: Pool, shape: ResourceShape) -> None:
 _BIG = {"NPU": 1e12, "GPU": 1e12, "CPU": 1e12}
 
 
-def _fair_order(
-    queued: Sequence[QueuedRun], used: dict[str, int], quotas: Quotas, share: float, shapes: _Shapes
+def fair_order(
+    queued: Sequence[QueuedRun],
+    used: dict[str, int],
+    quotas: Quotas,
+    share: Callable[[str], float],
+    shapes: Shapes,
 ) -> list[QueuedRun]:
-    """Priority classes, then teams by projected share used, each team first in, first out."""
+    """Priority classes, then teams by projected share used, each team first in, first out;
+    ``share``: the accelerators a team without a quota is measured against."""
     classes: dict[int, dict[str, deque[tuple[int, QueuedRun]]]] = defaultdict(
         lambda: defaultdict(deque)
     )
@@ -250,7 +422,7 @@ def _fair_order(
     projected = dict(used)
 
     def key(team: str, runs: deque[tuple[int, QueuedRun]]) -> tuple[float, int, str]:
-        weight = float(quotas.of(team) or share)
+        weight = float(quotas.of(team) or share(team))
         return (projected.get(team, 0) / weight, runs[0][0], team)
 
     order: list[QueuedRun] = []

@@ -1,15 +1,17 @@
-"""The queue as stored: queued and held runs read from the database for ``admission.decide``."""
+"""The queue as stored: queued and held runs read from the database for ``admission.decide``,
+and the dry-run plan of a run that would join it (``plan``; ``plan_across`` over clusters)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import ColumnElement, case, or_, select, text
 from sqlalchemy.orm import Session
 
+from service.scheduling.across import ClusterState, decide_across
 from service.scheduling.admission import HeldRun, QueuedRun, Quotas
 from service.scheduling.fit import on_empty_cluster
 from service.scheduling.inventory import Inventory
@@ -63,6 +65,7 @@ class QueuedRow:
     attempt: int = 1
     resume: str | None = None  # what a later attempt resumes from
     cluster: str | None = None  # where an earlier attempt ran (or a lapsed claim was for)
+    budget_wait: dict[str, Any] | None = None  # what it is told while its team is past budget
 
 
 def queued(session: Session, now: datetime, claim: bool = False) -> list[QueuedRow]:
@@ -84,6 +87,7 @@ def queued(session: Session, now: datetime, claim: bool = False) -> list[QueuedR
             Run.attempt,
             Run.resume,
             Run.cluster,
+            Run.budget_wait,
         )
         .where(
             Run.status == RunStatus.QUEUED,
@@ -105,6 +109,7 @@ def queued(session: Session, now: datetime, claim: bool = False) -> list[QueuedR
             r.attempt,
             r.resume,
             r.cluster,
+            r.budget_wait,
         )
         for r in rows
     ]
@@ -157,6 +162,39 @@ def held_on(
     return out
 
 
+@dataclass(frozen=True)
+class ClusterView:
+    """What a round knows of one cluster before it opens its transaction."""
+
+    name: str
+    inventory: Inventory | None  # None: down or unreadable
+    down: str | None = None
+    quotas: Quotas = field(default_factory=Quotas)
+
+
+def cluster_states(
+    session: Session, now: datetime, views: Sequence[ClusterView], groups: NodeGroups
+) -> list[ClusterState]:
+    """Each cluster's state for ``decide_across``: its inventory, the runs held on it, the jobs
+    outside the service there; the first is the primary (its runs may record no cluster, and
+    the node groups are its)."""
+    primary = views[0].name
+    at = {v.name: v.inventory.fetched_at if v.inventory else now.timestamp() for v in views}
+    held = held_on(session, now, at, primary)
+    return [
+        ClusterState(
+            v.name,
+            v.inventory,
+            held.get(v.name, []),
+            outside_jobs(session, v.inventory) if v.inventory else [],
+            groups if v.name == primary else NodeGroups(),
+            v.quotas,
+            down=v.down,
+        )
+        for v in views
+    ]
+
+
 def node_groups(settings: Settings) -> NodeGroups:
     return NodeGroups(dict(settings.team_nodes))
 
@@ -203,4 +241,71 @@ def plan(
         "reasons": [reason] if reason and inventory.nodes else [],
         "warnings": warning,
         "node_group": groups.group_of(candidate.team) if groups else None,
+    }
+
+
+def plan_across(
+    clusters: Sequence[ClusterState],
+    queue: Sequence[QueuedRun],
+    candidates: Mapping[str, Sequence[str]],
+    candidate: QueuedRun,
+    quotas: Quotas,
+) -> dict[str, Any]:
+    """What admission across ``clusters`` would do with ``candidate`` if it joined ``queue``
+    now (a dry run): ``plan``'s answer for the cluster chosen, plus ``cluster`` (the one it would
+    be admitted to or wait for, None when none), ``why`` that one, and ``clusters``: for every
+    cluster, whether the run may go there, fits there ever and now, and that cluster's reason.
+
+    The caller reads what ``decide_across`` is given in the submitter's round: the queue
+    (``queued(session, now)``), each cluster's state (its inventory, the runs held on it, the
+    jobs outside the service) and ``candidates`` for every queued run and for ``candidate``."""
+    decision = decide_across(clusters, [*queue, candidate], candidates, quotas)
+    run_id = candidate.id
+    where = list(candidates.get(run_id, ()))
+    chosen = decision.chosen.get(run_id)
+    by_name = {c.name: c for c in clusters}
+    reasons = decision.by_cluster.get(run_id, {})
+    per_cluster = []
+    ever_anywhere: bool | None = False
+    for state in clusters:
+        known = state.inventory if state.inventory and state.inventory.nodes else None
+        mine = state.groups.view(known, candidate.team) if known else None
+        ever = on_empty_cluster(mine).fit(candidate.shape) is not None if mine else None
+        if state.name in where and ever:
+            ever_anywhere = True
+        elif state.name in where and ever is None and ever_anywhere is False:
+            ever_anywhere = None  # a cluster it may use could not be read
+        per_cluster.append(
+            {
+                "name": state.name,
+                "candidate": state.name in where,
+                "down": state.down,
+                "feasible_ever": ever,
+                "feasible_now": (run_id, state.name) in decision.admit,
+                "reason": reasons.get(state.name, "not a cluster this run may use"),
+            }
+        )
+    # The cluster chosen; if none, the first it may use.
+    target = by_name.get(chosen or next((n for n in where if n in by_name), ""))
+    inventory = target.inventory if target and target.inventory else Inventory(())
+    mine = target.groups.view(inventory, candidate.team) if target else inventory
+    ever_here = on_empty_cluster(mine).fit(candidate.shape) if mine.nodes else None
+    placement = decision.placements.get(run_id) or ever_here
+    reason = decision.reasons.get(run_id)
+    unread = [c.name for c in clusters if c.name in where and c.inventory is None]
+    return {
+        "cluster": chosen,
+        "why": decision.why.get(run_id),
+        "clusters": per_cluster,
+        "feasible_ever": ever_anywhere,
+        "feasible_now": run_id in dict(decision.admit),
+        "placement": placement.as_list() if placement else [],
+        "totals": {
+            "cluster": {r: mine.sum(r) for r in ("NPU", "GPU", "CPU", "memory")},
+            "run": candidate.shape.as_dict(),
+        },
+        "queue_position": decision.order.index(run_id),
+        "reasons": [reason] if reason else [],
+        "warnings": [f"cluster {n} could not be read: its fit was not checked" for n in unread],
+        "node_group": target.groups.group_of(candidate.team) if target and target.groups else None,
     }

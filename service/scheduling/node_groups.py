@@ -56,6 +56,20 @@ class NodeGroups:
         ids = self.node_ids(inventory, self.group_of(team))
         return replace(inventory, nodes=tuple(n for n in inventory.nodes if n.id in ids))
 
+    def part(
+        self,
+        group: str | None,
+        inventory: Inventory,
+        held: Sequence[HeldRun],
+        outside: Sequence[ClusterJob],
+    ) -> tuple[Inventory, list[HeldRun], dict[str, float]]:
+        """What admission decides ``group`` on (None: the shared nodes): its nodes, the runs its
+        teams hold, and what jobs outside the service hold on its nodes."""
+        ids = self.node_ids(inventory, group)
+        nodes = replace(inventory, nodes=tuple(n for n in inventory.nodes if n.id in ids))
+        theirs = [h for h in held if self.group_of(h.team) == group]
+        return nodes, theirs, held_outside(outside, ids)
+
     def pin(self, team: str) -> dict[str, float]:
         """The entrypoint resources that start ``team``'s job on its group's nodes."""
         group = self.group_of(team)
@@ -79,18 +93,21 @@ def decide_grouped(
     order = [r.id for r in queue_order(queued, held, inventory, quotas)]
     merged = Decision(order, [], {}, {})
     for key in keys:
-        ids = groups.node_ids(inventory, key)
-        part = replace(inventory, nodes=tuple(n for n in inventory.nodes if n.id in ids))
+        part, theirs, outside_part = groups.part(key, inventory, held, outside)
         mine = [r for r in queued if groups.group_of(r.team) == key]
-        theirs = [h for h in held if groups.group_of(h.team) == key]
         left = None if limit is None else max(0, limit - len(merged.admit))
-        d = decide(mine, theirs, part, quotas, left, outside=held_outside(outside, ids))
+        d = decide(mine, theirs, part, quotas, left, outside=outside_part)
         if not part.nodes:
-            where = f"node group {key}" if key else "the nodes no team is mapped to"
-            d.reasons = {r.id: f"capacity: {where} has no node in the cluster" for r in mine}
+            d.reasons = {r.id: no_nodes(key) for r in mine}
         merged.admit += d.admit
         merged.reasons |= d.reasons
         merged.placements |= d.placements
     rank = {run_id: i for i, run_id in enumerate(order)}
     merged.admit.sort(key=rank.__getitem__)
     return merged
+
+
+def no_nodes(group: str | None) -> str:
+    """Why a run of a team mapped to ``group`` waits when the group has no node."""
+    where = f"node group {group}" if group else "the nodes no team is mapped to"
+    return f"capacity: {where} has no node in the cluster"

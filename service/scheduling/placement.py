@@ -29,6 +29,12 @@ class Pool:
     _pairs: dict[str, tuple[list[tuple[float, float]], float, float]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
+    _index: dict[str, int] | None = field(default=None, init=False, repr=False, compare=False)
+    # Free CPUs per node; and per (accelerator, accelerators, CPUs) the nodes that hold as much.
+    _cpus: list[float] | None = field(default=None, init=False, repr=False, compare=False)
+    _holding: dict[tuple[str, float, float], list[int]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @classmethod
     def of(cls, nodes: dict[str, dict[str, float]]) -> Pool:
@@ -55,16 +61,62 @@ class Pool:
             self._pairs[accelerator] = known
         return known
 
+    def at(self, node: str) -> dict[str, float]:
+        """What is free on ``node`` (a node of this pool)."""
+        index = self._index
+        if index is None:
+            index = self._index = {n: i for i, n in enumerate(self.node_ids)}
+        return self.free[index[node]]
+
+    def cpus(self) -> list[float]:
+        """Free CPUs per node (kept up to date by ``take``; not to be changed by the caller)."""
+        if self._cpus is None:
+            self._cpus = [r.get("CPU", 0.0) for r in self.free]
+        return self._cpus
+
+    def holding(self, accelerator: str, accelerators: float, cpus: float) -> list[int]:
+        """The nodes (in order) with at least ``accelerators`` and ``cpus`` free; kept up to
+        date by ``take`` (a node only loses what is free there)."""
+        key = (accelerator, accelerators, cpus)
+        known = self._holding.get(key)
+        if known is None:
+            pairs = self.pairs(accelerator)[0]
+            known = [
+                i for i, (a, c) in enumerate(pairs) if a + EPS >= accelerators and c + EPS >= cpus
+            ]
+            self._holding[key] = known
+        return known
+
     def take(self, placement: Placement) -> None:
         """Subtract a placement (never below zero: a pool may be a conservative estimate)."""
-        self._pairs.clear()
-        index = {node: i for i, node in enumerate(self.node_ids)}
+        index = self._index
+        if index is None:
+            index = self._index = {node: i for i, node in enumerate(self.node_ids)}
+        touched = set()
         for slot in placement.slots:
-            if slot.node not in index:
+            i = index.get(slot.node)
+            if i is None:
                 continue
-            res = self.free[index[slot.node]]
+            res = self.free[i]
             for name, amount in ((placement.accelerator, slot.accelerators), ("CPU", slot.cpus)):
                 res[name] = max(0.0, res.get(name, 0.0) - amount)
+            touched.add(i)
+        # The pairs known are brought up to date on the nodes taken from, not worked out anew.
+        for acc, (pairs, free_acc, free_cpu) in list(self._pairs.items()):
+            for i in touched:
+                a, c = pairs[i]
+                pairs[i] = new = (self.free[i].get(acc, 0.0), self.free[i].get("CPU", 0.0))
+                free_acc, free_cpu = free_acc - a + new[0], free_cpu - c + new[1]
+            self._pairs[acc] = (pairs, free_acc, free_cpu)
+        if self._cpus is not None:
+            for i in touched:
+                self._cpus[i] = self.free[i].get("CPU", 0.0)
+        for (acc, least_a, least_c), nodes in self._holding.items():
+            for i in touched:
+                res = self.free[i]
+                holds = res.get(acc, 0.0) + EPS >= least_a and res.get("CPU", 0.0) + EPS >= least_c
+                if not holds and i in nodes:
+                    nodes.remove(i)
 
 
 @dataclass(frozen=True)
@@ -96,17 +148,26 @@ def pack(shape: ResourceShape, pool: Pool) -> Placement | None:
     if need_acc > free_acc + EPS or need_cpu > free_cpu + EPS:
         return None
     order = sorted(range(len(groups)), key=lambda i: (-groups[i].accelerators, -groups[i].cpus))
-    nodes = _search([(groups[i].accelerators, groups[i].cpus) for i in order], free)
+    nodes: list[int] | None = []
+    if groups:
+        # A node too small for the smallest group holds none: the search looks at the others
+        # only (on a busy cluster, most nodes are such), which changes no answer.
+        least_a = min(g.accelerators for g in groups)
+        least_c = min(g.cpus for g in groups)
+        useful = pool.holding(acc, least_a, least_c)
+        found = _search(
+            [(groups[i].accelerators, groups[i].cpus) for i in order], [free[n] for n in useful]
+        )
+        nodes = None if found is None else [useful[n] for n in found]
     if nodes is None:
         return None
-    left = list(free)
+    left = list(pool.cpus())
     slots = []
     for i, node in zip(order, nodes, strict=True):
         g = groups[i]
         slots.append(Slot(g.role, pool.node_ids[node], g.accelerators, g.cpus))
-        a, c = left[node]
-        left[node] = (a - g.accelerators, c - g.cpus)
-    for node, cpus in _spread_driver(shape.driver_cpus, [c for _, c in left]):
+        left[node] = left[node] - g.cpus
+    for node, cpus in _spread_driver(shape.driver_cpus, left):
         slots.append(Slot("driver", pool.node_ids[node], 0, cpus))
     return Placement(acc, tuple(slots))
 
@@ -151,9 +212,16 @@ def _search(
 
 def _spread_driver(cpus: float, free_cpus: list[float]) -> list[tuple[int, float]]:
     """Driver CPUs on the nodes with the most CPUs left (the caller checked that the sum fits)."""
+    if cpus <= EPS:
+        return []
+    # Most often the node with the most CPUs left holds them all: the first such node, as the
+    # stable sort below would put first.
+    most = max(range(len(free_cpus)), key=free_cpus.__getitem__)
+    if free_cpus[most] >= cpus:
+        return [(most, cpus)]
     slots = []
     remaining = cpus
-    for node in sorted(range(len(free_cpus)), key=lambda n: -free_cpus[n]):
+    for node in sorted(range(len(free_cpus)), key=free_cpus.__getitem__, reverse=True):
         if remaining <= EPS:
             break
         share = min(remaining, free_cpus[node])

@@ -44,6 +44,9 @@ async function request(path, { method = "GET", body, signal } = {}) {
 export const getJSON = async (path, signal) => (await request(path, { signal })).json();
 export const postJSON = async (path, body, signal) =>
   (await request(path, { method: "POST", body, signal })).json();
+export const patchJSON = async (path, body, signal) =>
+  (await request(path, { method: "PATCH", body, signal })).json();
+export async function remove(path, signal) { await request(path, { method: "DELETE", signal }); }
 export async function getText(path, signal) {
   const resp = await request(path, { signal });
   return { text: await resp.text(), headers: resp.headers };

@@ -2,6 +2,7 @@
 //   #/runs            runs, filters, paging        #/runs/{id}        one run
 //   #/submit          plan and submit a run        #/cluster          nodes, teams, queue
 //   #/compare?runs=A,B  metrics of runs overlaid   #/usage?from=&to=  accelerator-hours by team
+//   #/webhooks?id=    subscriptions, deliveries
 import { every, getJSON, setToken, token } from "./api.js";
 import { clusterView } from "./cluster.js";
 import { config } from "./config.js";
@@ -10,6 +11,7 @@ import { runView } from "./run.js";
 import { runsView } from "./runs.js";
 import { submitView } from "./submit.js";
 import { usageView } from "./usage.js";
+import { webhooksView } from "./webhooks.js";
 
 const ROUTES = [
   [/^\/runs\/([^/?]+)$/, (root, m, params, signal) => runView(root, decodeURIComponent(m[1]), signal), "runs"],
@@ -18,6 +20,7 @@ const ROUTES = [
   [/^\/cluster$/, (root, m, params, signal) => clusterView(root, params, signal), "cluster"],
   [/^\/compare$/, (root, m, params, signal) => compareView(root, params, signal), "compare"],
   [/^\/usage$/, (root, m, params, signal) => usageView(root, params, signal), "usage"],
+  [/^\/webhooks$/, (root, m, params, signal) => webhooksView(root, params, signal), "webhooks"],
 ];
 let current = null;  // AbortController of the shown view: its timers and streams stop with it
 

@@ -14,6 +14,7 @@ const FIXED = [
   { title: "sync time", yLabel: "seconds", keys: ["timing_s/param_sync", "timing_s/timing_s/param_sync"] },
 ];
 const LOG_LINES = 2000;
+const hours = (n) => Number(n).toLocaleString("en", { maximumFractionDigits: 1 });
 const BAND_EDGE = "rgba(31,119,180,0.3)", BAND_FILL = "rgba(31,119,180,0.07)";
 
 export function runView(root, id, signal) {
@@ -22,6 +23,7 @@ export function runView(root, id, signal) {
   const status = h("span", { id: "run-status", class: "badge" });
   const health = h("span", { id: "run-health" });
   const queue = h("p", { id: "run-queue", class: "queue-reason", hidden: true });
+  const budget = h("p", { id: "run-budget", class: "queue-reason", hidden: true });
   const progress = h("span", { id: "run-progress" });
   const cluster = h("span", { id: "run-cluster", class: "dim" });
   const cancel = h("button", { id: "cancel", class: "danger", hidden: true }, "cancel");
@@ -37,7 +39,7 @@ export function runView(root, id, signal) {
   noLog.id = "no-log";
 
   root.append(
-    h("div", { class: "run-head" }, title, h("p", {}, status, " ", health, " ", progress, " ", cluster, " ", cancel, " ", clone), queue),
+    h("div", { class: "run-head" }, title, h("p", {}, status, " ", health, " ", progress, " ", cluster, " ", cancel, " ", clone), queue, budget),
     h("div", { class: "toolbar" }, picker),
     charts,
     h("div", { class: "columns" },
@@ -73,6 +75,10 @@ export function runView(root, id, signal) {
       : h("span", { class: "unhealthy" }, `${run.health.status}: ${run.health.reason || ""}`));
     queue.hidden = !run.queue_reason;
     queue.textContent = run.queue_reason ? `waiting: ${run.queue_reason}` : "";
+    const wait = run.budget_wait;
+    budget.hidden = !wait;
+    budget.replaceChildren(...(wait ? ["waits for budget: ", h("strong", { id: "over-by" }, `${hours(wait.over_by_hours)} ${wait.accelerator}-hours over`),
+      ` its team's ${hours(wait.budget_hours)} for ${wait.month} (used ${hours(wait.used_hours)}); an admin may let it through`] : []));
     progress.replaceChildren(run.progress.step === null ? "" : "step ", progressCell(run.progress));
     cluster.textContent = run.cluster ? `on cluster ${run.cluster}` : "";
     cancel.hidden = TERMINAL.has(run.status) || run.stop_requested;

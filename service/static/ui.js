@@ -159,7 +159,11 @@ function drawMarkers(u, markers) {
   ctx.strokeStyle = "#888";
   ctx.fillStyle = "#555";
   ctx.setLineDash([4, 4]);
-  ctx.font = `${Math.round(10 * devicePixelRatio)}px sans-serif`;
+  ctx.font = `${Math.round(11 * devicePixelRatio)}px sans-serif`;
+  // uPlot leaves its axes' text alignment on the context: the label sets its own, beside the
+  // line (right of it, or left where it would leave the plot), never across it.
+  ctx.textBaseline = "alphabetic";
+  const gap = 4 * devicePixelRatio;
   for (const { step, label } of markers) {
     const x = Math.round(u.valToPos(step, "x", true));
     if (x < bbox.left || x > bbox.left + bbox.width) continue;
@@ -167,7 +171,9 @@ function drawMarkers(u, markers) {
     ctx.moveTo(x, bbox.top);
     ctx.lineTo(x, bbox.top + bbox.height);
     ctx.stroke();
-    ctx.fillText(label, x + 3, bbox.top + 12 * devicePixelRatio);
+    const left = x + gap + ctx.measureText(label).width > bbox.left + bbox.width;
+    ctx.textAlign = left ? "right" : "left";
+    ctx.fillText(label, left ? x - gap : x + gap, bbox.top + 12 * devicePixelRatio);
   }
   ctx.restore();
 }

@@ -78,9 +78,18 @@ export function usageView(root, params, signal) {
   root.append(h("h2", {}, "Usage"),
     h("p", { class: "note" }, "Accelerator-hours allocated (submitted to ended; running runs up to now), per UTC day."),
     picker({ from, to }), place, h("h3", {}, "By team"), listing);
-  const query = (groups) => `/usage?from=${from}&to=${to}&${groups.map((g) => `group_by=${g}`).join("&")}`;
+  const query = (groups) => `/usage?from=${from}&to=${to}&${groups.map((g) => `group_by=${g}`).join("&")}&limit=10000`;
+  // The whole report: its pages one after another (a month of a hundred teams is one).
+  const whole = async (groups) => {
+    const first = await getJSON(query(groups), signal);
+    for (let page = first; page.next_cursor;) {
+      page = await getJSON(`${query(groups)}&cursor=${encodeURIComponent(page.next_cursor)}`, signal);
+      first.rows.push(...page.rows);
+    }
+    return first;
+  };
   every(60_000, async () => {
-    const [perDay, perTeam] = await Promise.all([getJSON(query(["team", "day"]), signal), getJSON(query(["team"]), signal)]);
+    const [perDay, perTeam] = await Promise.all([whole(["team", "day"]), whole(["team"])]);
     const ranked = perTeam.rows.map((r) => r.team);
     const teams = ranked.length > SHOWN + 1 ? [...ranked.slice(0, SHOWN), "other teams"] : ranked;
     const bandOf = (team) => (teams.includes(team) ? team : "other teams");

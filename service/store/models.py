@@ -104,6 +104,9 @@ class Run(Base):
     stop_requested_at: Mapped[datetime | None]
     # Why a queued run waits ("quota: ...", "capacity: ...", "behind ..."), kept by the submitter.
     queue_reason: Mapped[str | None] = mapped_column(SafeText)
+    # While it waits for its team's budget, the figures of that reason (``Budgets.held_back``):
+    # {month, used_hours, budget_hours, over_by_hours, accelerator}; None otherwise.
+    budget_wait: Mapped[dict[str, Any] | None]
     # When the job last printed anything (set by whoever follows its log; read by health checks).
     last_output_at: Mapped[datetime | None]
     # The launcher's preflight report (every node's checks), read from the job log.

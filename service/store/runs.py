@@ -53,6 +53,8 @@ RUN_COLUMNS = (
     Run.attempt,
     Run.retry_at,
     Run.resumed_from_step,
+    Run.budget_wait,
+    Run.over_budget_by,
 )
 EVENT_COLUMNS = (
     RunEvent.id,

@@ -1,0 +1,115 @@
+"""A lost node on the real local Ray head: tiny-grpo's actors sit on the second node, which is
+stopped mid-run; the run fails ``node_lost`` on the word of Ray's state API, and its policy
+starts attempt 2 once, as its own Ray job, on the head that remains, where it succeeds. The
+session's cluster gets its second node back afterwards."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.cluster.local_ray import LocalRayCluster
+from service.cluster.ray_jobs import RayJobs
+from service.recovery.deaths import PREFIX
+from tests.conftest import transitions, wait_for
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+SPEC = {
+    "recipe": "tiny-grpo",
+    "name": "lost-node",
+    "total_rollout_steps": 160,  # 20 trainer steps: 10 parameter versions
+    "gen_seconds": 0.3,
+    "save_every": 2,
+    "retry": {"max_attempts": 2, "on": ["node_lost"], "backoff_s": 0},
+}
+ACTORS = {"TinyGrpoTrainer", "TinyGrpoRollouter"}
+
+
+def _actor_nodes(ray: RayJobs, submission_id: str, state: str) -> dict[str, str]:
+    """The node of each of the job's actors in ``state``, by the actor's class."""
+    info = ray.get(submission_id)
+    if info is None or not info.job_id:
+        return {}
+    actors = ray.state("actors", state, job_id=info.job_id)
+    return {a["class_name"]: a["node_id"] for a in actors if a["class_name"] in ACTORS}
+
+
+def test_a_run_whose_node_is_lost_is_retried_once_on_the_nodes_that_remain(
+    ray_cluster: LocalRayCluster,
+    ray: RayJobs,
+    sqlite_service: Callable[..., TestClient],
+    tmp_path: Path,
+) -> None:
+    (head,) = [n["node_id"] for n in ray.state("nodes", "ALIVE") if n.get("is_head_node")]
+    # A job outside the service holds the head's NPUs, so the run can only be placed on the
+    # second node; it lets go before that node is lost, so the retry fits on the head.
+    holder = f"hold-head-{uuid.uuid4().hex[:8]}"
+    ray.submit(
+        holder,
+        "sleep 600",
+        {},
+        {},
+        entrypoint_num_cpus=0.01,
+        entrypoint_resources={"NPU": 8.0, "node:__internal_head__": 0.001},
+    )
+    wait_for(lambda: ray.get(holder), lambda j: j is not None and j.status == "RUNNING")
+    stopped = False
+    try:
+        with sqlite_service(
+            follow_interval_s=0.3, tiny_grpo_checkpoint_root=str(tmp_path / "checkpoints")
+        ) as client:
+            run_id = client.post("/runs", json=SPEC).json()["id"]
+            first_nodes = wait_for(
+                lambda: _actor_nodes(ray, run_id, "ALIVE"),
+                lambda nodes: set(nodes) == ACTORS,
+                timeout=120,
+                every=0.3,
+            )
+            assert head not in first_nodes.values(), first_nodes
+            ray.stop(holder)  # its NPUs are free again by the time the retry is admitted
+            wait_for(
+                lambda: client.get(f"/runs/{run_id}").json()["progress"]["step"] or 0,
+                lambda step: step >= 2,  # past the first checkpoint
+                timeout=120,
+                every=0.2,
+            )
+
+            ray_cluster.stop_node(1)
+            stopped, lost = True, time.monotonic()
+            wait_for(
+                lambda: client.get(f"/runs/{run_id}").json(),
+                lambda r: r["attempt"] == 2 and r["status"] != "QUEUED",
+                timeout=120,
+                every=0.2,
+            )
+            print(f"\nnode lost -> attempt 2 submitted: {time.monotonic() - lost:.1f}s")
+            done: dict[str, Any] = wait_for(
+                lambda: client.get(f"/runs/{run_id}").json(),
+                lambda r: r["attempt"] == 2 and r["status"] in {"SUCCEEDED", "FAILED", "LOST"},
+                timeout=120,
+                every=0.3,
+            )
+            assert done["status"] == "SUCCEEDED", (done["events"], done["attempts"])
+            first, second = done["attempts"]
+            assert (first["ray_job_id"], first["status"]) == (run_id, "FAILED")
+            assert first["failure"]["class"] == "node_lost", first["failure"]
+            assert any(
+                e["line"].startswith(f"{PREFIX}node ") for e in first["failure"]["evidence"]
+            ), first["failure"]
+            assert second["ray_job_id"] == f"{run_id}-a2"
+            # Each attempt submitted once, and Ray holds exactly one job per attempt.
+            assert transitions(done).count("SUBMITTED") == 2, transitions(done)
+            ours = sorted(j.submission_id for j in ray.list_jobs() if run_id in j.submission_id)
+            assert ours == [run_id, f"{run_id}-a2"], ours
+            # Placed on what remains: the head.
+            assert set(_actor_nodes(ray, f"{run_id}-a2", "DEAD").values()) == {head}
+    finally:
+        if stopped:
+            ray_cluster.start_node(1)
