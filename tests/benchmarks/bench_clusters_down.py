@@ -109,7 +109,7 @@ async def timeline(down_after_s: float, probe_s: float, workdir: str) -> list[tu
         while not check():
             if time.monotonic() > deadline:
                 raise TimeoutError(what)
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.1)
         marks.append((what, time.monotonic()))
 
     try:
