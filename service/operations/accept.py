@@ -120,7 +120,7 @@ def plan_run(parts: Parts, principal: Principal, body: Any) -> dict[str, Any]:
         backlog.ClusterView(
             h.name, parts.cluster(h.name), h.health.down_reason, cluster_quotas(h.spec)
         )
-        for h in clusters
+        for h in (clusters if len(clusters) > 1 else ())
     ]
     with parts.db.read() as session:
         if len(clusters) == 1:
