@@ -44,9 +44,12 @@ from service.api.probe_process import ProbeProcess
 from service.api.problems import install_handlers
 from service.api.read_cache import ReadCache
 from service.backoff import Backoff
+from service.cluster import registry as registry_of_clusters
+from service.cluster import spec as cluster_spec
 from service.cluster.local_ray import LocalRayCluster, PortInUse
-from service.cluster.ray_jobs import RayJobs
+from service.cluster.registry import Clusters
 from service.loops.base import Loop
+from service.loops.cluster_health import ClusterHealth
 from service.loops.follower import Follower
 from service.loops.reconciler import Reconciler
 from service.loops.submitter import Submitter
@@ -62,7 +65,6 @@ from service.recipes.registry import RecipeRegistry, default_registry
 from service.recovery.retry import RetryConfig
 from service.scheduling import backlog
 from service.scheduling.budgets import Budgets
-from service.scheduling.inventory import InventoryCache
 from service.settings import Settings
 from service.store import db as dbmod
 from service.team_secrets import SecretStore
@@ -87,32 +89,21 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.request_threads
         if settings.migrate_on_start:
             await asyncio.to_thread(dbmod.upgrade, settings.database_url.get_secret_value())
-        cluster: LocalRayCluster | None = None
-        address = settings.ray_address
-        token = settings.ray_token.get_secret_value() if settings.ray_token else None
-        if settings.uses_local_ray:
-            cluster = LocalRayCluster(
-                settings.local_npus,
-                cpus_per_node=settings.local_cpus_per_node,
-                base_dir=settings.local_ray_dir,
-                port=settings.local_ray_port,
-                dashboard_port=settings.local_dashboard_port,
-                state_dir=settings.local_ray_state_path,
-            )
-            log.info("starting a local Ray head with NPUs per node %s", settings.local_npus)
-            try:
-                await asyncio.to_thread(cluster.start)
-            except PortInUse as exc:
-                log.error("cannot start the local Ray cluster: %s", exc)
-                raise
-            address, token = cluster.address, cluster.token
-        services = app.state.services = build_services(settings, registry, address, token)
+        specs = cluster_spec.declared(settings)  # a bad clusters file stops the start here
+        local = await _start_local(settings, specs)
+        try:
+            secrets = SecretStore(settings.secrets_dir)
+            clusters = registry_of_clusters.build(settings, specs, secrets, local)
+            services = app.state.services = build_services(settings, registry, clusters, secrets)
+        except BaseException:
+            await asyncio.gather(*(asyncio.to_thread(c.cleanup) for c in local.values()))
+            raise
         app.state.telemetry.watch(services)
         stop = asyncio.Event()
         tasks = [asyncio.create_task(loop.run(stop)) for loop in services.loops.values()]
         probe: ProbeProcess | None = None
         try:
-            probe = _probe_process(settings, address, token)
+            probe = _probe_process(settings, clusters)
             if probe is not None:
                 tasks.append(asyncio.create_task(probe.heartbeat(stop)))
             with on_shutdown_signal(services.broker.close_streams):
@@ -127,10 +118,9 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
             if services.follower is not None:
                 # Hand this replica's followers over at once rather than when the lease lapses.
                 await asyncio.to_thread(services.follower.release)
-            services.ray.close()
+            services.clusters.close()
             services.db.dispose()
-            if cluster is not None:
-                await asyncio.to_thread(cluster.cleanup)
+            await asyncio.gather(*(asyncio.to_thread(c.cleanup) for c in local.values()))
 
     app = FastAPI(
         title="rlrun",
@@ -170,31 +160,59 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
     return app
 
 
+async def _start_local(
+    settings: Settings, specs: list[cluster_spec.ClusterSpec]
+) -> dict[str, LocalRayCluster]:
+    """Start the embedded Ray head of each cluster declared ``local``, at once; none is left
+    running if one fails to start."""
+    heads = {
+        spec.name: LocalRayCluster(
+            spec.local.npus,
+            cpus_per_node=spec.local.cpus_per_node,
+            # The one embedded head of RLRUN_RAY_ADDRESS=local keeps its settings' dir.
+            base_dir=settings.local_ray_dir if not settings.clusters_file else None,
+            port=spec.local.port,
+            dashboard_port=spec.local.dashboard_port,
+            state_dir=settings.local_ray_state_path,
+        )
+        for spec in specs
+        if spec.local is not None
+    }
+    for name, head in heads.items():
+        log.info("starting a local Ray head %r with NPUs per node %s", name, head.npus_per_node)
+    results = await asyncio.gather(
+        *(asyncio.to_thread(h.start) for h in heads.values()), return_exceptions=True
+    )
+    failed = [r for r in results if isinstance(r, BaseException)]
+    if failed:
+        await asyncio.gather(*(asyncio.to_thread(h.cleanup) for h in heads.values()))
+        if isinstance(failed[0], PortInUse):
+            log.error("cannot start the local Ray cluster: %s", failed[0])
+        raise failed[0]
+    return heads
+
+
 def build_services(
-    settings: Settings, registry: RecipeRegistry, ray_address: str, ray_token: str | None = None
+    settings: Settings, registry: RecipeRegistry, clusters: Clusters, secrets: SecretStore
 ) -> Services:
-    """Everything one replica runs on, built once: the database, the Ray client, the inventory,
-    the event broker and (with ``run_loops``) the background loops, wired to wake each other."""
+    """Everything one replica runs on, built once: the database, the clusters (a Ray client
+    and an inventory each), the event broker and (with ``run_loops``) the background loops,
+    wired to wake each other."""
     db = dbmod.Database(
         settings.database_url.get_secret_value(),
         wait_s=settings.db_wait_s,
         pool_size=settings.db_pool_size,
         max_overflow=settings.db_max_overflow,
     )
-    if not ray_token and settings.ray_token is not None:
-        ray_token = settings.ray_token.get_secret_value()
-    ray = RayJobs(ray_address, ray_token, settings.ray_timeout_s)
-    inventory = InventoryCache(ray, settings.inventory_ttl_s)
     broker = Broker(db, settings.events_poll_s)
-    secrets = SecretStore(settings.secrets_dir)
     loops: dict[str, Loop] = {}
     follower = None
     if settings.run_loops:
         owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         submitter = Submitter(
             db,
-            ray,
-            inventory,
+            clusters,
+            None,
             backlog.quotas(settings),
             owner,
             settings.claim_ttl_s,
@@ -207,7 +225,7 @@ def build_services(
         )
         reconciler = Reconciler(
             db,
-            ray,
+            clusters,
             on_end=lambda: loops["submitter"].wake(),
             interval_s=settings.reconcile_interval_s,
             max_backoff_s=settings.max_backoff_s,
@@ -218,12 +236,12 @@ def build_services(
             settings.stuck_silent_s,
             settings.stop_stuck,
             on_stop=lambda: loops["reconciler"].wake(),
-            ray=ray,
+            ray=clusters,
             unschedulable_after_s=settings.unschedulable_after_s,
         )
         follower = Follower(
             db,
-            ray,
+            clusters,
             owner,
             settings.follower_lease_s,
             settings.log_keep_chars,
@@ -252,7 +270,19 @@ def build_services(
             backoff=Backoff(settings.webhook_retry_s, 3600.0),
             max_age_s=settings.webhook_max_age_s,
         )
+        health = ClusterHealth(
+            db,
+            clusters,
+            settings.cluster_down_after_s,
+            probe_timeout_s=min(settings.ray_timeout_s, 2 * settings.cluster_probe_interval_s),
+            retry=retry_config(settings),
+            on_change=lambda: loops["submitter"].wake(),
+        )
         backoff = settings.max_backoff_s
+        if settings.clusters_file:  # one cluster alone has nowhere else to send its runs
+            loops["clusters"] = Loop(
+                "clusters", health.tick, settings.cluster_probe_interval_s, backoff
+            )
         loops |= {
             "notifier": Loop(
                 "notifier", notifier.tick, settings.webhook_interval_s, backoff, notifier.close
@@ -265,7 +295,7 @@ def build_services(
             "follower": Loop("follower", follower.tick, settings.follow_interval_s, backoff),
             "unmanaged": Loop(
                 "unmanaged",
-                UnmanagedJobs(db, ray, inventory, settings.stop_unmanaged_after_s).tick,
+                UnmanagedJobs(db, clusters, None, settings.stop_unmanaged_after_s).tick,
                 settings.reconcile_interval_s,
                 backoff,
             ),
@@ -273,20 +303,17 @@ def build_services(
     reads = ReadCache(db, settings.read_cache_s)
     oidc = OidcVerifier(settings) if settings.oidc_enabled else None
     return Services(
-        settings, db, registry, broker, ray, inventory, loops, follower, reads, secrets, oidc=oidc
+        settings, db, registry, broker, clusters, loops, follower, reads, secrets, oidc=oidc
     )
 
 
-def _probe_process(
-    settings: Settings, ray_address: str, ray_token: str | None
-) -> ProbeProcess | None:
+def _probe_process(settings: Settings, clusters: Clusters) -> ProbeProcess | None:
     """The probe listener on ``RLRUN_PROBE_PORT``, if one is set."""
     if settings.probe_port is None:
         return None
     config = {
         "database_url": settings.database_url.get_secret_value(),
-        "ray_address": ray_address,
-        "ray_token": ray_token,
+        "rays": {h.name: [h.ray.address, h.ray.token] for h in clusters},
         "stall_s": settings.probe_stall_s,
     }
     return ProbeProcess(settings.probe_host or settings.listen_host, settings.probe_port, config)

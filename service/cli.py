@@ -434,6 +434,8 @@ def print_run(run: RunOut) -> None:
     say(f"status {run.status}  health {run.health.status}", style=STATUS_STYLE.get(run.status))
     if run.health.reason:
         say(f"health: {run.health.reason}", style="red")
+    if run.cluster:
+        say(f"cluster {run.cluster}")
     if run.queue_reason:
         say(f"queued: {run.queue_reason}")
     if run.budget_wait:

@@ -165,6 +165,16 @@ class RaySettings(Section):
     """The longest one call to Ray's Jobs API may take."""
     inventory_ttl_s: float = 3.0
     """How long the cluster inventory read from Ray is reused by the API."""
+    clusters_file: str | None = None
+    """A YAML file declaring several Ray clusters (see the clusters page); unset: one cluster,
+    ``default``, at RLRUN_RAY_ADDRESS."""
+    cluster_down_after_s: float = Field(default=6.0, gt=0)
+    """With a clusters file: a cluster is marked down once every probe of its head failed for
+    this long (two at least), and its active runs end LOST or are retried elsewhere. Shorter
+    than this, a Ray timeout or a blip downs nothing."""
+    cluster_probe_interval_s: float = Field(default=1.0, gt=0)
+    """With a clusters file: how often each cluster's head is probed (each probe waits at most
+    twice this)."""
 
     @property
     def uses_local_ray(self) -> bool:

@@ -90,6 +90,15 @@ class SecretStore:
             return source.read_text().strip()
         return None if source is None else self.environ[source]
 
+    def shared(self, name: str) -> str | None:
+        """A secret of the namespace shared with every team (the operator's own, e.g. a Ray
+        cluster's token), read by the service itself."""
+        if not valid(name):
+            return None
+        if self.directory is not None and (self.directory / "shared" / name).is_file():
+            return (self.directory / "shared" / name).read_text().strip()
+        return self.environ.get(shared_var(name))
+
     def unknown(self, team: str, refs: Mapping[str, str]) -> list[str]:
         """The env vars of ``{env var: secret name}`` whose secret is not the team's to have
         (missing, or a name no secret can have); no value is read."""

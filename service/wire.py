@@ -79,6 +79,7 @@ class RunSummary(BaseModel):
     status: str
     health: HealthOut
     queue_reason: str | None = None
+    cluster: str | None = Field(None, description="where it was admitted (null: not yet)")
     progress: ProgressOut = ProgressOut()
     reward: float | str | None = None
     created_at: datetime
@@ -260,6 +261,41 @@ class ClusterOut(BaseModel):
     )
 
 
+class ClusterHealthOut(BaseModel):
+    up: bool
+    since: datetime = Field(description="when it last went up or down (else: the start)")
+    failing_since: datetime | None = Field(
+        description="the first of the probes failing now (down once they fail for a window)"
+    )
+    error: str | None = Field(description="the last probe's error (admins only)")
+
+
+class ClusterInfoOut(BaseModel):
+    name: str
+    accelerator: str | None = Field(description="NPU or GPU (null: not declared)")
+    labels: dict[str, str]
+    teams: list[str] | None = Field(description="the teams that may use it (null: every team)")
+    quotas: dict[str, int] = Field(description="team -> accelerators it may hold here")
+    usable: bool = Field(description="whether the caller's team may use it")
+    verl_versions: list[str] = Field(description="the verl releases it runs (empty: any)")
+    image: str | None
+    data_roots: list[str]
+    checkpoint_root: str | None
+    local: bool = Field(description="an embedded head the service started")
+    address: str | None = Field(description="its Ray dashboard (admins only)")
+    health: ClusterHealthOut
+    readable: bool = Field(description="whether its inventory could be read now")
+    nodes: int | None
+    capacity: dict[str, dict[str, float]] | None = Field(
+        description="accelerator -> {total, free} (null: down or unreadable)"
+    )
+    active_runs: int = Field(description="the service's SUBMITTED and RUNNING runs on it")
+
+
+class ClustersOut(BaseModel):
+    clusters: list[ClusterInfoOut] = Field(description="in declared order, the primary first")
+
+
 # Admin: API tokens and the audit trail
 
 
@@ -416,6 +452,7 @@ def summary_doc(run: Any, latest: Latest | None = None) -> dict[str, Any]:
         "status": run.status,
         "health": {"status": run.health, "reason": run.health_reason},
         "queue_reason": run.queue_reason if run.status == "QUEUED" else None,
+        "cluster": run.cluster,
         "progress": progress_doc(total, latest),
         "reward": reward[1] if reward else None,
         "created_at": run.created_at,

@@ -24,7 +24,7 @@ import httpx
 from fastapi import FastAPI
 from sqlalchemy import func, select
 
-import service.app
+import service.cluster.registry
 from service.app import create_app
 from service.settings import Settings
 from service.store.db import Database
@@ -112,14 +112,14 @@ def replica(db_url: str, ray: FakeRay) -> Iterator[tuple[str, FastAPI]]:
         watchdog_interval_s=1.0,
         read_cache_s=0.0,
     )
-    real = service.app.RayJobs
-    service.app.RayJobs = lambda *_a, **_k: ray  # type: ignore[assignment,misc]
+    real = service.cluster.registry.RayJobs
+    service.cluster.registry.RayJobs = lambda *_a, **_k: ray  # type: ignore[assignment,misc]
     app = create_app(settings)
     try:
         with ServerThread(app) as url:
             yield url, app
     finally:
-        service.app.RayJobs = real  # type: ignore[misc]
+        service.cluster.registry.RayJobs = real  # type: ignore[misc]
 
 
 def _stream(url: str, run_id: str, to_the_end: bool) -> int:

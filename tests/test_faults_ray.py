@@ -100,7 +100,7 @@ def test_one_run_that_ray_fails_to_report_holds_up_no_other(
     ray: RayJobs,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("service.app.RayJobs", FaultyRay)
+    monkeypatch.setattr("service.cluster.registry.RayJobs", FaultyRay)
     monkeypatch.setattr(FaultyRay, "faults", {})
     monkeypatch.setattr(FaultyRay, "attempts", {})
     silent = socket.create_server(("127.0.0.1", 0))

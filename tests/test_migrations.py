@@ -175,3 +175,18 @@ def test_points_stored_before_the_key_ids_migration_read_back_the_same_after_it(
         assert store.recent(s, "r2", "new", 5) == []
         assert len(store.keys_of(s, "r1")) == 5
     db.dispose()
+
+
+def test_the_run_cluster_migration_puts_every_existing_run_on_the_default_cluster(
+    db_url: str,
+) -> None:
+    upgrade(db_url)
+    downgrade(db_url, "0020")
+    db = Database(db_url)
+    _old_run(db, "r1")
+    upgrade(db_url)
+    with db.transaction() as s:
+        assert s.scalar(text("SELECT cluster FROM runs WHERE id = 'r1'")) == "default"
+    db.dispose()
+    downgrade(db_url, "0020")
+    upgrade(db_url)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
+from service.cluster.registry import Clusters
 from service.loops.submitter import Submitter
 from service.scheduling.admission import HeldRun, Quotas
 from service.scheduling.inventory import Inventory, InventoryCache, Node
@@ -124,7 +125,7 @@ def test_cluster_and_the_dry_run_show_the_map_and_plan_on_the_team_s_nodes(db_ur
     ray = FakeRay({"a1": {"NPU": 8.0, "CPU": 8.0, "group-a": 1000.0}, "s1": {"NPU": 4.0}})
     with TestClient(create_app(settings)) as client:
         services = client.app.state.services  # type: ignore[attr-defined]
-        client.app.state.services = replace(services, inventory=InventoryCache(ray, 0.0))  # type: ignore[attr-defined]
+        client.app.state.services = replace(services, clusters=Clusters.single(ray))  # type: ignore[attr-defined]
         view = client.get("/cluster").json()
         assert view["team_nodes"] == {"vision": "group-a"}
         assert {n["id"]: n["group"] for n in view["nodes"]} == {"a1": "group-a", "s1": None}

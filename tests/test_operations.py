@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import pytest
 from sqlalchemy import func, select
 
+from service.cluster.registry import Clusters
 from service.errors import Conflict, Forbidden, InvalidSpec
 from service.operations import accept, cancel
 from service.operations.cluster_view import cluster_view
@@ -19,6 +20,7 @@ from service.store import audit
 from service.store.db import Database
 from service.store.models import Run
 from service.team_secrets import SecretStore
+from tests.fake_ray import FakeRay
 
 MEMBER = Principal(user="alice", team="vision", role="member", token_id="tok_a")
 OTHER = Principal(user="bob", team="speech", role="member", token_id="tok_b")
@@ -34,8 +36,9 @@ class Parts:
     secrets: SecretStore
     inventory: Inventory | None = None
     woken: list[str] = field(default_factory=list)
+    clusters: Clusters = field(default_factory=lambda: Clusters.single(FakeRay()))
 
-    def cluster(self) -> Inventory | None:
+    def cluster(self, name: str | None = None) -> Inventory | None:
         return self.inventory
 
     def wake(self, name: str) -> None:

@@ -43,7 +43,7 @@ def test_the_probe_listener_answers_liveness_and_readiness_on_its_own_port(db_ur
 
 def test_liveness_fails_once_the_event_loop_has_been_silent_too_long(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/probe.db"
-    config = {"database_url": url, "ray_address": "http://127.0.0.1:9", "ray_token": None}
+    config = {"database_url": url, "rays": {"default": ["http://127.0.0.1:9", None]}}
     probe = ProbeProcess("127.0.0.1", 0, config | {"stall_s": 5.0})
     try:
         health = f"http://127.0.0.1:{probe.port}/healthz"

@@ -11,6 +11,7 @@ from sqlalchemy import select
 
 from service.app import create_app
 from service.cluster.ray_jobs import RayUnavailable
+from service.cluster.registry import Clusters
 from service.loops.submitter import Submitter
 from service.loops.unmanaged import UnmanagedJobs
 from service.scheduling.admission import Quotas, decide
@@ -141,7 +142,7 @@ def test_cluster_lists_unmanaged_jobs_with_their_commands_for_admins_only(db_url
     ray.outside_job("raw", {"n1": {"NPU": 4.0}}, entrypoint="python3 steal.py --all")
     with TestClient(create_app(settings)) as client:
         services = client.app.state.services  # type: ignore[attr-defined]
-        client.app.state.services = replace(services, inventory=InventoryCache(ray, 0.0))  # type: ignore[attr-defined]
+        client.app.state.services = replace(services, clusters=Clusters.single(ray))  # type: ignore[attr-defined]
         with Database(db_url).transaction() as s:
             admin = create_token(s, "root", "ops", "admin")[1]
             member = create_token(s, "ann", "vision", "member")[1]
@@ -162,7 +163,7 @@ def test_each_node_shows_its_address_and_who_holds_what_there(db_url: str) -> No
     ray.outside_job("raw", {"n2": {"NPU": 4.0}})
     with TestClient(create_app(settings)) as client:
         services = client.app.state.services  # type: ignore[attr-defined]
-        client.app.state.services = replace(services, inventory=InventoryCache(ray, 0.0))  # type: ignore[attr-defined]
+        client.app.state.services = replace(services, clusters=Clusters.single(ray))  # type: ignore[attr-defined]
         db = Database(db_url)
         add_run(db, "r1", RunStatus.RUNNING, team="vision", name="ours")
         add_run(db, "r2", RunStatus.RUNNING, team="nlp", name="theirs")

@@ -21,12 +21,13 @@ from service.api.oidc import OidcVerifier
 from service.api.read_cache import ReadCache
 from service.api.revocation import Revocations
 from service.api.sign_in_audit import FailedSignIns
-from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable
+from service.cluster.ray_jobs import RayRejected, RayUnavailable
+from service.cluster.registry import Clusters
 from service.loops.base import Loop
 from service.loops.follower import Follower
 from service.metrics.broker import Broker
 from service.recipes.registry import RecipeRegistry
-from service.scheduling.inventory import Inventory, InventoryCache
+from service.scheduling.inventory import Inventory
 from service.settings import Settings
 from service.store.db import Database
 from service.team_secrets import SecretStore
@@ -46,8 +47,8 @@ class Services:
     db: Database
     registry: RecipeRegistry
     broker: Broker
-    ray: RayJobs
-    inventory: InventoryCache
+    # Every Ray cluster runs go to, each with its client, inventory and health.
+    clusters: Clusters
     loops: Mapping[str, Loop]
     follower: Follower | None
     reads: ReadCache
@@ -67,15 +68,19 @@ class Services:
         if name in self.loops:
             self.loops[name].wake()
 
-    def cluster(self) -> Inventory | None:
-        """The cached cluster inventory, or None while Ray cannot be read.
+    def cluster(self, name: str | None = None) -> Inventory | None:
+        """The cached inventory of cluster ``name`` (None: the primary), or None while its Ray
+        cannot be read or it is down.
 
         It may call Ray: never inside a transaction."""
+        handle = self.clusters.get(name)
+        if handle is None or not handle.health.up:
+            return None
         try:
-            return self.inventory.get()
+            return handle.inventory.get()
         except (RayUnavailable, RayRejected) as exc:
             # Not a warning per request: the loops already warn while Ray is away.
-            log.debug("cluster inventory unavailable: %s", exc)
+            log.debug("cluster %s inventory unavailable: %s", handle.name, exc)
             return None
 
 

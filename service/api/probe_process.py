@@ -30,6 +30,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
@@ -45,9 +47,13 @@ READY_TIMEOUT_S = 30.0
 _STAMP = struct.Struct("d")
 
 
-def readiness(db: Database, ray: RayJobs, details: bool = False) -> tuple[bool, dict[str, Any]]:
+def readiness(
+    db: Database, rays: Mapping[str, RayJobs], details: bool = False
+) -> tuple[bool, dict[str, Any]]:
     """Ready when the database answers: runs can be accepted (and queue) while Ray is away.
-    ``details`` adds the errors and Ray's version, which may name hosts, ports and users."""
+    Each cluster is reported apart: the first as ``ray``, any other as ``ray:<name>``, all
+    asked at once. ``details`` adds the errors and Ray's version, which may name hosts, ports
+    and users."""
     checks: dict[str, dict[str, Any]] = {}
     try:
         with db.read() as session:
@@ -55,10 +61,18 @@ def readiness(db: Database, ray: RayJobs, details: bool = False) -> tuple[bool, 
         checks["database"] = {"ok": True}
     except Exception as exc:
         checks["database"] = {"ok": False, "error": repr(exc)[:500]}
-    try:
-        checks["ray"] = {"ok": True, "version": ray.version().get("ray_version")}
-    except (RayUnavailable, RayRejected) as exc:
-        checks["ray"] = {"ok": False, "error": str(exc)[:500]}
+
+    def check(ray: RayJobs) -> dict[str, Any]:
+        try:
+            return {"ok": True, "version": ray.version().get("ray_version")}
+        except (RayUnavailable, RayRejected) as exc:
+            return {"ok": False, "error": str(exc)[:500]}
+
+    names = list(rays)
+    with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
+        answers = list(pool.map(check, rays.values()))
+    for i, (name, answer) in enumerate(zip(names, answers, strict=True)):
+        checks["ray" if i == 0 else f"ray:{name}"] = answer
     if not details:
         checks = {name: {"ok": check["ok"]} for name, check in checks.items()}
     return checks["database"]["ok"], checks
@@ -131,7 +145,7 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._answer(200, {"status": "ok"})
         elif path == "/readyz":
-            ready, checks = readiness(self.probes.db, self.probes.ray)
+            ready, checks = readiness(self.probes.db, self.probes.rays)
             self._answer(200 if ready else 503, {"ready": ready, "checks": checks})
         else:
             self._answer(404, {"title": "Not Found", "status": 404})
@@ -157,7 +171,10 @@ class _Probes:
         self.parent: int = config["parent"]
         self.beat = mmap.mmap(beat_fd, _STAMP.size, access=mmap.ACCESS_READ)
         self.db = Database(config["database_url"], wait_s=2.0, pool_size=1, max_overflow=0)
-        self.ray = RayJobs(config["ray_address"], config["ray_token"], timeout_s=2.0)
+        self.rays = {
+            name: RayJobs(address, token, timeout_s=2.0)
+            for name, (address, token) in config["rays"].items()
+        }
 
     def silent_s(self) -> float:
         stamped: float = _STAMP.unpack_from(self.beat, 0)[0]

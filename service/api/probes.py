@@ -26,7 +26,8 @@ async def healthz() -> dict[str, str]:
 def readyz(services: ServicesDep, credentials: CredentialsDep) -> JSONResponse:
     """Ready when the database answers. Errors and versions are shown to admins only; any
     caller, with a token or without, gets ``ok`` per check."""
-    ready, checks = readiness(services.db, services.ray, _is_admin(services, credentials))
+    rays = {h.name: h.ray for h in services.clusters}
+    ready, checks = readiness(services.db, rays, _is_admin(services, credentials))
     return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
 
 

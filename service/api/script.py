@@ -47,11 +47,18 @@ def run_script(services: ServicesDep, principal: Viewer, run_id: str) -> PlainTe
     that look like keys are read from the operator's environment, never written in it."""
     with services.db.read() as session:
         run = visible_run(session, principal, run_id)
-        script = render_script(run.id, run.name, run.launch)
+        script = render_script(run.id, run.name, run.launch, run.cluster)
     return PlainTextResponse(script, media_type="text/x-shellscript")
 
 
-def render_script(run_id: str, name: str, launch: dict[str, Any]) -> str:
+def render_script(
+    run_id: str,
+    name: str,
+    launch: dict[str, Any],
+    cluster: str | None = None,
+) -> str:
+    """The script; ``cluster``: the one the run was admitted on, named for the operator (its
+    address is theirs to give: hosts are for admins to see)."""
     q = shlex.quote
     runtime_env = masked_runtime_env(launch["runtime_env"])
     masked = [k for k, v in runtime_env.get("env_vars", {}).items() if v == MASK]
@@ -77,6 +84,11 @@ def render_script(run_id: str, name: str, launch: dict[str, Any]) -> str:
         "# Needs: the `ray` CLI and the `jobs` package (pip install rlrun) where this runs.",
         "# Ray's submission id is the run id: the job can be submitted once.",
         "set -euo pipefail",
+        *(
+            [f"# Its cluster: {cluster} (RAY_ADDRESS: that cluster's dashboard)."]
+            if cluster
+            else []
+        ),
         'RAY_ADDRESS="${RAY_ADDRESS:-http://127.0.0.1:8265}"',
         *(f': "${{{n}:?set {n} in the environment (a secret)}}"' for n in from_env),
         f"RUNTIME_ENV={q(json.dumps(runtime_env, sort_keys=True))}",

@@ -79,6 +79,10 @@ class RayJobs:
         self._http = httpx.Client(base_url=address, headers=headers, timeout=timeout_s)
         self._packages: dict[Path, _Package] = {}
 
+    @property
+    def token(self) -> str | None:
+        return self._token
+
     def close(self) -> None:
         self._http.close()
 

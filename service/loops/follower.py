@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 
 from jobs import resume
 from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable
+from service.cluster.registry import Clusters, UnknownCluster
 from service.metrics import logcopy, store
 from service.metrics.health import HealthRules, evaluate
 from service.metrics.log_readers import LogReader, TailReader
@@ -56,6 +57,7 @@ class Held:
     ray_ended_at: datetime | None = None
     attempt: int = 1
     base: int = 0  # where the current attempt's job log starts in the kept copy
+    cluster: str | None = None  # where the job is (None: the primary cluster)
 
     @property
     def job(self) -> str:
@@ -86,10 +88,35 @@ def split_lines(text: str, start: int, final: bool) -> tuple[str, list[tuple[int
     return text, lines
 
 
+class ByCluster:
+    """A log reader per cluster (Ray's tail stream on each), each job read on its run's."""
+
+    def __init__(self, clusters: Clusters, where: dict[str, str | None]) -> None:
+        self.clusters = clusters
+        self.where = where  # job -> its run's cluster, kept by the follower
+        self._readers: dict[str, TailReader] = {}
+
+    def _of(self, job: str) -> TailReader:
+        handle = self.clusters.of(self.where.get(job))
+        if handle.name not in self._readers:
+            self._readers[handle.name] = TailReader(handle.ray)
+        return self._readers[handle.name]
+
+    def read(self, run_id: str, offset: int, ended_at: datetime | None) -> tuple[str | None, bool]:
+        return self._of(run_id).read(run_id, offset, ended_at)
+
+    def consumed(self, run_id: str, offset: int) -> None:
+        self._of(run_id).consumed(run_id, offset)
+
+    def retain(self, run_ids: Set[str]) -> None:
+        for name, reader in self._readers.items():
+            reader.retain({j for j in run_ids if self.clusters.of(self.where.get(j)).name == name})
+
+
 @dataclass
 class Follower:
     db: Database
-    ray: RayJobs
+    ray: RayJobs | Clusters  # a lone client: the one ``default`` cluster
     owner: str
     lease_s: float
     keep_chars: int
@@ -101,7 +128,8 @@ class Follower:
     # a next attempt (the submitter may admit it now).
     retry: RetryConfig = field(default_factory=RetryConfig)
     on_retry: Callable[[], None] = lambda: None
-    # How the job log is read: by default Ray's tail stream, kept open per run.
+    # How the job log is read: by default Ray's tail stream of the run's cluster, kept open
+    # per run.
     reader: LogReader | None = None
     # What one run may store (keys and points); the rest is dropped with a note.
     limits: store.Limits = field(default_factory=store.Limits)
@@ -111,13 +139,23 @@ class Follower:
     # For /metrics: points this replica stored, and when each run it holds was last read.
     points_ingested: int = field(default=0, init=False)
     last_read: dict[str, float] = field(default_factory=dict, init=False)
+    clusters: Clusters = field(init=False)
 
     def __post_init__(self) -> None:
-        self._reader: LogReader = self.reader or TailReader(self.ray)
+        self.clusters = Clusters.lift(self.ray)
+        self._where: dict[str, str | None] = {}  # job -> the cluster it is on
+        self._reader: LogReader = self.reader or ByCluster(self.clusters, self._where)
         self._jobs: dict[str, str] = {}  # run id -> the Ray job of its current attempt
 
     def tick(self) -> None:
         held = self._claim()
+        # A run on a cluster that is down is not read (its lease is kept): the health loop
+        # ends it, or it is read on once its cluster is back.
+        down = self.clusters.down()
+        primary = self.clusters.primary.name
+        held = [h for h in held if (h.cluster or primary) not in down]
+        self._where.clear()
+        self._where.update({r.job: r.cluster for r in held})
         self._jobs = {r.run_id: r.job for r in held}
         self._reader.retain(set(self._jobs.values()))
         now = time.time()
@@ -127,7 +165,7 @@ class Follower:
         for run in held:
             try:
                 read = self._read(run)
-            except (RayUnavailable, RayRejected) as exc:
+            except (RayUnavailable, RayRejected, UnknownCluster) as exc:
                 # One run's log that Ray fails to give holds up no other run's.
                 log.warning("follower: reading the log of run %s failed: %s", run.run_id, exc)
                 failed.append(exc)
@@ -177,6 +215,7 @@ class Follower:
                     Run.ray_ended_at,
                     Run.attempt,
                     RunLog.log_base,
+                    Run.cluster,
                 )
                 .join(Run, Run.id == RunLog.run_id)
                 # A retried run waiting for its next attempt has no job to read yet.
@@ -192,8 +231,8 @@ class Follower:
                 ),
             ]
             held = [
-                Held(r, RunStatus(status), off, ended, ray_ended, n, base)
-                for r, off, status, ended, ray_ended, n, base in rows
+                Held(r, RunStatus(status), off, ended, ray_ended, n, base, cluster)
+                for r, off, status, ended, ray_ended, n, base, cluster in rows
             ]
             # The leases taken or renewed in one statement per batch, not one per run.
             expires = now + timedelta(seconds=self.lease_s)
@@ -222,7 +261,7 @@ class Follower:
             held.job, held.offset - held.base, ended_at if settled else None
         )
         final = settled and complete
-        word = self._deaths(held.job) if final and held.status in _FAILED else deaths.Word()
+        word = self._deaths(held) if final and held.status in _FAILED else deaths.Word()
         if word.undecided and ended_at is not None and utcnow() - ended_at < deaths.VERDICT_WAIT:
             final = False  # Ray's health checks may yet find the unreachable actor's node dead
         if text is None and not final:
@@ -234,10 +273,18 @@ class Follower:
         resumed = [s for _, line in lines if (s := resume.parse(line)) is not None]
         return _Read(held, new, parsed, reports, final, ray_state, resumed[-1] if resumed else None)
 
-    def _deaths(self, job: str) -> deaths.Word:
+    def _deaths(self, held: Held) -> deaths.Word:
+        job = held.job
         try:
-            return deaths.read(self.ray, job)
-        except (RayUnavailable, RayRejected, KeyError, TypeError, ValueError) as exc:
+            return deaths.read(self.clusters.of(held.cluster).ray, job)
+        except (
+            RayUnavailable,
+            RayRejected,
+            UnknownCluster,
+            KeyError,
+            TypeError,
+            ValueError,
+        ) as exc:
             # The log alone classifies the failure: Ray's state is evidence, not a condition.
             log.warning("follower: reading what died under job %s failed: %r", job, exc)
             return deaths.Word()

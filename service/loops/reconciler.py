@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session
 
 from service.backoff import Backoff
 from service.cluster.ray_jobs import JobInfo, RayJobs, RayRejected, RayUnavailable, stop_job
+from service.cluster.registry import Clusters, UnknownCluster
 from service.recovery import ending
 from service.recovery.attempts import job_id
 from service.store import audit
@@ -57,34 +58,46 @@ class _Retry:
 @dataclass
 class Reconciler:
     db: Database
-    ray: RayJobs
+    ray: RayJobs | Clusters  # a lone client: the one ``default`` cluster
     # Called after a round in which some run ended (its resources are free for the queue).
     on_end: Callable[[], None] = lambda: None
     interval_s: float = 2.0
     max_backoff_s: float = 30.0
     _retry: dict[str, _Retry] = field(default_factory=dict, init=False)
+    clusters: Clusters = field(init=False)
 
     # A run's reads fail this many times in a row before its health says so (a blip is not news).
     HEALTH_AFTER: ClassVar[int] = 2
     WORKERS: ClassVar[int] = 8
 
+    def __post_init__(self) -> None:
+        self.clusters = Clusters.lift(self.ray)
+
     def tick(self) -> None:
         with self.db.transaction() as session:
-            active = session.execute(
-                select(Run.id, Run.stop_requested_at, Run.attempt).where(Run.status.in_(ACTIVE))
+            rows = session.execute(
+                select(Run.id, Run.stop_requested_at, Run.attempt, Run.cluster).where(
+                    Run.status.in_(ACTIVE)
+                )
             ).all()
+        # A run on a cluster that is down is not asked after: the health loop ends it.
+        down = self.clusters.down()
+        primary = self.clusters.primary.name
+        active = [(i, s, n, c) for i, s, n, c in rows if (c or primary) not in down]
         now = time.monotonic()
         due = [
-            (i, s, n) for i, s, n in active if now >= getattr(self._retry.get(i), "next_at", now)
+            (i, s, n, c)
+            for i, s, n, c in active
+            if now >= getattr(self._retry.get(i), "next_at", now)
         ]
         # Read in parallel: one run that makes Ray time out delays no other.
         with ThreadPoolExecutor(max_workers=self.WORKERS) as pool:
             results = list(pool.map(lambda row: self._observe(*row), due))
         observed = {
-            i: r for (i, _, _), r in zip(due, results, strict=True) if not isinstance(r, str)
+            i: r for (i, _, _, _), r in zip(due, results, strict=True) if not isinstance(r, str)
         }
-        failed = {i: r for (i, _, _), r in zip(due, results, strict=True) if isinstance(r, str)}
-        still = {i for i, _, _ in active} - observed.keys()
+        failed = {i: r for (i, _, _, _), r in zip(due, results, strict=True) if isinstance(r, str)}
+        still = {i for i, _, _, _ in active} - observed.keys()
         self._retry = {i: r for i, r in self._retry.items() if i in still}
         for run_id in failed:
             retry = self._retry.setdefault(run_id, _Retry(0, now))
@@ -111,16 +124,17 @@ class Reconciler:
             raise RayUnavailable(f"every read of this round failed; first: {first}")
 
     def _observe(
-        self, run_id: str, stop_requested_at: datetime | None, attempt: int
+        self, run_id: str, stop_requested_at: datetime | None, attempt: int, cluster: str | None
     ) -> JobInfo | str | None:
-        """What Ray says of one run's current attempt, or the error (as text) that kept it
-        from saying."""
+        """What the run's cluster says of its current attempt, or the error (as text) that
+        kept it from saying."""
         job = job_id(run_id, attempt)
         try:
+            ray = self.clusters.of(cluster).ray
             if stop_requested_at is not None:
-                stop_job(self.ray, job, "stop requested")
-            return self.ray.get(job)
-        except (RayUnavailable, RayRejected) as exc:
+                stop_job(ray, job, "stop requested")
+            return ray.get(job)
+        except (RayUnavailable, RayRejected, UnknownCluster) as exc:
             log.warning("reconciler: reading run %s from Ray failed: %s", run_id, exc)
             return str(exc)
 

@@ -12,6 +12,9 @@ job's processes, so they are not in Ray's job table.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -24,13 +27,15 @@ from jobs import grant as job_grant
 from jobs import resume
 from service.client import DEFAULT_URL
 from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable, stop_job, zip_files
+from service.cluster.registry import ClusterHandle, Clusters, cluster_quotas
 from service.recipes.base import RUN_FILES_DIR
 from service.recovery.attempts import job_id
 from service.scheduling import backlog
+from service.scheduling.across import decide_across
 from service.scheduling.admission import Quotas
 from service.scheduling.budgets import Budgets
 from service.scheduling.inventory import Inventory, InventoryCache
-from service.scheduling.node_groups import NodeGroups, decide_grouped
+from service.scheduling.node_groups import NodeGroups
 from service.store import grants
 from service.store.db import Database
 from service.store.lifecycle import transition
@@ -39,13 +44,14 @@ from service.store.status import RunStatus
 from service.team_secrets import SecretStore, missing_message, redact
 
 JOBS_DIR = Path(jobs.__file__).parent
+log = logging.getLogger(__name__)
 
 
 @dataclass
 class Submitter:
     db: Database
-    ray: RayJobs
-    inventory: InventoryCache
+    ray: RayJobs | Clusters  # a lone client: the one ``default`` cluster
+    inventory: InventoryCache | None  # a lone client's inventory (clusters carry their own)
     quotas: Quotas
     owner: str
     claim_ttl_s: float
@@ -53,34 +59,80 @@ class Submitter:
     secrets: SecretStore = field(default_factory=lambda: SecretStore(None))
     grant_url: str = DEFAULT_URL  # where the job redeems its grant
     grant_ttl_s: float = 3600.0
-    groups: NodeGroups = field(default_factory=NodeGroups)
+    groups: NodeGroups = field(default_factory=NodeGroups)  # of the primary cluster
     budgets: Budgets = field(default_factory=Budgets)
+    clusters: Clusters = field(init=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.ray, Clusters):
+            self.clusters = self.ray
+        else:
+            self.clusters = Clusters.single(self.ray, self.inventory)
 
     def tick(self) -> None:
-        # Always a fresh read: a run that just ended must not wait for a cache to expire.
-        inventory = self.inventory.get(max_age_s=0.0)
+        inventories = self._inventories()
         with self.db.transaction() as session:
-            claimed = self._claim(session, inventory)
-        for queued in claimed:
-            self._submit(queued)
+            claimed = self._claim(session, inventories)
+        for queued, cluster in claimed:
+            self._submit(queued, cluster)
 
-    def _claim(self, session: Session, inventory: Inventory) -> list[backlog.QueuedRow]:
-        """Decide the round, claim the admitted runs and record why the others wait."""
+    def _inventories(self) -> dict[str, Inventory | None]:
+        """A fresh inventory of each cluster that is up (a run that just ended must not wait
+        for a cache to expire), read at once: a cluster slow to answer stalls no other. None
+        for one down or unreadable; when every cluster fails, the round fails."""
+        handles = list(self.clusters)
+
+        def read(handle: ClusterHandle) -> Inventory | Exception | None:
+            if not handle.health.up:
+                return None
+            try:
+                return handle.inventory.get(max_age_s=0.0)
+            except (RayUnavailable, RayRejected) as exc:
+                log.warning("submitter: reading cluster %s failed: %s", handle.name, exc)
+                return exc
+
+        if len(handles) == 1:
+            results = [read(handles[0])]
+        else:
+            with ThreadPoolExecutor(max_workers=len(handles)) as pool:
+                results = list(pool.map(read, handles))
+        errors = [r for r in results if isinstance(r, Exception)]
+        if errors and len(errors) == len(handles):
+            raise errors[0]
+        return {
+            h.name: r if isinstance(r, Inventory) else None
+            for h, r in zip(handles, results, strict=True)
+        }
+
+    def _claim(
+        self, session: Session, inventories: Mapping[str, Inventory | None]
+    ) -> list[tuple[backlog.QueuedRow, str]]:
+        """Decide the round, claim the admitted runs (each with its cluster) and record why
+        the others wait."""
         if not backlog.lock_admission(session):
             return []
         now = utcnow()
         rows = backlog.queued(session, now, claim=True)
         if not rows:
             return []
-        held = backlog.held(session, now, inventory.fetched_at)
-        outside = backlog.outside_jobs(session, inventory)
+        views = [
+            backlog.ClusterView(
+                h.name, inventories.get(h.name), h.health.down_reason, cluster_quotas(h.spec)
+            )
+            for h in self.clusters
+        ]
+        states = backlog.cluster_states(session, now, views, self.groups)
         over_budget = self.budgets.held_back(session, rows, now)
-        offered = [r.run for r in rows if r.run.id not in over_budget]
-        decision = decide_grouped(
-            self.groups, offered, held, inventory, self.quotas, self.batch, outside
+        offered = [r for r in rows if r.run.id not in over_budget]
+        candidates = {r.run.id: self._candidates(r) for r in offered}
+        decision = decide_across(
+            states, [r.run for r in offered], candidates, self.quotas, self.batch
         )
-        decision.reasons |= {run_id: o.reason for run_id, o in over_budget.items()}
-        admitted = set(decision.admit)
+        reasons = decision.reasons | {run_id: o.reason for run_id, o in over_budget.items()}
+        for r in offered:
+            if not candidates[r.run.id]:
+                reasons[r.run.id] = "no declared cluster may take this run now"
+        admitted = dict(decision.admit)
         out = []
         for row in rows:
             run_id = row.run.id
@@ -92,13 +144,14 @@ class Submitter:
                         claim_owner=self.owner,
                         claim_expires_at=now + timedelta(seconds=self.claim_ttl_s),
                         queue_reason=None,
+                        cluster=admitted[run_id],
                         budget_wait=None,
                     )
                 )
                 if session.execute(claim).rowcount:  # type: ignore[attr-defined]
-                    out.append(row)
+                    out.append((row, admitted[run_id]))
             else:
-                reason = decision.reasons.get(run_id)
+                reason = reasons.get(run_id)
                 wait = over_budget[run_id].doc() if run_id in over_budget else None
                 if (reason, wait) != (row.queue_reason, row.budget_wait):
                     session.execute(
@@ -108,8 +161,15 @@ class Submitter:
                     )
         return out
 
-    def _submit(self, queued: backlog.QueuedRow) -> None:
+    def _candidates(self, row: backlog.QueuedRow) -> list[str]:
+        return self.clusters.for_queued(row.run.team, row.launch, row.cluster)
+
+    def _submit(self, queued: backlog.QueuedRow, cluster: str | None = None) -> None:
         run, launch = queued.run, queued.launch
+        handle = self.clusters.of(cluster)
+        ray = handle.ray
+        # A team's node group is a map of the primary cluster's nodes.
+        pin = self.groups.pin(run.team) if handle is self.clusters.primary else {}
         job = job_id(run.id, queued.attempt)
         runtime_env = dict(launch["runtime_env"])
         if queued.attempt > 1:  # a later attempt: which one, and what it resumes from
@@ -137,12 +197,12 @@ class Submitter:
         try:
             runtime_env["py_modules"] = [
                 *runtime_env.get("py_modules", []),
-                self.ray.package_uri(JOBS_DIR),
+                ray.package_uri(JOBS_DIR),
             ]
             if launch.get("files"):  # the run's own files: its working directory on every node
                 package = zip_files(launch["files"], RUN_FILES_DIR)
-                runtime_env["working_dir"] = self.ray.upload(package)
-            fresh = self.ray.submit(
+                runtime_env["working_dir"] = ray.upload(package)
+            fresh = ray.submit(
                 submission_id=job,
                 entrypoint=launch["entrypoint"],
                 runtime_env=runtime_env,
@@ -151,7 +211,7 @@ class Submitter:
                 # A team mapped to a node group: its driver starts on the group's nodes.
                 entrypoint_resources={
                     **(launch.get("entrypoint_resources") or {}),
-                    **self.groups.pin(run.team),
+                    **pin,
                 }
                 or None,
             )
@@ -176,7 +236,7 @@ class Submitter:
                 transition(session, row, RunStatus.SUBMITTED, reason)
             cancelled = row is not None and row.status == RunStatus.CANCELLED
         if cancelled:
-            stop_job(self.ray, job, "cancelled while being submitted")
+            stop_job(ray, job, "cancelled while being submitted")
 
     def _fail(self, run_id: str, reason: str) -> None:
         with self.db.transaction() as session:

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.cluster.ray_jobs import RayJobs, RayRejected
+from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable
+from service.cluster.registry import ClusterHandle, Clusters
 from service.scheduling.inventory import InventoryCache
 from service.scheduling.outside import ClusterJob, unmanaged
 from service.store import audit
@@ -33,16 +34,36 @@ SEEN, STOPPED = "job.unmanaged", "job.stopped_unmanaged"
 @dataclass
 class UnmanagedJobs:
     db: Database
-    ray: RayJobs
-    inventory: InventoryCache
+    ray: RayJobs | Clusters  # a lone client: the one ``default`` cluster
+    inventory: InventoryCache | None  # a lone client's inventory (clusters carry their own)
     stop_after_s: float | None = None
     # Jobs (by id) whose audit rows this replica knows of, per action.
     _recorded: dict[str, set[str]] = field(
         default_factory=lambda: {SEEN: set(), STOPPED: set()}, init=False
     )
+    clusters: Clusters = field(init=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.ray, Clusters):
+            self.clusters = self.ray
+        else:
+            self.clusters = Clusters.single(self.ray, self.inventory)
 
     def tick(self) -> None:
-        jobs = self.inventory.get().jobs
+        """Each cluster that is up on its own; the round fails only when every one does."""
+        handles = [h for h in self.clusters if h.health.up]
+        errors: list[Exception] = []
+        for handle in handles:
+            try:
+                self._tick(handle)
+            except (RayUnavailable, RayRejected) as exc:
+                log.warning("unmanaged: reading cluster %s failed: %s", handle.name, exc)
+                errors.append(exc)
+        if errors and len(errors) == len(handles):
+            raise errors[0]
+
+    def _tick(self, handle: ClusterHandle) -> None:
+        jobs = handle.inventory.get().jobs
         if not jobs:
             return
         now_ms = time.time() * 1000
@@ -53,7 +74,7 @@ class UnmanagedJobs:
                 self._record(session, SEEN, job)
             due = self._new(session, STOPPED, [j for j in foreign if self._due(j, now_ms)])
         self._recorded[SEEN].update(j.id for j in seen)
-        stopped = [job for job in due if self._stop(job)]
+        stopped = [job for job in due if self._stop(handle.ray, job)]
         if stopped:
             with self.db.transaction() as session:
                 for job in stopped:
@@ -65,9 +86,9 @@ class UnmanagedJobs:
             return False
         return now_ms - job.start_time_ms >= self.stop_after_s * 1000
 
-    def _stop(self, job: ClusterJob) -> bool:
+    def _stop(self, ray: RayJobs, job: ClusterJob) -> bool:
         try:
-            self.ray.stop(job.id)
+            ray.stop(job.id)
         except RayRejected as exc:
             log.warning("stopping unmanaged job %s: Ray refused: %s", job.id, exc)
             return False

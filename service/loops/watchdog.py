@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import select
 
 from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable
+from service.cluster.registry import Clusters
 from service.recovery import explain, pending
 from service.recovery.attempts import job_id
 from service.recovery.classify import Evidence, of_class
@@ -39,7 +40,7 @@ class Watchdog:
         silent_s: float,
         stop_stuck: bool,
         on_stop: Callable[[], None] = lambda: None,
-        ray: RayJobs | None = None,
+        ray: RayJobs | Clusters | None = None,
         unschedulable_after_s: float = 20.0,
     ) -> None:
         self.db = db
@@ -47,7 +48,8 @@ class Watchdog:
         self.silent = timedelta(seconds=silent_s)
         self.stop_stuck = stop_stuck
         self.on_stop = on_stop
-        self.ray = ray
+        # Ray's state API is asked on each run's own cluster (a lone client: ``default``).
+        self.clusters = None if ray is None else Clusters.lift(ray)
         self.unschedulable_after = timedelta(seconds=unschedulable_after_s)
 
     def tick(self) -> None:
@@ -81,31 +83,37 @@ class Watchdog:
     def _probe(self, now: datetime) -> tuple[set[str], dict[str, str]]:
         """The RUNNING runs without a recent step that Ray's state API was asked about, and of
         those, the ones whose job waits for a shape no node can hold (run -> that shape)."""
-        if self.ray is None:
+        if self.clusters is None:
             return set(), {}
         with self.db.read() as session:
             rows = session.execute(
-                select(Run.id, Run.attempt, Run.started_at, RunLog.last_step_at)
+                select(Run.id, Run.attempt, Run.started_at, RunLog.last_step_at, Run.cluster)
                 .outerjoin(RunLog, RunLog.run_id == Run.id)
                 .where(Run.status == RunStatus.RUNNING, Run.health.in_(WATCHDOG_HEALTH))
             ).all()
-        # run -> its current attempt's Ray job (the submission id Ray's state API names)
-        jobs = {
-            i: job_id(i, attempt)
-            for i, attempt, started, step in rows
-            if now - (step or started or now) > self.unschedulable_after
-        }
-        due = set(jobs)
-        if not due:
-            return set(), {}
-        try:  # no transaction is open across these calls
-            waiting = pending.read(self.ray)
-            free = Inventory.from_cluster_status(self.ray.cluster_status()).available()
-        except (RayUnavailable, RayRejected, KeyError, TypeError, ValueError) as exc:
-            log.warning("watchdog: reading what waits on Ray failed: %r", exc)
-            return set(), {}
-        shapes = {i: pending.missing(waiting, job, free) for i, job in jobs.items()}
-        return due, {i: m for i, m in shapes.items() if m is not None}
+        # cluster -> run -> its current attempt's Ray job (the submission id Ray's state API
+        # names)
+        jobs: dict[str, dict[str, str]] = {}
+        for i, attempt, started, step, cluster in rows:
+            if now - (step or started or now) > self.unschedulable_after:
+                handle = self.clusters.get(cluster)
+                if handle is not None and handle.health.up:
+                    jobs.setdefault(handle.name, {})[i] = job_id(i, attempt)
+        due: set[str] = set()
+        hangs: dict[str, str] = {}
+        for name, mine in jobs.items():
+            ray = self.clusters.of(name).ray
+            try:  # no transaction is open across these calls
+                waiting = pending.read(ray)
+                free = Inventory.from_cluster_status(ray.cluster_status()).available()
+            except (RayUnavailable, RayRejected, KeyError, TypeError, ValueError) as exc:
+                log.warning("watchdog: reading what waits on cluster %s failed: %r", name, exc)
+                continue
+            due |= set(mine)
+            for i, job in mine.items():
+                if (missing := pending.missing(waiting, job, free)) is not None:
+                    hangs[i] = missing
+        return due, hangs
 
     def stuck_reason(self, run: Run, now: datetime) -> str | None:
         own = (run.spec or {}).get("stuck_after_s")

@@ -18,12 +18,14 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from service.cluster.registry import cluster_quotas
 from service.errors import Forbidden, InvalidSpec, TooManyRequests, field_error
 from service.ids import new_run_id
 from service.operations.idempotency import Accepted, replay, request_hash, scoped_key
 from service.operations.parts import Parts
 from service.principal import Principal, record_call
 from service.recipes.base import Launch, LaunchContext, RunSpec
+from service.recipes.verl import versions
 from service.recovery import policy
 from service.scheduling import backlog
 from service.scheduling.admission import QueuedRun, Quotas
@@ -78,7 +80,7 @@ def accept_run(
         status=RunStatus.QUEUED,
         health="ok",
         spec=spec.model_dump(mode="json"),
-        launch=launch.as_dict(),
+        launch=launch.as_dict() | {"where": built.where},
         idempotency_key=key,
         request_hash=digest,
         created_by=principal.user,
@@ -111,10 +113,30 @@ def plan_run(parts: Parts, principal: Principal, body: Any) -> dict[str, Any]:
     built = _build(parts, principal, body)
     spec, launch, refusal = built.spec, built.launch, built.refusal
     candidate = QueuedRun(built.run_id, spec.team, PRIORITIES[spec.priority], launch.shape)
-    with parts.db.read() as session:
-        plan = backlog.plan(
-            session, built.inventory, candidate, built.quotas, utcnow(), built.groups
+    clusters = parts.clusters
+    # Several clusters: each one's state as the submitter's round reads it (inventories first,
+    # outside the transaction; a down cluster's is not asked).
+    views = [
+        backlog.ClusterView(
+            h.name, parts.cluster(h.name), h.health.down_reason, cluster_quotas(h.spec)
         )
+        for h in (clusters if len(clusters) > 1 else ())
+    ]
+    with parts.db.read() as session:
+        if len(clusters) == 1:
+            plan = backlog.plan(
+                session, built.inventory, candidate, built.quotas, utcnow(), built.groups
+            )
+        else:
+            now = utcnow()
+            rows = backlog.queued(session, now)
+            states = backlog.cluster_states(session, now, views, built.groups)
+            candidates = {
+                r.run.id: clusters.for_queued(r.run.team, r.launch, r.cluster) for r in rows
+            } | {candidate.id: built.candidates}
+            plan = backlog.plan_across(
+                states, [r.run for r in rows], candidates, candidate, built.quotas
+            )
         budgets = Budgets.of_settings(parts.settings)
         queued = backlog.QueuedRow(candidate, "", {}, None)
         over_budget = budgets.held_back(session, [queued], utcnow())
@@ -150,11 +172,15 @@ class _Built:
     quotas: Quotas
     groups: NodeGroups
     refusal: InvalidSpec | None  # the shape can never fit (None: it can, or Ray is away)
+    # What the spec asks of a cluster, kept with the launch (the submitter reads it each round).
+    where: dict[str, Any]
+    candidates: list[str]  # the clusters the run may go to, in declared order
 
 
 def _build(parts: Parts, principal: Principal, body: Any) -> _Built:
-    """The spec and launch of ``body`` (with its team), its secrets and priority checked, and
-    whether its shape can ever fit the cluster (read outside any transaction)."""
+    """The spec and launch of ``body`` (with its team), its secrets and priority checked, the
+    clusters it may go to, and whether its shape can ever fit one of them (read outside any
+    transaction)."""
     run_id = new_run_id()
     ctx = LaunchContext(run_id=run_id, stop_grace_s=parts.settings.stop_grace_s)
     spec, launch = parts.registry.build(body, ctx)
@@ -167,14 +193,51 @@ def _build(parts: Parts, principal: Principal, body: Any) -> _Built:
         settings.team_retry_max_attempts,
         settings.retry_max_attempts,
     )
+    where = _where(spec)
+    candidates = parts.clusters.candidates(
+        spec.team,
+        where["cluster"],
+        where["accelerator"],
+        where["labels"],
+        where["verl_version"],
+        launch.reads,
+    )
     quotas = backlog.quotas(parts.settings)
     groups = backlog.node_groups(parts.settings)
-    inventory = parts.cluster()
-    refusal = None
-    if inventory is not None:
-        mine = groups.view(inventory, spec.team)  # a team mapped to nodes: only those
-        refusal = never_fits(launch.shape, mine, spec.team, quotas.of(spec.team))
-    return _Built(run_id, spec, launch, inventory, quotas, groups, refusal)
+    primary = parts.clusters.primary.name
+    inventory, refusal, chosen, unread = None, None, None, False
+    # A shape refused only when every cluster it may go to was read and none can ever hold it;
+    # planned on the first that can.
+    for name in candidates:
+        found = parts.cluster(name)
+        if found is None:
+            unread = True
+            continue
+        # A team mapped to nodes of the primary cluster: only those.
+        mine = groups.view(found, spec.team) if name == primary else found
+        inventory = inventory or found
+        never = never_fits(launch.shape, mine, spec.team, quotas.of(spec.team))
+        if never is None:
+            inventory, chosen = found, name
+            break
+        refusal = refusal or never
+    if chosen is not None or unread:
+        refusal = None
+    return _Built(run_id, spec, launch, inventory, quotas, groups, refusal, where, candidates)
+
+
+def _where(spec: RunSpec) -> dict[str, Any]:
+    """What ``spec`` asks of a cluster: its name, the selector, the verl version it needs."""
+    version = getattr(spec, "verl_version", None)
+    if version is None and hasattr(spec, "verl_version"):  # a verl spec: the service's own
+        version = versions.installed()
+    placement = spec.placement
+    return {
+        "cluster": spec.cluster,
+        "accelerator": placement.accelerator if placement else None,
+        "labels": dict(placement.labels) if placement else {},
+        "verl_version": version,
+    }
 
 
 def _with_team(body: Any, principal: Principal) -> Any:

@@ -1,6 +1,7 @@
-"""The cluster as the service sees it: nodes (with who holds what), what each active run holds,
-teams against their quotas, the queue in admission's order and the jobs outside the service.
-Nothing is decided here; another team's run names are hidden from a non-admin."""
+"""The primary cluster as the service sees it: nodes (with who holds what) and the jobs outside
+the service; with them what each active run holds (on any cluster, each named), teams against
+their quotas and the queue in admission's order. Nothing is decided here; another team's run
+names are hidden from a non-admin (``clusters_view``: every cluster)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def cluster_view(parts: Parts, principal: Principal, limit: int | None) -> dict[
         rows = backlog.queued(session, now)
         held = backlog.held(session, now, inventory.fetched_at if inventory else now.timestamp())
         active = session.execute(
-            select(Run.id, Run.name, Run.team, Run.status, Run.priority, Run.launch)
+            select(Run.id, Run.name, Run.team, Run.status, Run.priority, Run.launch, Run.cluster)
             .where(backlog.is_held(now))
             .order_by(Run.id)
         ).all()
@@ -61,6 +62,7 @@ def cluster_view(parts: Parts, principal: Principal, limit: int | None) -> dict[
                 "priority": PRIORITY_NAMES.get(r.priority, str(r.priority)),
                 "accelerators": r.launch["shape"]["accelerators"],
                 "shape": r.launch["shape"],
+                "cluster": r.cluster,
             }
             for r in active[:bound]
         ],

@@ -1,10 +1,11 @@
-"""What an operation runs on: the replica's settings, database, recipes, secrets, cluster
-inventory and loops (``service.api.deps.Services`` is one)."""
+"""What an operation runs on: the replica's settings, database, recipes, secrets, clusters
+(their inventories) and loops (``service.api.deps.Services`` is one)."""
 
 from __future__ import annotations
 
 from typing import Protocol
 
+from service.cluster.registry import Clusters
 from service.recipes.registry import RecipeRegistry
 from service.scheduling.inventory import Inventory
 from service.settings import Settings
@@ -25,9 +26,12 @@ class Parts(Protocol):
     @property
     def secrets(self) -> SecretStore: ...
 
-    def cluster(self) -> Inventory | None:
-        """The cached cluster inventory, or None while Ray cannot be read (it may call Ray:
-        never inside a transaction)."""
+    @property
+    def clusters(self) -> Clusters: ...
+
+    def cluster(self, name: str | None = None) -> Inventory | None:
+        """The cached inventory of cluster ``name`` (None: the primary), or None while it
+        cannot be read (it may call Ray: never inside a transaction)."""
         ...
 
     def wake(self, name: str) -> None:

@@ -13,6 +13,22 @@ from service.recovery.policy import RetryPolicy
 from service.scheduling.shape import ResourceShape
 
 
+class PlacementSpec(BaseModel):
+    """Which clusters a run may go to, by what they are (see ``cluster`` for one by name)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    accelerator: Literal["NPU", "GPU"] | None = Field(
+        default=None, description="only clusters of this accelerator kind"
+    )
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=20,
+        description="only clusters carrying every one of these labels",
+        examples=[{"site": "hz"}],
+    )
+
+
 class RunSpec(BaseModel):
     """Fields every run request carries; a recipe's spec model extends this."""
 
@@ -38,6 +54,14 @@ class RunSpec(BaseModel):
     )
     retry: RetryPolicy | None = Field(
         default=None, description="retry as attempts of this run (default: the operator's)"
+    )
+    cluster: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9][a-z0-9-]{0,62}$",
+        description="the cluster to run on (`GET /clusters`); unset: any the team may use",
+    )
+    placement: PlacementSpec | None = Field(
+        default=None, description="the kind of cluster to run on, when no `cluster` is named"
     )
 
     @field_validator("secrets")
@@ -87,6 +111,9 @@ class Launch:
     files: dict[str, str] = field(default_factory=dict)
     # Env var -> secret name: values are filled in by the service when it submits, never stored.
     secrets: dict[str, str] = field(default_factory=dict)
+    # Absolute paths and URIs the job reads on the nodes: a cluster with data roots must hold
+    # them all to take the run.
+    reads: list[str] = field(default_factory=list)
 
     @property
     def entrypoint(self) -> str:
@@ -105,6 +132,7 @@ class Launch:
             "samples_per_sync": self.samples_per_sync,
             "files": self.files,
             "secrets": self.secrets,
+            "reads": self.reads,
         }
 
 

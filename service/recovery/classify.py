@@ -30,6 +30,7 @@ RetryClass = Literal[
     "nan",
     "ended_early",
     "stopped_outside",
+    "cluster_down",
     "unknown",
 ]
 FAILURE_CLASSES: tuple[str, ...] = (*get_args(RetryClass), "cancelled")

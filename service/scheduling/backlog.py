@@ -4,7 +4,7 @@ and the dry-run plan of a run that would join it (``plan``; ``plan_across`` over
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -64,6 +64,7 @@ class QueuedRow:
     over_budget_by: str | None = None
     attempt: int = 1
     resume: str | None = None  # what a later attempt resumes from
+    cluster: str | None = None  # where an earlier attempt ran (or a lapsed claim was for)
     budget_wait: dict[str, Any] | None = None  # what it is told while its team is past budget
 
 
@@ -85,6 +86,7 @@ def queued(session: Session, now: datetime, claim: bool = False) -> list[QueuedR
             Run.over_budget_by,
             Run.attempt,
             Run.resume,
+            Run.cluster,
             Run.budget_wait,
         )
         .where(
@@ -106,6 +108,7 @@ def queued(session: Session, now: datetime, claim: bool = False) -> list[QueuedR
             r.over_budget_by,
             r.attempt,
             r.resume,
+            r.cluster,
             r.budget_wait,
         )
         for r in rows
@@ -129,6 +132,66 @@ def held(session: Session, now: datetime, inventory_at: float) -> list[HeldRun]:
             and r.started_at.timestamp() <= inventory_at - SETTLE_S,
         )
         for r in rows
+    ]
+
+
+def held_on(
+    session: Session, now: datetime, inventory_at: Mapping[str, float], primary: str
+) -> dict[str, list[HeldRun]]:
+    """``held`` by cluster (a run that records none is on ``primary``), each judged settled
+    against its own cluster's inventory time."""
+    rows = session.execute(
+        select(Run.id, Run.team, Run.launch, Run.status, Run.started_at, Run.cluster)
+        .where(is_held(now))
+        .order_by(Run.submitted_at.is_(None), Run.submitted_at, Run.id)
+    ).all()
+    out: dict[str, list[HeldRun]] = {name: [] for name in inventory_at}
+    for r in rows:
+        name = r.cluster or primary
+        at = inventory_at.get(name, now.timestamp())
+        out.setdefault(name, []).append(
+            HeldRun(
+                r.id,
+                r.team,
+                ResourceShape.from_dict(r.launch["shape"]),
+                settled=r.status == RunStatus.RUNNING
+                and r.started_at is not None
+                and r.started_at.timestamp() <= at - SETTLE_S,
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """What a round knows of one cluster before it opens its transaction."""
+
+    name: str
+    inventory: Inventory | None  # None: down or unreadable
+    down: str | None = None
+    quotas: Quotas = field(default_factory=Quotas)
+
+
+def cluster_states(
+    session: Session, now: datetime, views: Sequence[ClusterView], groups: NodeGroups
+) -> list[ClusterState]:
+    """Each cluster's state for ``decide_across``: its inventory, the runs held on it, the jobs
+    outside the service there; the first is the primary (its runs may record no cluster, and
+    the node groups are its)."""
+    primary = views[0].name
+    at = {v.name: v.inventory.fetched_at if v.inventory else now.timestamp() for v in views}
+    held = held_on(session, now, at, primary)
+    return [
+        ClusterState(
+            v.name,
+            v.inventory,
+            held.get(v.name, []),
+            outside_jobs(session, v.inventory) if v.inventory else [],
+            groups if v.name == primary else NodeGroups(),
+            v.quotas,
+            down=v.down,
+        )
+        for v in views
     ]
 
 

@@ -1,5 +1,6 @@
-// #/cluster: nodes (address, capacity, who holds what there), the runs holding resources, jobs
-// outside the service, teams against quotas and node groups, the queue.
+// #/cluster: every cluster (up or down, capacity, labels, teams), then the primary cluster's
+// nodes (address, capacity, who holds what there), the runs holding resources, jobs outside the
+// service, teams against quotas and node groups, the queue.
 import { every, getJSON } from "./api.js";
 import { badge, h, link } from "./ui.js";
 
@@ -37,7 +38,14 @@ function holderCell(node) {
     x.team ? h("span", { class: "dim" }, ` (${x.team})`) : x.kind === "unmanaged" ? h("span", { class: "dim" }, " (outside rlrun)") : "")));
 }
 
+const capacityCell = (c) => (c.capacity === null
+  ? h("span", { class: "dim" }, c.health.up ? "cannot be read" : "—")
+  : Object.entries(c.capacity).map(([acc, n]) => meter(n.free, n.total, acc)));
+const healthCell = (c) => h("span", { class: c.health.up ? "healthy" : "unhealthy" },
+  `${c.health.up ? "up" : "down"} since ${new Date(c.health.since).toLocaleTimeString()}`);
+
 export function clusterView(root, params, signal) {
+  const clusters = table("clusters", ["cluster", "health", "capacity", "accelerator", "labels", "teams", "verl", "active runs"], "no cluster declared");
   const nodes = table("nodes", ["node", "address", "group", "accelerators", "CPUs", "memory", "held by"], "no node reported yet");
   const active = table("active", ["run", "id", "team", "status", "priority", "accelerators", "groups"], "nothing yet: no run holds resources");
   const outside = table("unmanaged", ["job", "type", "status", "holds", "started", "command"], "nothing yet: every job on the cluster is a run of rlrun");
@@ -45,8 +53,10 @@ export function clusterView(root, params, signal) {
   const groups = table("team-nodes", ["team", "node group", "nodes"], "no team is mapped to nodes: every node is shared");
   const queue = table("queue", ["#", "run", "id", "team", "priority", "accelerators", "reason"], "nothing yet: the queue is empty");
   const status = h("p", { id: "cluster-status" });
+  const primary = h("h2", { id: "primary-cluster" }, "Cluster");
   root.append(
-    h("h2", {}, "Cluster"), status,
+    h("h2", {}, "Clusters"), clusters.node,
+    primary, status,
     h("h3", {}, "Nodes"),
     h("p", { class: "note" }, "Who holds what on a node is Ray's own report (the placement groups and actors of each job); a run admitted but not yet placed by Ray shows under runs only."),
     nodes.node,
@@ -59,7 +69,15 @@ export function clusterView(root, params, signal) {
     h("h3", {}, "Queue"), queue.node,
   );
   every(3000, async () => {
-    const view = await getJSON("/cluster", signal);
+    const [view, all] = await Promise.all([getJSON("/cluster", signal), getJSON("/clusters", signal)]);
+    // GET /cluster is the first cluster's view (the primary).
+    if (all.clusters.length > 1) primary.textContent = `Cluster ${all.clusters[0].name} (the primary)`;
+    clusters.fill(all.clusters.map((c) => h("tr", { dataset: { cluster: c.name, up: String(c.health.up) } },
+      h("td", { class: "mono" }, c.name), h("td", { class: "cluster-health" }, healthCell(c)),
+      h("td", {}, capacityCell(c)), h("td", {}, c.accelerator || "—"),
+      h("td", {}, Object.entries(c.labels).map(([k, v]) => `${k}=${v}`).join(", ")),
+      h("td", {}, c.teams === null ? "every team" : c.teams.join(", ")),
+      h("td", {}, c.verl_versions.join(", ") || "any"), h("td", {}, String(c.active_runs)))));
     status.textContent = view.ray.ok ? "" : "Ray cannot be read: the queue reasons are the last known ones.";
     nodes.fill(view.nodes.map((n) => {
       const kind = accelerator(n.total);

@@ -25,6 +25,7 @@ export function runView(root, id, signal) {
   const queue = h("p", { id: "run-queue", class: "queue-reason", hidden: true });
   const budget = h("p", { id: "run-budget", class: "queue-reason", hidden: true });
   const progress = h("span", { id: "run-progress" });
+  const cluster = h("span", { id: "run-cluster", class: "dim" });
   const cancel = h("button", { id: "cancel", class: "danger", hidden: true }, "cancel");
   const clone = link(`#/submit?from=${encodeURIComponent(id)}`, "clone", "button");
   const charts = h("div", { id: "charts" }, empty("No metrics yet: the charts appear with the run's first step."));
@@ -38,7 +39,7 @@ export function runView(root, id, signal) {
   noLog.id = "no-log";
 
   root.append(
-    h("div", { class: "run-head" }, title, h("p", {}, status, " ", health, " ", progress, " ", cancel, " ", clone), queue, budget),
+    h("div", { class: "run-head" }, title, h("p", {}, status, " ", health, " ", progress, " ", cluster, " ", cancel, " ", clone), queue, budget),
     h("div", { class: "toolbar" }, picker),
     charts,
     h("div", { class: "columns" },
@@ -79,6 +80,7 @@ export function runView(root, id, signal) {
     budget.replaceChildren(...(wait ? ["waits for budget: ", h("strong", { id: "over-by" }, `${hours(wait.over_by_hours)} ${wait.accelerator}-hours over`),
       ` its team's ${hours(wait.budget_hours)} for ${wait.month} (used ${hours(wait.used_hours)}); an admin may let it through`] : []));
     progress.replaceChildren(run.progress.step === null ? "" : "step ", progressCell(run.progress));
+    cluster.textContent = run.cluster ? `on cluster ${run.cluster}` : "";
     cancel.hidden = TERMINAL.has(run.status) || run.stop_requested;
     const values = Object.entries(run.metrics.latest);
     latest.replaceChildren(...(values.length ? values.map(([k, v]) => h("tr", {}, h("td", {}, k), h("td", {}, num(v))))

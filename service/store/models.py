@@ -96,6 +96,8 @@ class Run(Base):
     # read to the end (service.recovery.ending), so a short run never shows SUCCEEDED.
     ray_ended_at: Mapped[datetime | None]
 
+    # The cluster the run was admitted on (None: not yet); a retry stays there while it is up.
+    cluster: Mapped[str | None] = mapped_column(String(63))
     # A replica claims a queued run before it calls Ray; the claim lapses if that replica dies.
     claim_owner: Mapped[str | None] = mapped_column(String(120))
     claim_expires_at: Mapped[datetime | None]

@@ -31,6 +31,7 @@ SUMMARY_COLUMNS = (
     Run.health,
     Run.health_reason,
     Run.queue_reason,
+    Run.cluster,
     Run.created_at,
     Run.submitted_at,
     Run.started_at,

@@ -96,7 +96,7 @@ def serve(db_url: str, port: int, start: float, period: float) -> None:
     import uvicorn
     from sqlalchemy import select
 
-    import service.app
+    import service.cluster.registry
     from service.app import create_app
     from service.settings import Settings
     from service.store.db import Database
@@ -115,7 +115,7 @@ def serve(db_url: str, port: int, start: float, period: float) -> None:
         for run_id in s.scalars(select(Run.id)):
             ray.set_status(run_id, "RUNNING")
     db.dispose()
-    service.app.RayJobs = lambda *_a, **_k: ray  # type: ignore[assignment,misc]
+    service.cluster.registry.RayJobs = lambda *_a, **_k: ray  # type: ignore[assignment,misc]
     settings = Settings(database_url=db_url, ray_address="http://127.0.0.1:9", auth="off")
     config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
     uvicorn.Server(config).run()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,6 +97,28 @@ class PathPins:
 def _under_uri(path: str, root: str) -> bool:
     root = root.rstrip("/")
     return (path == root or path.startswith(root + "/")) and ".." not in path.split("/")
+
+
+def read_paths(
+    cfg: dict[str, Any], checkpoint_dir: str, set_by_spec: Callable[[str], bool]
+) -> list[str]:
+    """The absolute paths and URIs the spec (``set_by_spec``) has the run read outside its own
+    dir: what the nodes of the cluster it goes to must hold (a cluster's ``data_roots``)."""
+    own = posixpath.normpath(checkpoint_dir)
+    found = {
+        value
+        for key, value in _pathlike_values(cfg, "")
+        if set_by_spec(key)
+        and ((value.startswith("/") and not _inside(value, own)) or URI.match(value))
+    }
+    return sorted(found)
+
+
+def under_roots(path: str, roots: Sequence[str]) -> bool:
+    """Whether ``path`` (absolute, or a URI) is under one of ``roots``."""
+    if URI.match(path):
+        return any(_under_uri(path, root) for root in roots if URI.match(root))
+    return any(_inside(path, root) for root in roots if root.startswith("/"))
 
 
 def _pathlike_values(node: Any, prefix: str) -> Iterator[tuple[str, str]]:

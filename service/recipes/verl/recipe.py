@@ -149,7 +149,12 @@ class VerlFullyAsyncRecipe:
             raise InvalidSpec(
                 f"{len(errors)} verl rule(s) broken, first: {errors[0]['field']}", errors
             )
-        return Checked(c, warnings)
+        reads = paths.read_paths(
+            cfg,
+            self.checkpoint_dir(c.guarded.ctx.run_id),
+            lambda key: where.set_by(key) is not None,
+        )
+        return Checked(c, warnings, reads)
 
     def launch(self, k: Checked) -> Launch:
         c = k.composed
@@ -171,6 +176,7 @@ class VerlFullyAsyncRecipe:
             total_steps=command.planned_syncs(cfg),
             samples_per_sync=command.samples_per_sync(cfg),
             files=dict(full.files),
+            reads=k.reads,
         )
 
 
@@ -199,6 +205,7 @@ class Composed:
 class Checked:
     composed: Composed
     warnings: list[str]
+    reads: list[str]  # the absolute paths and URIs the spec has the job read
 
 
 RUN_DIR_LOC = ("trainer", "default_local_dir")
