@@ -295,6 +295,15 @@ def test_the_plan_names_the_cluster_chosen_why_and_each_cluster_s_reason() -> No
     ]
 
 
+def test_the_plan_of_a_run_that_fits_on_two_clusters_says_so_of_both() -> None:
+    plan = plan_across([a1(), a2()], [], {"new": ["a1", "a2"]}, q("new", 1), Quotas())
+    assert plan["why"] == "fits now on 2 clusters; this one it fills most tightly"
+    assert [(c["name"], c["feasible_now"], c["reason"]) for c in plan["clusters"]] == [
+        ("a1", True, "fits now"),
+        ("a2", True, "fits now"),
+    ]
+
+
 def test_the_plan_of_a_run_that_waits_names_the_cluster_it_waits_for() -> None:
     c1 = ClusterState("a1", nodes(0), [h("x1", 8)])
     c2 = ClusterState("a2", nodes(0, 0), [h("x2", 8), h("x3", 8)])

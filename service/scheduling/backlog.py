@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, case, or_, select, text
 from sqlalchemy.orm import Session
 
-from service.scheduling.across import ClusterState, decide_across
+from service.scheduling.across import FITS_NOW, ClusterState, decide_across
 from service.scheduling.admission import HeldRun, QueuedRun, Quotas
 from service.scheduling.fit import on_empty_cluster
 from service.scheduling.inventory import Inventory
@@ -281,7 +281,8 @@ def plan_across(
                 "candidate": state.name in where,
                 "down": state.down,
                 "feasible_ever": ever,
-                "feasible_now": (run_id, state.name) in decision.admit,
+                # Fits there now, whether or not it is the cluster chosen.
+                "feasible_now": reasons.get(state.name) == FITS_NOW,
                 "reason": reasons.get(state.name, "not a cluster this run may use"),
             }
         )
