@@ -100,9 +100,9 @@ class Clusters:
         return cls([ClusterHandle(spec, ray, inventory or InventoryCache(ray, 0.0))])
 
     @classmethod
-    def lift(cls, ray: RayJobs | Clusters) -> Clusters:
-        """``ray`` as clusters: a lone client is the one ``default`` cluster."""
-        return ray if isinstance(ray, Clusters) else cls.single(ray)
+    def lift(cls, ray: RayJobs | Clusters, inventory: InventoryCache | None = None) -> Clusters:
+        """``ray`` as clusters: a lone client (with its inventory) is the one ``default``."""
+        return ray if isinstance(ray, Clusters) else cls.single(ray, inventory)
 
     def __iter__(self) -> Iterator[ClusterHandle]:
         return iter(self._handles.values())

@@ -64,10 +64,7 @@ class Submitter:
     clusters: Clusters = field(init=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.ray, Clusters):
-            self.clusters = self.ray
-        else:
-            self.clusters = Clusters.single(self.ray, self.inventory)
+        self.clusters = Clusters.lift(self.ray, self.inventory)
 
     def tick(self) -> None:
         inventories = self._inventories()

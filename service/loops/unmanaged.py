@@ -44,10 +44,7 @@ class UnmanagedJobs:
     clusters: Clusters = field(init=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.ray, Clusters):
-            self.clusters = self.ray
-        else:
-            self.clusters = Clusters.single(self.ray, self.inventory)
+        self.clusters = Clusters.lift(self.ray, self.inventory)
 
     def tick(self) -> None:
         """Each cluster that is up on its own; the round fails only when every one does."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, case, or_, select, text
+from sqlalchemy import ColumnElement, Row, case, or_, select, text
 from sqlalchemy.orm import Session
 
 from service.scheduling.across import FITS_NOW, ClusterState, decide_across
@@ -122,17 +122,19 @@ def held(session: Session, now: datetime, inventory_at: float) -> list[HeldRun]:
         .where(is_held(now))
         .order_by(Run.submitted_at.is_(None), Run.submitted_at, Run.id)
     ).all()
-    return [
-        HeldRun(
-            r.id,
-            r.team,
-            ResourceShape.from_dict(r.launch["shape"]),
-            settled=r.status == RunStatus.RUNNING
-            and r.started_at is not None
-            and r.started_at.timestamp() <= inventory_at - SETTLE_S,
-        )
-        for r in rows
-    ]
+    return [_held(r, inventory_at) for r in rows]
+
+
+def _held(row: Row[Any], inventory_at: float) -> HeldRun:
+    """A held run; settled once Ray's numbers read at ``inventory_at`` already show it."""
+    return HeldRun(
+        row.id,
+        row.team,
+        ResourceShape.from_dict(row.launch["shape"]),
+        settled=row.status == RunStatus.RUNNING
+        and row.started_at is not None
+        and row.started_at.timestamp() <= inventory_at - SETTLE_S,
+    )
 
 
 def held_on(
@@ -149,16 +151,7 @@ def held_on(
     for r in rows:
         name = r.cluster or primary
         at = inventory_at.get(name, now.timestamp())
-        out.setdefault(name, []).append(
-            HeldRun(
-                r.id,
-                r.team,
-                ResourceShape.from_dict(r.launch["shape"]),
-                settled=r.status == RunStatus.RUNNING
-                and r.started_at is not None
-                and r.started_at.timestamp() <= at - SETTLE_S,
-            )
-        )
+        out.setdefault(name, []).append(_held(r, at))
     return out
 
 

@@ -173,10 +173,11 @@ def bench_submitter_round(report: Report, rounds: int) -> None:
         session.execute(insert(Run), rows)
     submitter = Submitter(db, None, FixedInventory(inventory), Quotas(), "bench", 60, 16)  # type: ignore[arg-type]
     times = []
+    inventories = {submitter.clusters.primary.name: inventory}
     for _ in range(rounds):
         start = time.perf_counter()
         with db.transaction() as session:
-            submitter._claim(session, inventory)
+            submitter._claim(session, inventories)
         times.append(time.perf_counter() - start)
     report.add(
         "submitter round on SQLite (1000 queued, 16 claimed per round, reasons stored)",
