@@ -2,7 +2,7 @@
 // nodes (address, capacity, who holds what there), the runs holding resources, jobs outside the
 // service, teams against quotas and node groups, the queue.
 import { every, getJSON } from "./api.js";
-import { badge, h, link } from "./ui.js";
+import { badge, h, link, table } from "./ui.js";
 
 const runLink = (id, name) => link(`#/runs/${encodeURIComponent(id)}`, name || id);
 
@@ -20,15 +20,6 @@ const held = (r) => {
   return parts.join(", ") || "—";
 };
 const started = (ms) => (ms ? new Date(ms).toLocaleString() : "");
-
-// A table whose body says "nothing yet" (or `empty`) while it has no rows.
-function table(id, heads, empty) {
-  const body = h("tbody");
-  const node = h("table", { id }, h("thead", {}, h("tr", {}, heads.map((t) => h("th", {}, t)))), body);
-  const fill = (rows) => body.replaceChildren(...(rows.length ? rows
-    : [h("tr", { class: "empty" }, h("td", { colspan: heads.length, class: "dim" }, empty))]));
-  return { node, fill };
-}
 
 function holderCell(node) {
   if (!node.holders.length) return h("span", { class: "dim" }, "nothing held");

@@ -189,6 +189,15 @@ export function when(iso) {
 // The "nothing yet" line shown instead of an empty table, chart area or log.
 export const empty = (text) => h("p", { class: "empty" }, text);
 
+// A table whose body says `empty` while it has no rows: ``fill(rows)`` replaces its rows.
+export function table(id, heads, empty) {
+  const body = h("tbody");
+  const node = h("table", { id }, h("thead", {}, h("tr", {}, heads.map((t) => h("th", {}, t)))), body);
+  const fill = (rows) => body.replaceChildren(...(rows.length ? rows
+    : [h("tr", { class: "empty" }, h("td", { colspan: heads.length, class: "dim" }, empty))]));
+  return { node, fill };
+}
+
 // ANSI SGR colour codes -> spans with classes; every other escape sequence is dropped.
 const ANSI = /\x1b\[([0-9;]*)m|\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])/g;
 

@@ -5,19 +5,11 @@
 // shown: the one an add answers with is dropped (the CLI prints it; a rotation makes a new one).
 import { ApiError, every, getJSON, patchJSON, postJSON, remove, showError } from "./api.js";
 import { config } from "./config.js";
-import { h, link, when } from "./ui.js";
+import { h, link, table, when } from "./ui.js";
 
 const hostOf = (url) => { try { return new URL(url).host; } catch { return "?"; } };
 const RULE = /^\s*(\S+?)\s*(<=|>=|<|>)\s*(\S+?)(?:\s+for\s+(\d+))?\s*$/;  // as `rlrun webhook add --threshold`
 const ruleText = (t) => `${t.key} ${t.op} ${t.value}${t.for_steps > 1 ? ` for ${t.for_steps} steps` : ""}`;
-
-function table(id, heads, empty) {
-  const body = h("tbody");
-  const node = h("table", { id }, h("thead", {}, h("tr", {}, heads.map((t) => h("th", {}, t)))), body);
-  const fill = (rows) => body.replaceChildren(...(rows.length ? rows
-    : [h("tr", { class: "empty" }, h("td", { colspan: heads.length, class: "dim" }, empty))]));
-  return { node, fill };
-}
 
 function attemptCell(a) {
   if (!a) return h("span", { class: "dim" }, "none yet");
