@@ -27,6 +27,8 @@ SECRET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 SEPARATOR = "__"
 TEAM_PREFIX = "RLRUN_SECRET_"
 SHARED_PREFIX = "RLRUN_SHARED_SECRET_"
+# The service's own secrets (a Ray cluster's token): no spec can name them, unlike shared ones.
+SERVICE_PREFIX = "RLRUN_SERVICE_SECRET_"
 MASK = "***"
 # Names and values that look like credentials: masked in every answer.
 SECRET_WORDS = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|PRIVATE|SIGNATURE", re.I)
@@ -90,14 +92,15 @@ class SecretStore:
             return source.read_text().strip()
         return None if source is None else self.environ[source]
 
-    def shared(self, name: str) -> str | None:
-        """A secret of the namespace shared with every team (the operator's own, e.g. a Ray
-        cluster's token), read by the service itself."""
+    def service_secret(self, name: str) -> str | None:
+        """A secret of the service's own namespace (a Ray cluster's token): the file
+        ``<dir>/service/<name>`` or the env var ``RLRUN_SERVICE_SECRET_<NAME>``. No run can
+        name one: a spec's secrets resolve in its team's namespace and the shared one only."""
         if not valid(name):
             return None
-        if self.directory is not None and (self.directory / "shared" / name).is_file():
-            return (self.directory / "shared" / name).read_text().strip()
-        return self.environ.get(shared_var(name))
+        if self.directory is not None and (self.directory / "service" / name).is_file():
+            return (self.directory / "service" / name).read_text().strip()
+        return self.environ.get(SERVICE_PREFIX + env_key(name))
 
     def unknown(self, team: str, refs: Mapping[str, str]) -> list[str]:
         """The env vars of ``{env var: secret name}`` whose secret is not the team's to have

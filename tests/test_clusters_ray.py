@@ -55,12 +55,12 @@ def heads(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Heads]:
     b = LocalRayCluster([8, 8], cpus_per_node=4, port=PORT + 200, dashboard_port=PORT + 300)
     root = tmp_path_factory.mktemp("clusters")
     secrets = root / "secrets"
-    (secrets / "shared").mkdir(parents=True)
+    (secrets / "service").mkdir(parents=True)
     try:
         a.start(timeout_s=240)
         b.start(timeout_s=240)
-        (secrets / "shared" / "ray-a").write_text(a.token)
-        (secrets / "shared" / "ray-b").write_text(b.token)
+        (secrets / "service" / "ray-a").write_text(a.token)
+        (secrets / "service" / "ray-b").write_text(b.token)
         path = root / "clusters.yaml"
         path.write_text(
             "clusters:\n"

@@ -120,6 +120,19 @@ def test_no_name_reaches_another_teams_secret(tmp_path: Path, team: str, name: s
     assert str(info.value) == missing_message(name)
 
 
+def test_a_service_secret_such_as_a_cluster_token_is_no_run_s_to_name(tmp_path: Path) -> None:
+    (tmp_path / "service").mkdir()
+    (tmp_path / "service" / "ray-b").write_text("cluster-b-token")
+    env = {"RLRUN_SERVICE_SECRET_RAY_A": "cluster-a-token"}
+    store = SecretStore(str(tmp_path), env)
+    assert store.service_secret("ray-b") == "cluster-b-token"
+    assert store.service_secret("ray-a") == "cluster-a-token"
+    for name in ("ray-b", "ray-a", "service/ray-b", "../service/ray-b"):
+        assert store.get("nlp", name) is None
+        assert store.unknown("nlp", {"X": name}) == ["X"]
+    assert store.service_secret("../shared/ray-b") is None
+
+
 def test_team_namespaces_are_one_to_one_and_never_hold_the_separator() -> None:
     teams = ["ml-ops", "ml_ops", "mlops", "ml-_ops", "ml_-ops", "ml--ops", "ml__ops", "m-l", "m_l"]
     teams += ["a", "a-", "a_", "a-h", "a_h", "a_u", "a-u", "ah", "au", "h", "u", "0-0", "0_0"]

@@ -228,11 +228,11 @@ def build(
             assert spec.address is not None
             address, token = spec.address, None
             if spec.token is not None:
-                token = secrets.shared(spec.token.secret)
+                token = secrets.service_secret(spec.token.secret)
                 if token is None:
                     raise ClustersFileError(
                         f"clusters file {settings.clusters_file}: clusters.{i}.token.secret: "
-                        f"no shared secret {spec.token.secret!r} in the service's store"
+                        f"no secret {spec.token.secret!r} in the service's own namespace"
                     )
             elif not settings.clusters_file and settings.ray_token is not None:
                 token = settings.ray_token.get_secret_value()

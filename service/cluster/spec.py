@@ -2,8 +2,8 @@
 YAML), or the one ``default`` cluster of ``RLRUN_RAY_ADDRESS`` when no file is given.
 
 A cluster's Ray token is never in the file: ``token: {secret: NAME}`` names a secret of the
-service's store, in the namespace it shares with every team (``service.team_secrets``: the file
-``<RLRUN_SECRETS_DIR>/shared/NAME`` or the env var ``RLRUN_SHARED_SECRET_<NAME>``).
+service's own namespace, which no run's spec can name (``service.team_secrets``: the file
+``<RLRUN_SECRETS_DIR>/service/NAME`` or the env var ``RLRUN_SERVICE_SECRET_<NAME>``).
 """
 
 from __future__ import annotations
