@@ -131,7 +131,12 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
         redoc_url=None,
     )
     app.state.telemetry = Telemetry()
-    app.add_middleware(ShedLoad, limit=settings.max_requests_in_progress)
+    app.add_middleware(
+        ShedLoad,
+        limit=settings.max_requests_in_progress,
+        inside=2 * settings.request_threads,
+        wait_s=settings.max_request_wait_s,
+    )
     app.add_middleware(
         BodyLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s
     )

@@ -100,12 +100,15 @@ class ServerSettings(Section):
     """The service's URL as the cluster and people reach it: a job redeems its secrets grant
     there, webhook messages link there (unset: http://<listen host>:<listen port>, loopback for
     a wildcard host)."""
-    request_threads: int = 8
+    request_threads: int = 4
     """Worker threads for requests. Python runs one at a time: more only add waiting for the
     interpreter lock, the event loop's included (it answers /healthz and live streams)."""
     max_requests_in_progress: int = 128
     """Requests waiting for their answer (for a thread included) past which new ones get a 503
     with Retry-After at once, so that the admitted ones never wait long (/healthz: never)."""
+    max_request_wait_s: float = Field(default=2.0, gt=0)
+    """The longest a request waits to be started (twice request_threads are in at a time);
+    past it, a 503 with Retry-After instead of a late answer."""
     shutdown_grace_s: float = 10.0
     """SIGTERM: live event streams end at once; other requests get this long to finish."""
     allowed_hosts: Names = ["*"]

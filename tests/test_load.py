@@ -118,6 +118,47 @@ def test_past_the_limit_a_request_is_refused_at_once_and_healthz_still_answers(
     assert answered == [200, 409]
 
 
+def test_a_request_not_started_within_the_wait_is_a_503_and_live_streams_hold_no_place(
+    db_url: str,
+) -> None:
+    # One worker thread: two requests are in at a time, the others wait at the door.
+    settings = make_settings(
+        db_url,
+        "http://127.0.0.1:9",
+        run_loops=False,
+        db_wait_s=5,
+        request_threads=1,
+        max_request_wait_s=0.5,
+    )
+    app = create_app(settings)
+    with ServerThread(app) as url, httpx.Client(base_url=url, timeout=10) as http:
+        run_id = http.post("/runs", json=SPEC).json()["id"]
+        # Three live streams, more than the two places inside: their headers are out, so
+        # they hold none.
+        with contextlib.ExitStack() as streams:
+            for _ in range(3):
+                stream = streams.enter_context(http.stream("GET", f"/runs/{run_id}/events"))
+                assert stream.status_code == 200
+            assert http.get(f"/runs/{run_id}").status_code == 200
+        with ThreadPoolExecutor(2) as pool, _hold_write_lock(db_url, run_id):
+            # Two cancels wait for the database, inside: the places are taken.
+            cancels = [
+                pool.submit(httpx.post, f"{url}/runs/{run_id}/cancel", timeout=10) for _ in range(2)
+            ]
+            time.sleep(1)
+            started = time.monotonic()
+            late = http.get(f"/runs/{run_id}")
+            waited = time.monotonic() - started
+            health = http.get("/healthz")
+        answered = sorted(c.result().status_code for c in cancels)
+    assert late.status_code == 503, late.text
+    assert late.headers["retry-after"] == "1"
+    assert "not started within 0.5 s" in late.json()["detail"]
+    assert 0.4 < waited < 2
+    assert health.status_code == 200
+    assert answered == [200, 409]
+
+
 @contextmanager
 def _hold_write_lock(db_url: str, run_id: str) -> Iterator[None]:
     """Another process's writer: SQLite's write lock, or a PostgreSQL row lock on the run."""

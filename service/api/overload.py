@@ -1,14 +1,19 @@
-"""Load shedding: past ``limit`` requests waiting for their answer, a request is answered 503
-at once.
+"""Load shedding: a request is answered 503 at once past ``limit`` requests in progress, and
+after ``wait_s`` if it has not got in by then.
 
-Requests wait for a worker thread in arrival order; under a flood that queue, and so every
-answer's wait, would grow without bound. Counting the requests not yet answered (until their
-response starts: a live event stream counts until its headers are sent) and refusing the excess
-at the door (503 problem+json with ``Retry-After``) keeps the wait of the admitted ones short.
-``/healthz`` is never refused.
+At most ``inside`` requests are in the app at a time (twice the worker threads: one running
+while the next is parsed). The others wait here, in arrival order, each for ``wait_s`` at most:
+one that has not got in by then is answered 503 instead of late, so an admitted request's
+answer is bounded on any machine, also while the interpreter stalls (a long round of a loop,
+garbage collection). Counting the requests not yet answered (until their response starts: a
+live event stream counts until its headers are sent) and refusing those past ``limit`` keeps
+the queue itself short. Refusals are problem+json with ``Retry-After``. ``/healthz`` is never
+refused.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -17,10 +22,20 @@ from service.errors import Overloaded
 
 
 class ShedLoad:
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(self, app: ASGIApp, limit: int, inside: int, wait_s: float) -> None:
         self.app = app
         self.limit = limit
+        self.inside = inside
+        self.wait_s = wait_s
         self.in_progress = 0
+        self._gate: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+
+    def _semaphore(self) -> asyncio.Semaphore:
+        """The gate of the running event loop (an app may be served by one loop, then another)."""
+        loop = asyncio.get_running_loop()
+        if self._gate is None or self._gate[0] is not loop:
+            self._gate = (loop, asyncio.Semaphore(self.inside))
+        return self._gate[1]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
@@ -33,16 +48,30 @@ class ShedLoad:
             return
         self.in_progress += 1
         waiting = True
+        gate = self._semaphore()
+        inside = False
 
         async def answered(message: Message) -> None:
-            nonlocal waiting
+            nonlocal waiting, inside
             if waiting and message["type"] == "http.response.start":
                 waiting = False
                 self.in_progress -= 1
+                if inside:  # a live stream holds no place inside once its headers are out
+                    inside = False
+                    gate.release()
             await send(message)
 
         try:
+            try:
+                await asyncio.wait_for(gate.acquire(), self.wait_s)
+            except TimeoutError:
+                error = Overloaded(f"not started within {self.wait_s:g} s; retry shortly")
+                await problem_response(error, path)(scope, receive, answered)
+                return
+            inside = True
             await self.app(scope, receive, answered)
         finally:
+            if inside:
+                gate.release()
             if waiting:
                 self.in_progress -= 1

@@ -1,7 +1,9 @@
 """A periodic loop that runs a blocking ``tick`` off the event loop, backing off on failure.
 
 Each loop has its own thread: requests and event streams never leave it without one, and it
-never takes one of theirs.
+never takes one of theirs. A wake runs the next tick early, but never sooner after a tick than
+that tick took: a flood of wakes (each accepted run wakes the submitter) gets at most half of
+the interpreter for the loop, and the requests keep the rest.
 """
 
 from __future__ import annotations
@@ -67,13 +69,26 @@ class Loop:
                 self.failures += 1
                 log.exception("%s: tick failed", self.name)
             self.ticks += 1
+            took = time.perf_counter() - started
             if self.on_tick is not None:
-                self.on_tick(time.perf_counter() - started)
+                self.on_tick(took)
             delay = Backoff(self.interval_s, self.max_backoff_s).delay(self.failures)
-            waiters = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())}
-            try:
-                await asyncio.wait(waiters, timeout=delay, return_when="FIRST_COMPLETED")
-            finally:  # the waiter not woken ends here, also when this loop is cancelled
-                for fut in waiters:
-                    fut.cancel()
-                await asyncio.gather(*waiters, return_exceptions=True)
+            if await _stopped(stop, delay, self._wake):
+                return
+            rested = time.perf_counter() - started - took
+            if rested < took:  # woken early: the tick just run gets its own length of rest
+                await _stopped(stop, took - rested)
+
+
+async def _stopped(stop: asyncio.Event, timeout: float, wake: asyncio.Event | None = None) -> bool:
+    """Wait ``timeout`` seconds, or until ``wake`` is set; whether ``stop`` was set instead."""
+    waiters = {asyncio.ensure_future(stop.wait())}
+    if wake is not None:
+        waiters.add(asyncio.ensure_future(wake.wait()))
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when="FIRST_COMPLETED")
+    finally:  # the waiters not woken end here, also when this loop is cancelled
+        for fut in waiters:
+            fut.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)
+    return stop.is_set()
