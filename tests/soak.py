@@ -188,7 +188,7 @@ def soak(
 
         for index in range(WARM_UP):
             one_wave(index)
-        time.sleep(1.0)
+        _let_idle_workers_go(url)
         before = Gauges.now(db_path)
         started = time.monotonic()
         for index in range(WARM_UP, WARM_UP + -(-n // wave)):
@@ -196,6 +196,7 @@ def soak(
             if progress is not None:
                 progress(index - WARM_UP + 1, Gauges.now(db_path))
         elapsed = time.monotonic() - started
+        _let_idle_workers_go(url)
         after = _settled(db_path, before)
         with httpx.Client(base_url=url, timeout=30) as client:
             held = _service_gauges(client) | {"sqlite_cache_mb": _sqlite_cache_mb(app)}
@@ -204,6 +205,15 @@ def soak(
         db.dispose()
     streams.shutdown()
     return {"before": before, "after": after, "seconds": elapsed, "runs_done": done} | held
+
+
+def _let_idle_workers_go(url: str) -> None:
+    """The request threads back to their idle size: AnyIO stops a worker that has been idle
+    10 s, when the next request takes one (its pool grows with bursts, up to request_threads).
+    Without this, the count of threads depends on the last wave's burst, not on a leak."""
+    time.sleep(10.5)
+    httpx.get(f"{url}/runs", params={"limit": 1}, timeout=30).raise_for_status()
+    time.sleep(0.5)
 
 
 def _settled(db_path: Path, before: Gauges, within_s: float = 20.0) -> Gauges:

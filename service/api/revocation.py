@@ -10,6 +10,8 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TypeVar
 
+import anyio
+
 from service.store import tokens
 from service.store.db import Database
 
@@ -93,13 +95,16 @@ async def until_set(event: asyncio.Event, source: AsyncIterator[T]) -> AsyncGene
                 return
             yield item
     finally:
-        stop.cancel()
-        await asyncio.gather(stop, return_exceptions=True)
-        # A step still running (revoked, or this stream cancelled: its client left) is ended
-        # before the source is closed: a generator cannot be closed while it runs.
-        if step is not None and not step.done():
-            step.cancel()
-            await asyncio.gather(step, return_exceptions=True)
-        aclose = getattr(source, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        # Shielded: a stream whose client left is ended by a cancelled scope, which would cancel
+        # each await here in turn and leave the source running until the collector found it.
+        with anyio.CancelScope(shield=True):
+            stop.cancel()
+            await asyncio.gather(stop, return_exceptions=True)
+            # A step still running (revoked, or this stream cancelled: its client left) is
+            # ended before the source is closed: a generator cannot be closed while it runs.
+            if step is not None and not step.done():
+                step.cancel()
+                await asyncio.gather(step, return_exceptions=True)
+            aclose = getattr(source, "aclose", None)
+            if aclose is not None:
+                await aclose()

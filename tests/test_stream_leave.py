@@ -1,0 +1,53 @@
+"""A live stream whose client leaves is closed at once, down to the broker's upstream, with the
+garbage collector off: nothing of it waits for the collector, and asyncio reports no task
+destroyed while pending and no generator closed while it runs."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from service.app import create_app
+from tests.conftest import make_settings
+from tests.live import ServerThread
+from tests.loadgen import SPEC
+
+
+@pytest.fixture
+def collector_off() -> Iterator[None]:
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def test_streams_whose_clients_leave_end_at_once_without_the_collector(
+    db_url: str, collector_off: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = create_app(make_settings(db_url, "http://127.0.0.1:9", run_loops=False))
+    caplog.set_level(logging.ERROR, logger="asyncio")
+    with ServerThread(app) as url:
+        broker = app.state.services.broker
+        # Accepted (its first status event is stored), never submitted: it never ends.
+        run_id = httpx.post(f"{url}/runs", json=SPEC, timeout=10).json()["id"]
+        for _ in range(5):
+            with httpx.stream("GET", f"{url}/runs/{run_id}/events", timeout=10) as resp:
+                assert resp.status_code == 200
+                for line in resp.iter_lines():
+                    if line.startswith("event:"):
+                        break  # the client leaves while the stream waits for more
+            deadline = time.monotonic() + 5
+            while broker.upstreams and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert broker.upstreams == 0
+    gc.enable()
+    gc.collect()  # what the collector would have finished, it reports now
+    problems = [r.getMessage() for r in caplog.records if r.name == "asyncio"]
+    assert not problems, problems
