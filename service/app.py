@@ -274,6 +274,7 @@ def build_services(
             timeout_s=settings.webhook_timeout_s,
             backoff=Backoff(settings.webhook_retry_s, 3600.0),
             max_age_s=settings.webhook_max_age_s,
+            claim_s=settings.webhook_claim_s,
         )
         health = ClusterHealth(
             db,

@@ -471,6 +471,18 @@ class WebhookSettings(Section):
     """The first retry's delay (doubling after)."""
     webhook_max_age_s: float = Field(default=24 * 3600.0, gt=0)
     """How long a delivery is retried."""
+    webhook_claim_s: float = Field(default=50.0, gt=0)
+    """A delivery claimed by a replica that died is sent again (same webhook-id) this long after
+    the claim; more than twice webhook_timeout_s, so that a send still running is never
+    claimed by another replica."""
+
+    @model_validator(mode="after")
+    def _claim_outlasts_a_send(self) -> WebhookSettings:
+        if self.webhook_claim_s <= 2 * self.webhook_timeout_s:
+            raise ValueError(
+                "RLRUN_WEBHOOK_CLAIM_S must be more than twice RLRUN_WEBHOOK_TIMEOUT_S"
+            )
+        return self
 
 
 class VerlSettings(Section):

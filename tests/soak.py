@@ -40,7 +40,8 @@ WARM_UP = 2
 @dataclass(frozen=True)
 class Gauges:
     rss_mb: float
-    threads: int
+    threads: int  # other than the request threads' pool
+    workers: int  # AnyIO's request threads: it keeps up to request_threads, idle ones 10 s
     fds: int  # other than the database's files (its connections are pooled, up to a bound)
     sockets: int
     db_fds: int
@@ -58,7 +59,11 @@ class Gauges:
                 targets.append(os.readlink(f"/proc/self/fd/{fd}"))
         db = [t for t in targets if t.startswith(str(db_path))]
         sockets = [t for t in targets if t.startswith("socket:")]
-        return cls(rss, threading.active_count(), len(targets) - len(db), len(sockets), len(db))
+        threads = threading.enumerate()
+        workers = sum(t.name == "AnyIO worker thread" for t in threads)
+        return cls(
+            rss, len(threads) - workers, workers, len(targets) - len(db), len(sockets), len(db)
+        )
 
 
 class Jobs:
@@ -188,7 +193,7 @@ def soak(
 
         for index in range(WARM_UP):
             one_wave(index)
-        _let_idle_workers_go(url)
+        time.sleep(1.0)
         before = Gauges.now(db_path)
         started = time.monotonic()
         for index in range(WARM_UP, WARM_UP + -(-n // wave)):
@@ -196,7 +201,6 @@ def soak(
             if progress is not None:
                 progress(index - WARM_UP + 1, Gauges.now(db_path))
         elapsed = time.monotonic() - started
-        _let_idle_workers_go(url)
         after = _settled(db_path, before)
         with httpx.Client(base_url=url, timeout=30) as client:
             held = _service_gauges(client) | {"sqlite_cache_mb": _sqlite_cache_mb(app)}
@@ -205,15 +209,6 @@ def soak(
         db.dispose()
     streams.shutdown()
     return {"before": before, "after": after, "seconds": elapsed, "runs_done": done} | held
-
-
-def _let_idle_workers_go(url: str) -> None:
-    """The request threads back to their idle size: AnyIO stops a worker that has been idle
-    10 s, when the next request takes one (its pool grows with bursts, up to request_threads).
-    Without this, the count of threads depends on the last wave's burst, not on a leak."""
-    time.sleep(10.5)
-    httpx.get(f"{url}/runs", params={"limit": 1}, timeout=30).raise_for_status()
-    time.sleep(0.5)
 
 
 def _settled(db_path: Path, before: Gauges, within_s: float = 20.0) -> Gauges:

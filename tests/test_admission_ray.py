@@ -97,6 +97,8 @@ def test_the_reference_verl_preset_is_refused_on_eight_npu_nodes_with_the_fix(
         assert client.get("/runs").json()["items"] == []
 
 
+# Admission's database part runs on both in the fast layer (test_admission*.py); Ray's, once.
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_two_runs_that_each_need_the_whole_cluster_run_one_after_the_other(
     service_factory: Callable[..., TestClient], db_url: str, ray: RayJobs
 ) -> None:

@@ -6,6 +6,7 @@ a 500 or a timeout from a real request) and states what must hold afterwards.
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -67,6 +68,7 @@ def test_a_restarted_head_loses_running_runs_and_runs_the_queued_and_new_ones(
         print(f"head restart: LOST after {lost_after:.1f}s, all runs done {recovered_after:.1f}s")
     finally:
         cluster.cleanup()
+        assert not os.path.exists(cluster.base_dir)
 
 
 class FaultyRay(RayJobs):

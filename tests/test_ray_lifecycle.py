@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -11,9 +10,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from service.cluster.local_ray import LocalRayCluster
 from service.cluster.ray_jobs import RayJobs
-from tests.conftest import RAY_PORT, TERMINAL, make_settings, submit, wait_for, wait_status
+from tests.conftest import TERMINAL, submit, wait_for, wait_status
 
 pytestmark = pytest.mark.ray
 
@@ -110,33 +108,6 @@ def test_a_name_with_shell_metacharacters_stays_one_argument_on_ray(
 
 
 @pytest.mark.slow
-def test_a_restarted_ray_head_makes_a_running_run_lost_with_a_reason(tmp_path: Any) -> None:
-    port = RAY_PORT + 100
-    cluster = LocalRayCluster(
-        [4],
-        cpus_per_node=4,
-        port=port,
-        dashboard_port=port + 2000,
-    ).start()
-    from service.app import create_app
-
-    settings = make_settings(
-        f"sqlite:///{tmp_path}/db.sqlite", cluster.address, ray_token=cluster.token
-    )
-    try:
-        with TestClient(create_app(settings)) as client:
-            run_id = submit(client, seconds=300, npus=2)
-            wait_status(client, run_id, {"RUNNING"})
-            cluster.stop()
-            cluster.start()
-            run = wait_status(client, run_id, TERMINAL, timeout=60)
-        assert run["status"] == "LOST"
-        assert "no longer knows" in run["events"][-1]["reason"]
-    finally:
-        cluster.cleanup()
-        assert not os.path.exists(cluster.base_dir)
-
-
 def test_runs_wait_queued_while_ray_is_unreachable_and_go_when_it_is_back(
     sqlite_service: Callable[..., TestClient],
 ) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from service.settings import Settings
 from tests.soak import soak
 
 LIFECYCLES = 1000
@@ -26,6 +27,7 @@ def test_a_thousand_lifecycles_leave_no_threads_descriptors_sockets_or_per_run_s
     before, after = figures["before"], figures["after"]
     assert figures["runs_done"] >= LIFECYCLES
     assert after.threads <= before.threads
+    assert after.workers <= Settings().request_threads
     assert after.fds <= before.fds
     assert after.sockets <= before.sockets
     # Nothing is held per run once every run has ended and every client has left.

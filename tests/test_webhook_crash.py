@@ -49,7 +49,8 @@ def test_sigkills_during_120_deliveries_lose_and_duplicate_no_webhook_id(
         "RLRUN_WEBHOOK_ALLOW": "127.0.0.1/32",
         "RLRUN_WEBHOOK_INTERVAL_S": "0.2",
         "RLRUN_WEBHOOK_RETRY_S": "0.2",
-        "RLRUN_WEBHOOK_TIMEOUT_S": "1",  # a dead replica's claims lapse 32 s after they were made
+        "RLRUN_WEBHOOK_TIMEOUT_S": "1",
+        "RLRUN_WEBHOOK_CLAIM_S": "5",  # a dead replica's claims lapse 5 s after they were made
     }
     try:
         service.start()

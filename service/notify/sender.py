@@ -64,6 +64,7 @@ class Notifier:
         timeout_s: float = 10.0,
         backoff: Backoff = RETRY,
         max_age_s: float = 24 * 3600.0,
+        claim_s: float = 50.0,
         batch: int = 64,
         resolve: Resolver = system_resolver,
     ) -> None:
@@ -76,7 +77,7 @@ class Notifier:
             batch,
         )
         self.resolve = resolve
-        self.claim_s = 2 * timeout_s + 30
+        self.claim_s = claim_s
         # Sends of one tick run side by side: one slow receiver does not hold up the rest.
         self.pool = ThreadPoolExecutor(8, thread_name_prefix="notifier")
         # A client per host name, kept: its connections (and TLS sessions) are reused from one
