@@ -97,19 +97,12 @@ def test_past_the_limit_a_request_is_refused_at_once_and_healthz_still_answers(
     app = create_app(settings)
     with ServerThread(app) as url, httpx.Client(base_url=url, timeout=10) as http:
         run_id = http.post("/runs", json=SPEC).json()["id"]
-        with ThreadPoolExecutor(2) as pool:
-            with _hold_write_lock(db_url, run_id):
-                # Two cancels wait for the database: the limit is reached.
-                cancels = [
-                    pool.submit(httpx.post, f"{url}/runs/{run_id}/cancel", timeout=10)
-                    for _ in range(2)
-                ]
-                time.sleep(1)
-                started = time.monotonic()
-                refused = http.get(f"/runs/{run_id}")
-                took = time.monotonic() - started
-                health = http.get("/healthz")
-            answered = sorted(c.result().status_code for c in cancels)
+        # Two cancels wait for the database: the limit is reached.
+        with _two_cancels_waiting(url, db_url, run_id) as answered:
+            started = time.monotonic()
+            refused = http.get(f"/runs/{run_id}")
+            took = time.monotonic() - started
+            health = http.get("/healthz")
     assert refused.status_code == 503, refused.text
     assert refused.headers["retry-after"] == "1"
     assert refused.json()["title"] == "Service busy"
@@ -140,23 +133,33 @@ def test_a_request_not_started_within_the_wait_is_a_503_and_live_streams_hold_no
                 stream = streams.enter_context(http.stream("GET", f"/runs/{run_id}/events"))
                 assert stream.status_code == 200
             assert http.get(f"/runs/{run_id}").status_code == 200
-        with ThreadPoolExecutor(2) as pool, _hold_write_lock(db_url, run_id):
-            # Two cancels wait for the database, inside: the places are taken.
-            cancels = [
-                pool.submit(httpx.post, f"{url}/runs/{run_id}/cancel", timeout=10) for _ in range(2)
-            ]
-            time.sleep(1)
+        # Two cancels wait for the database, inside: the places are taken.
+        with _two_cancels_waiting(url, db_url, run_id) as answered:
             started = time.monotonic()
             late = http.get(f"/runs/{run_id}")
             waited = time.monotonic() - started
             health = http.get("/healthz")
-        answered = sorted(c.result().status_code for c in cancels)
     assert late.status_code == 503, late.text
     assert late.headers["retry-after"] == "1"
     assert "not started within 0.5 s" in late.json()["detail"]
     assert 0.4 < waited < 2
     assert health.status_code == 200
     assert answered == [200, 409]
+
+
+@contextmanager
+def _two_cancels_waiting(url: str, db_url: str, run_id: str) -> Iterator[list[int]]:
+    """Two cancels of ``run_id`` sent and waiting (a second) on another writer's lock; once
+    the lock is let go, the list holds their statuses, sorted."""
+    answered: list[int] = []
+    with ThreadPoolExecutor(2) as pool:
+        with _hold_write_lock(db_url, run_id):
+            cancels = [
+                pool.submit(httpx.post, f"{url}/runs/{run_id}/cancel", timeout=10) for _ in range(2)
+            ]
+            time.sleep(1)
+            yield answered
+        answered.extend(sorted(c.result().status_code for c in cancels))
 
 
 @contextmanager
