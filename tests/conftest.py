@@ -61,15 +61,23 @@ def ray_cluster() -> Iterator[LocalRayCluster]:
 @pytest.fixture
 def ray(ray_cluster: LocalRayCluster) -> Iterator[RayJobs]:
     client = RayJobs(ray_cluster.address, ray_cluster.token)
+    earlier = {job.submission_id for job in client.list_jobs()}
     yield client
-    # Leave the shared cluster idle for the next test.
-    for job in client.list_jobs():
-        if job.status in {"PENDING", "RUNNING"}:
-            client.stop(job.submission_id)
+
+    # Leave the shared cluster idle for the next test: this test's jobs stopped and ended. (A
+    # job an earlier test left, e.g. one that can never be placed, was that test's to wait
+    # for: waiting for it again would cost every later test the whole 30 s.)
+    def live() -> list[str]:
+        return [
+            j.submission_id
+            for j in client.list_jobs()
+            if j.status in {"PENDING", "RUNNING"} and j.submission_id not in earlier
+        ]
+
+    for job_id in live():
+        client.stop(job_id)
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if all(j.status not in {"PENDING", "RUNNING"} for j in client.list_jobs()):
-            break
+    while live() and time.monotonic() < deadline:
         time.sleep(0.5)
     client.close()
 

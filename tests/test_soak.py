@@ -27,7 +27,9 @@ def test_a_thousand_lifecycles_leave_no_threads_descriptors_sockets_or_per_run_s
     before, after = figures["before"], figures["after"]
     assert figures["runs_done"] >= LIFECYCLES
     assert after.threads <= before.threads
-    assert after.workers <= Settings().request_threads
+    # AnyIO's request threads: the replica's pool grows with a burst up to request_threads
+    # (pools of other event loops in this process stay as they were).
+    assert after.workers <= before.workers + Settings().request_threads
     assert after.fds <= before.fds
     assert after.sockets <= before.sockets
     # Nothing is held per run once every run has ended and every client has left.
