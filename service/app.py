@@ -129,6 +129,9 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
+        # The service's metrics are its own (Prometheus, /metrics). FastAPI's OpenTelemetry hook
+        # asks the global providers, through the environment, on every request: off.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.telemetry = Telemetry()
     app.add_middleware(

@@ -182,7 +182,9 @@ async def _drive_once(target: Target, clients: int) -> tuple[list[float], int, f
     errors = 0
     paths = iter(target.paths)
     connector = aiohttp.TCPConnector(limit=clients)
-    async with aiohttp.ClientSession(target.base_url, connector=connector) as s:
+    async with aiohttp.ClientSession(
+        target.base_url, connector=connector, headers=target.headers
+    ) as s:
         # Connections opened before the clock starts, as in a timed cell after its warm-up.
         await asyncio.gather(*(s.get(target.warm) for _ in range(clients)))
         start = time.perf_counter()

@@ -111,7 +111,7 @@ async def profile_db(url: str, args: argparse.Namespace) -> None:
             headers["Authorization"] = f"Bearer {secret}"
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(
-            transport=transport, base_url="http://test", headers=headers
+            transport=transport, base_url="http://127.0.0.1", headers=headers
         ) as http:
             ids = []
             for _ in range(RUNS):
