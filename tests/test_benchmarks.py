@@ -1,5 +1,6 @@
-"""Every benchmark script (``tests/benchmarks/bench_*.py``, found by name, so a new one is
-included) runs in its ``--quick`` mode to the end and prints its table, so none rots unseen.
+"""Every benchmark script (``tests/benchmarks/*.py`` but their shared ``report.py``, found by
+name, so a new one is included) runs in its ``--quick`` mode to the end and prints its table, so
+none rots unseen.
 
 The figures of a quick run mean nothing (small sizes, a loaded machine); the scripts' own runs
 give them. Their Ray parts share the pytest session's cluster (``RLRUN_BENCH_RAY_ADDRESS``).
@@ -20,7 +21,10 @@ from service.cluster.ray_jobs import RayJobs
 from tests.benchmarks.report import SHARED_RAY, SHARED_RAY_TOKEN
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = sorted((ROOT / "tests" / "benchmarks").glob("bench_*.py"))
+# Every script: the benchmarks and the profile (``report.py`` is their shared module).
+SCRIPTS = sorted(
+    p for p in (ROOT / "tests" / "benchmarks").glob("*.py") if p.stem not in {"__init__", "report"}
+)
 # Seconds one quick run may take here (most take far less; the machine may be loaded).
 TIMEOUT_S = 300
 # A Markdown table: a row of cells, its rule, at least one more row.
@@ -34,6 +38,7 @@ def test_benchmarks_are_found_by_name() -> None:
         "bench_metrics_peers",
         "bench_peers",
         "bench_admission_clusters",
+        "profile_api",
     } <= names
 
 

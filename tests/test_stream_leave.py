@@ -4,14 +4,16 @@ destroyed while pending and no generator closed while it runs."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
 
+from service.api.revocation import until_set
 from service.app import create_app
 from tests.conftest import make_settings
 from tests.live import ServerThread
@@ -51,3 +53,35 @@ def test_streams_whose_clients_leave_end_at_once_without_the_collector(
     gc.collect()  # what the collector would have finished, it reports now
     problems = [r.getMessage() for r in caplog.records if r.name == "asyncio"]
     assert not problems, problems
+
+
+def test_a_source_that_ends_as_its_stream_is_cancelled_leaves_no_unretrieved_error() -> None:
+    """The source's last step (StopAsyncIteration) completes in the same turn of the loop as the
+    stream's cancellation: its outcome is still retrieved, so asyncio reports nothing."""
+    reported: list[dict[str, object]] = []
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: reported.append(ctx))
+        ready = asyncio.Event()
+
+        async def source() -> AsyncIterator[int]:
+            await ready.wait()
+            return
+            yield  # an async generator that ends without an item
+
+        async def consume() -> None:
+            async for _ in until_set(asyncio.Event(), source()):
+                pass
+
+        task = asyncio.create_task(consume())
+        await asyncio.sleep(0.01)  # the stream waits on its source's first step
+        ready.set()  # the step ends first in the next turn ...
+        task.cancel()  # ... and the stream is cancelled in the same turn
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        del task
+        gc.collect()  # an unretrieved outcome is reported when its task is collected
+        await asyncio.sleep(0)
+
+    asyncio.run(main())
+    assert [ctx["message"] for ctx in reported] == []

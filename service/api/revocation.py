@@ -102,8 +102,11 @@ async def until_set(event: asyncio.Event, source: AsyncIterator[T]) -> AsyncGene
             await asyncio.gather(stop, return_exceptions=True)
             # A step still running (revoked, or this stream cancelled: its client left) is
             # ended before the source is closed: a generator cannot be closed while it runs.
-            if step is not None and not step.done():
-                step.cancel()
+            # One that ended as this stream was cancelled has its outcome retrieved (the
+            # source's end, StopAsyncIteration, is no error of the loop's).
+            if step is not None:
+                if not step.done():
+                    step.cancel()
                 await asyncio.gather(step, return_exceptions=True)
             aclose = getattr(source, "aclose", None)
             if aclose is not None:

@@ -38,6 +38,8 @@ from tests.benchmarks.bench_metrics import databases
 
 SPEC = {"recipe": "tiny-grpo", "name": "bench", "team": "bench"}
 RUNS = 100
+# A row per request profiled, printed as one table at the end.
+SUMMARY: list[str] = []
 
 
 async def _inline(func: Callable[..., Any], *args: Any, **_: Any) -> Any:
@@ -77,6 +79,7 @@ async def _profiled(
     if dump:
         profile.dump_stats(f"{dump}/{label.replace('/', '_').replace(' ', '_')}.prof")
     calls = pstats.Stats(profile).total_calls / requests  # type: ignore[attr-defined]
+    SUMMARY.append(f"| {label} | {cpu_us:,.0f} µs | {calls:,.0f} | {len(sent) / requests:.1f} |")
     print(
         f"\n## {label}: {cpu_us:,.0f} µs of CPU per request unprofiled, "
         f"{elapsed / requests * 1e6:,.0f} µs profiled; per request {calls:,.0f} function calls, "
@@ -183,6 +186,9 @@ def main() -> None:
             if label in args.db.split(","):
                 args.db_label = label
                 asyncio.run(profile_db(url, args))
+    print("\n| request | CPU per request (unprofiled) | function calls | statements |")
+    print("| --- | ---: | ---: | ---: |")
+    print("\n".join(SUMMARY))
 
 
 if __name__ == "__main__":
