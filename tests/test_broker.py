@@ -62,3 +62,37 @@ def test_a_subscriber_gets_the_stored_items_then_live_ones_then_the_end(db: Data
     resumed = asyncio.run(collect(Broker(db, 30.0), run_id, after_first))
     assert [i.kind for i, _ in resumed] == ["status", "metrics", "end"]
     assert resumed[-1][1] == Cursor(got[2][0].position, 20)
+
+
+def test_the_poller_wakes_a_stream_for_what_it_has_not_read_and_not_again(db: Database) -> None:
+    """Another replica's write (no notify here) reaches the stream within a poll; a poll that
+    finds nothing the stream has not read costs it no read."""
+    run_id = add_run(db)
+    write(db, run_id, 10, 1)
+    broker = Broker(db, poll_s=0.05)
+    reads: list[Cursor] = []
+    plain_read = broker._read
+
+    def counted(run: str, cursor: Cursor) -> object:
+        reads.append(cursor)
+        return plain_read(run, cursor)
+
+    broker._read = counted  # type: ignore[method-assign,assignment]
+
+    async def scenario() -> list[tuple[Item, Cursor]]:
+        task = asyncio.create_task(collect(broker, run_id, Cursor()))
+        while broker.upstreams == 0:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.5)  # ten polls of a run whose stream holds all there is
+        idle_reads = len(reads)
+        await asyncio.to_thread(write, db, run_id, 20, 2)
+        await asyncio.sleep(0.5)
+        assert len(reads) == idle_reads + 1  # woken once for the new line, then not again
+        await asyncio.to_thread(write, db, run_id, 30, 3, True)
+        got = await asyncio.wait_for(task, 10)
+        assert idle_reads <= 2  # the first read, and one for a poll under way at the start
+        return got
+
+    got = asyncio.run(scenario())
+    assert [item.data.get("step") for item, _ in got if item.kind == "metrics"] == [1, 2, 3]
+    assert got[-1][0].kind == "end"

@@ -354,3 +354,44 @@ def test_a_job_ray_does_not_know_is_left_to_the_reconciler_until_the_run_ends(
     with db.transaction() as s:
         runlog = s.get(RunLog, run_id)
         assert runlog is not None and runlog.finished_at is not None
+
+
+def test_the_follower_wakes_a_live_stream_for_metric_lines_and_events_not_for_other_text(
+    db: Database,
+) -> None:
+    run_id, ray = add_run(db), FakeRay()
+    woken: list[str] = []
+    f = follower(db, ray, "one")
+    f.notify = woken.append
+    ray.log[run_id] = "loading the model\n"
+    f.tick()
+    assert woken == []  # text alone: nothing a stream carries
+    ray.log[run_id] += "step:1 - actor/pg_loss:0.1\n"
+    f.tick()
+    assert woken == [run_id]  # a metric line
+    ray.log[run_id] += "more text\n"
+    f.tick()
+    assert woken == [run_id]
+    ray.log[run_id] += "step:2 - actor/pg_loss:nan\n" + "".join(f"text {i}\n" for i in range(3))
+    f.tick()
+    assert woken == [run_id, run_id]  # the line and the health event it brings
+    run, reasons = read_run(db, run_id)
+    assert run.health == "nan" and len(reasons) == 1
+
+
+def test_the_follower_wakes_a_live_stream_for_an_event_that_comes_with_text_alone(
+    db: Database,
+) -> None:
+    run_id, ray = add_run(db), FakeRay()
+    woken: list[str] = []
+    f = follower(db, ray, "one", stall_after_s=60)
+    f.notify = woken.append
+    ray.log[run_id] = "step:1 - a:1\n"
+    f.tick()
+    with db.transaction() as s:
+        s.execute(update(RunLog).values(last_step_at=utcnow() - timedelta(seconds=120)))
+    ray.log[run_id] += "still loading\n"
+    f.tick()
+    run, reasons = read_run(db, run_id)
+    assert run.health == "stalled" and len(reasons) == 1
+    assert woken == [run_id, run_id]  # the line, then the health event with no line

@@ -295,6 +295,8 @@ class Follower:
         stored: list[_Read] = []
         ended = retried = False
         with self.db.transaction() as session:
+            # What this transaction writes of the runs (complete once it has committed).
+            changes = self.db.open_changes()
             rows = session.execute(
                 select(RunLog, Run)
                 .join(Run, Run.id == RunLog.run_id)
@@ -340,7 +342,9 @@ class Follower:
                 self._reader.retain(set(self._jobs.values()))
             else:
                 self.last_read[run_id] = time.time()
-            if read.new or read.final:
+            # A live stream carries status events and metric lines: text that holds neither
+            # (most of a log) wakes none of it.
+            if read.parsed or read.final or changes.of_events(run_id):
                 self.notify(run_id)
         if ended:
             self.on_end()

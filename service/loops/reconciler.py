@@ -106,16 +106,21 @@ class Reconciler:
         ended = False
         if observed or failed:
             # Rows are locked in run id order, the follower's order: no deadlock between them.
+            # One statement for every run of the round (not one per run: each would flush the
+            # runs already changed).
+            ids = sorted(observed.keys() | failed.keys())
             with self.db.transaction() as session:
-                for run_id in sorted(observed.keys() | failed.keys()):
-                    if run_id in failed:
-                        self._note_failure(session, run_id, failed[run_id])
+                locked = session.scalars(
+                    select(Run).where(Run.id.in_(ids)).order_by(Run.id).with_for_update()
+                ).all()
+                for run in locked:
+                    if run.id in failed:
+                        self._note_failure(session, run, failed[run.id])
                         continue
-                    run = session.get(Run, run_id, with_for_update=True)
-                    if run is not None and run.status in ACTIVE:
+                    if run.status in ACTIVE:
                         if run.health == "ray_error":
                             set_health(session, run, "ok", None)
-                        apply(session, run, observed[run_id])
+                        apply(session, run, observed[run.id])
                         ended = ended or run.status in TERMINAL
         if ended:
             self.on_end()
@@ -138,12 +143,11 @@ class Reconciler:
             log.warning("reconciler: reading run %s from Ray failed: %s", run_id, exc)
             return str(exc)
 
-    def _note_failure(self, session: Session, run_id: str, error: str) -> None:
-        retry = self._retry[run_id]
+    def _note_failure(self, session: Session, run: Run, error: str) -> None:
+        retry = self._retry[run.id]
         if retry.failures < self.HEALTH_AFTER:
             return
-        run = session.get(Run, run_id, with_for_update=True)
-        if run is not None and run.status in ACTIVE and run.health in RECONCILER_HEALTH:
+        if run.status in ACTIVE and run.health in RECONCILER_HEALTH:
             reason = f"Ray fails to report this run (retrying with backoff): {error}"
             set_health(session, run, "ray_error", reason[:1000])
 
@@ -160,10 +164,16 @@ def apply(session: Session, run: Run, info: JobInfo | None) -> None:
             "(the Ray head restarted or the job was deleted)",
         )
         return
-    run.ray_status = info.status
-    run.ray_message = info.message
-    run.ray_error_type = info.error_type
-    run.ray_exit_code = info.driver_exit_code
+    # Set only what changed: an unchanged run stays clean (nothing for the flush to look at).
+    said = {
+        "ray_status": info.status,
+        "ray_message": info.message,
+        "ray_error_type": info.error_type,
+        "ray_exit_code": info.driver_exit_code,
+    }
+    for column, value in said.items():
+        if getattr(run, column) != value:
+            setattr(run, column, value)
     target = _RAY_TO_RUN.get(info.status)
     if target is None or target == run.status:
         return

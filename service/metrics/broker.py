@@ -118,9 +118,9 @@ def _more_lines(session: Session, run_id: str, last: int) -> bool:
     return more is not None and more > last
 
 
-def standings(session: Session, run_ids: list[str]) -> dict[str, tuple[Any, ...]]:
-    """Where each run's stream stands (newest event id, newest metric line, status, whether
-    its log is read to the end): it changes whenever something is added to the stream."""
+def standings(session: Session, run_ids: list[str]) -> dict[str, Cursor | None]:
+    """Where each run's stream stands: the cursor past its newest event and metric line, or
+    None once its log is read to the end (the stream's last item is due)."""
     newest_event = select(func.max(RunEvent.id)).where(RunEvent.run_id == Run.id).scalar_subquery()
     newest_line = (
         select(func.max(MetricPoint.log_offset))
@@ -128,11 +128,20 @@ def standings(session: Session, run_ids: list[str]) -> dict[str, tuple[Any, ...]
         .scalar_subquery()
     )
     rows = session.execute(
-        select(Run.id, newest_event, newest_line, Run.status, RunLog.finished_at)
+        select(Run.id, newest_event, newest_line, RunLog.finished_at)
         .outerjoin(RunLog, RunLog.run_id == Run.id)
         .where(Run.id.in_(run_ids))
     ).all()
-    return {run_id: tuple(rest) for run_id, *rest in rows}
+    return {
+        run_id: None if finished is not None else Cursor(event or 0, line or 0)
+        for run_id, event, line, finished in rows
+    }
+
+
+def _unread(stand: Cursor | None, cursor: Cursor) -> bool:
+    """Whether a stream at ``cursor`` has more to read where its run stands (None: the run's
+    log is read to the end, or the run is gone; its read tells which)."""
+    return stand is None or stand.event_id > cursor.event_id or stand.offset > cursor.offset
 
 
 def head(session: Session, run_id: str) -> Cursor:
@@ -156,7 +165,6 @@ class _Topic:
     queues: set[asyncio.Queue[Item]] = field(default_factory=set)
     task: asyncio.Task[None] | None = None
     failed: Item | None = None  # set when the upstream's read failed: the topic is dead
-    seen: tuple[Any, ...] | None = None  # where the poller last saw the run stand
 
 
 class Broker:
@@ -282,15 +290,16 @@ class Broker:
     # Runs per query of the poller.
     POLL_BATCH = 500
 
-    def _standings(self, run_ids: list[str]) -> dict[str, tuple[Any, ...]]:
+    def _standings(self, run_ids: list[str]) -> dict[str, Cursor | None]:
         with self.db.read() as session:
-            out: dict[str, tuple[Any, ...]] = {}
+            out: dict[str, Cursor | None] = {}
             for n in range(0, len(run_ids), self.POLL_BATCH):
                 out |= standings(session, run_ids[n : n + self.POLL_BATCH])
             return out
 
     async def _poll(self) -> None:
-        """Every ``poll_s``: wake the topics whose run moved (another replica wrote)."""
+        """Every ``poll_s``: wake the topics whose run holds what they have not read (another
+        replica wrote it); not those that read it already, woken by this replica's writer."""
         while True:
             await asyncio.sleep(self.poll_s)
             topics = dict(self._topics)
@@ -303,9 +312,7 @@ class Broker:
                 log.warning("live streams: polling failed (%r)", exc)
                 now = {}
             for run_id, topic in topics.items():
-                stand = now.get(run_id)
-                if stand is None or stand != topic.seen:
-                    topic.seen = stand
+                if _unread(now.get(run_id), topic.cursor):
                     topic.wake.set()
 
     async def close(self) -> None:

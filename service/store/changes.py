@@ -49,6 +49,11 @@ class Changes:
     def __bool__(self) -> bool:
         return self.everything or bool(self.runs)
 
+    def of_events(self, run_id: str) -> bool:
+        """Whether the run may have got events (a statement of unknown rows: it may)."""
+        change = self.runs.get(run_id)
+        return self.everything or (change is not None and change.events)
+
     def record(self, statement: Any, rows: Sequence[dict[str, Any]]) -> None:
         """Take in one executed DML statement and its parameter sets."""
         table = getattr(statement, "table", None)

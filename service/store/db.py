@@ -130,6 +130,14 @@ class Database:
         runs, after its commit (on the thread that committed, before ``transaction`` returns)."""
         self._on_commit.append(listener)
 
+    def open_changes(self) -> Changes:
+        """What the write transaction open on this thread changes of the runs (filled in as its
+        statements run, its commit's included)."""
+        changes: Changes | None = getattr(self._changes, "open", None)
+        if changes is None:
+            raise RuntimeError("no write transaction is open on this thread")
+        return changes
+
     @contextmanager
     def read(self) -> Iterator[Session]:
         """A read transaction (one snapshot); it takes no write lock and must not write."""
