@@ -108,7 +108,7 @@ class Reconciler:
             # Rows are locked in run id order, the follower's order: no deadlock between them.
             # One statement for every run of the round (not one per run: each would flush the
             # runs already changed).
-            ids = sorted(observed.keys() | failed.keys())
+            ids = list(observed.keys() | failed.keys())
             with self.db.transaction() as session:
                 locked = session.scalars(
                     select(Run).where(Run.id.in_(ids)).order_by(Run.id).with_for_update()

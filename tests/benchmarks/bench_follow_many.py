@@ -166,6 +166,7 @@ class Service:
         return 0.0
 
     def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 30 s; nothing for a process that has exited already."""
         self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(30)
@@ -337,13 +338,11 @@ def two_replicas(runs: int, period: float, warmup_s: float, seconds: float, leas
             # The survivor stops first: a check beside a replica still storing would compare
             # offsets and copies read at different moments (each statement its own snapshot).
             for r in replicas:
-                if r.proc.poll() is None:
-                    r.stop()
+                r.stop()
             wrong = _read_once(db_url, SyntheticLogs(start, period), ids)
         finally:
             for r in replicas:
-                if r.proc.poll() is None:
-                    r.stop()
+                r.stop()
     print(
         f"two replicas, {runs} runs: leases split {sorted(shared.values())}; one replica "
         f"CPU {figures['cpu_pct']}%, p95 {figures['p95_s']} s (clients on both); the busiest "
