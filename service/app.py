@@ -309,7 +309,7 @@ def build_services(
                 backoff,
             ),
         }
-    reads = ReadCache(db, settings.read_cache_s)
+    reads = ReadCache(db, settings.read_cache_s, on_loop=db.reads_on_loop)
     oidc = OidcVerifier(settings) if settings.oidc_enabled else None
     return Services(
         settings, db, registry, broker, clusters, loops, follower, reads, secrets, oidc=oidc

@@ -150,18 +150,20 @@ def test_openapi_document_lists_the_contract(api: TestClient) -> None:
 
 def _queries(api: TestClient, path: str) -> int:
     """How many SQL statements answering ``path`` sends (the transaction's own not counted)."""
-    engine = api.app.state.services.db.engine  # type: ignore[attr-defined]
+    engines = api.app.state.services.db.engines  # type: ignore[attr-defined]
     sent: list[str] = []
 
     def count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
         if not statement.startswith(("BEGIN", "SELECT 1", "COMMIT", "ROLLBACK")):
             sent.append(statement)
 
-    event.listen(engine, "before_cursor_execute", count)
+    for engine in engines:
+        event.listen(engine, "before_cursor_execute", count)
     try:
         assert api.get(path).status_code == 200
     finally:
-        event.remove(engine, "before_cursor_execute", count)
+        for engine in engines:
+            event.remove(engine, "before_cursor_execute", count)
     return len(sent)
 
 

@@ -43,11 +43,13 @@ def statements(db: Database) -> Iterator[list[str]]:
     def record(_conn: object, _cursor: object, sql: str, *_: object) -> None:
         seen.append(" ".join(sql.split()).upper())
 
-    event.listen(db.engine, "before_cursor_execute", record)
+    for engine in db.engines:
+        event.listen(engine, "before_cursor_execute", record)
     try:
         yield seen
     finally:
-        event.remove(db.engine, "before_cursor_execute", record)
+        for engine in db.engines:
+            event.remove(engine, "before_cursor_execute", record)
 
 
 def test_a_tick_stores_its_runs_in_one_transaction_per_batch_and_renews_leases_at_once(

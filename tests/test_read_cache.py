@@ -250,3 +250,56 @@ def test_a_read_that_outlived_the_writes_remembered_is_not_kept(
 
     asyncio.run(main())
     assert read.calls == 2
+
+
+def test_on_sqlite_a_miss_is_read_on_the_event_loop_on_a_connection_of_its_own(
+    tmp_path: Any,
+) -> None:
+    url = f"sqlite:///{tmp_path}/db.sqlite"
+    upgrade(url)
+    # One pooled connection, held by another thread for the whole test: a read that needed the
+    # pool would wait for it (and fail after wait_s).
+    database = Database(url, wait_s=2, pool_size=1, max_overflow=0)
+    assert database.reads_on_loop
+    add_run(database, "k", name="on the loop")
+    cache = ReadCache(database, ttl_s=60, on_loop=True)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with database.read_rows():
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    threads: list[int] = []
+
+    def read() -> Answer:
+        threads.append(threading.get_ident())
+        with database.read_rows() as conn:
+            name = conn.exec_driver_sql("SELECT name FROM runs WHERE id = 'k'").scalar_one()
+        return Answer(name.encode(), "team")
+
+    async def main() -> tuple[Answer, float]:
+        started = time.monotonic()
+        answer = await cache.answer("k", ONE, read)
+        return answer, time.monotonic() - started
+
+    try:
+        assert held.wait(10)
+        answer, took = asyncio.run(main())
+    finally:
+        release.set()
+        holder.join()
+        database.dispose()
+    assert answer.body == b"on the loop"
+    assert took < 1.0  # not the pool's 2 s wait
+    assert threads == [threading.get_ident()]  # asyncio.run's loop runs on this thread
+
+
+def test_only_sqlite_reads_on_the_event_loop(db_url: str) -> None:
+    database = Database(db_url)
+    try:
+        assert database.reads_on_loop is db_url.startswith("sqlite")
+    finally:
+        database.dispose()

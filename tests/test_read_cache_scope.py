@@ -43,11 +43,13 @@ def statements(db: Database) -> Iterator[list[str]]:
         if sql.lstrip().upper().startswith("SELECT"):
             seen.append(sql)
 
-    event.listen(db.engine, "before_cursor_execute", count)
+    for engine in db.engines:
+        event.listen(engine, "before_cursor_execute", count)
     try:
         yield seen
     finally:
-        event.remove(db.engine, "before_cursor_execute", count)
+        for engine in db.engines:
+            event.remove(engine, "before_cursor_execute", count)
 
 
 @contextmanager

@@ -8,8 +8,12 @@ answers: its caller reads its write), and it is served for at most ``ttl_s`` in 
 counts as a change is what the answer shows besides metrics: a new run, a status, an event, any
 column shown. A running run's metrics (written by the follower every second) drop nothing: its
 answer shows them at most ``ttl_s`` old, which is also the bound on how long another replica's
-write goes unseen. Concurrent misses of one key share one read, and a request never joins a
-read, nor is an answer kept, that began before a write to its scope.
+write goes unseen. A request never joins a read, nor is an answer kept, that began before a
+write to its scope.
+
+Where a miss is read: on SQLite on the event loop itself (``Database.reads_on_loop``: a few
+indexed rows cost less there than the hand-over to a worker thread), so there is no read under
+way to share; on PostgreSQL on a worker thread, and concurrent misses of one key share one read.
 """
 
 from __future__ import annotations
@@ -146,7 +150,12 @@ class _Kept:
 class ReadCache:
     """At most ``max_bytes`` of answers; past it the oldest kept go first."""
 
-    def __init__(self, db: Database, ttl_s: float, max_bytes: int = 32 << 20) -> None:
+    def __init__(
+        self, db: Database, ttl_s: float, max_bytes: int = 32 << 20, on_loop: bool = False
+    ) -> None:
+        self._db = db
+        # A miss read on the event loop itself (``Database.reads_on_loop``), not on a worker.
+        self._on_loop = on_loop
         self._ttl_s = ttl_s
         self._max_bytes = max_bytes
         self._bytes = 0
@@ -168,6 +177,9 @@ class ReadCache:
         kept = self._entries.get(key)
         if kept is not None and time.monotonic() - kept.at < self._ttl_s:
             return kept.answer
+        if self._on_loop:  # done before any other request runs: no read to share
+            with self._db.own_connection():
+                return self._read(key, scope, read, self._writes)
         flight = self._flights.get(key)
         with self._lock:
             stale = flight is None or self._changed_since(flight[0], flight[1])

@@ -24,6 +24,7 @@ from alembic.config import Config
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import SingletonThreadPool
 
 import migrations
 from service.errors import DatabaseBusy
@@ -33,16 +34,25 @@ log = logging.getLogger(__name__)
 MIGRATIONS_DIR = Path(migrations.__file__).parent
 # Marks the engine of read transactions (same pool): SQLite opens them with a deferred BEGIN.
 READ_ONLY = "rlrun_read_only"
+# How long a read on the event loop waits for a locked SQLite database before it is a 503: a
+# WAL reader meets a lock only in rare cases (recovery of another process's crash).
+LOOP_WAIT_S = 0.1
 
 
 def make_engine(
-    url: str, wait_s: float = 5.0, pool_size: int = 20, max_overflow: int = 30
+    url: str,
+    wait_s: float = 5.0,
+    pool_size: int = 20,
+    max_overflow: int = 30,
+    per_thread: bool = False,
 ) -> Engine:
-    kwargs: dict[str, Any] = {
-        "pool_size": pool_size,
-        "max_overflow": max_overflow,
-        "pool_timeout": wait_s,
-    }
+    """The engine of ``url``; ``per_thread``: a connection of each thread's own (SQLite), kept
+    for it, instead of a shared pool."""
+    kwargs: dict[str, Any] = (
+        {"poolclass": SingletonThreadPool, "pool_size": pool_size}
+        if per_thread
+        else {"pool_size": pool_size, "max_overflow": max_overflow, "pool_timeout": wait_s}
+    )
     if url.startswith("postgresql"):
         # No ping before each use (a round trip per request): a connection the server dropped
         # fails once, the pool is renewed and that request is a 503 to retry (see _bounded).
@@ -115,6 +125,19 @@ class Database:
         self._readers = sessionmaker(self._read_engine, expire_on_commit=False)
         self._one_statement = self._read_engine.execution_options(isolation_level="AUTOCOMMIT")
         event.listen(self._readers, "before_flush", _refuse_writes)
+        # SQLite: a few indexed rows, no round trip, and a WAL reader takes no lock, so a hot
+        # read costs less on the event loop than the hand-over to a worker thread (about half
+        # the CPU of a miss of ``GET /runs/{id}``). The loop reads on a connection of its own,
+        # so it never waits for the pool, and waits for a lock LOOP_WAIT_S at most.
+        self.reads_on_loop = self.engine.dialect.name == "sqlite"
+        self._own_engine: Engine | None = None
+        self._own: tuple[Engine, sessionmaker[Session]] | None = None
+        if self.reads_on_loop:
+            self._own_engine = make_engine(url, LOOP_WAIT_S, pool_size=2, per_thread=True)
+            own_reads = self._own_engine.execution_options(**{READ_ONLY: True})
+            self._own = (own_reads, sessionmaker(own_reads, expire_on_commit=False))
+            event.listen(self._own[1], "before_flush", _refuse_writes)
+        self._thread = threading.local()
         # SQLite has one writer at a time; queueing this process's writers here is fairer and
         # faster than letting them sleep in SQLite's busy handler (other processes still meet
         # busy_timeout). Taken and released by the same thread, within one call.
@@ -124,6 +147,12 @@ class Database:
         self._changes = threading.local()
         self._on_commit: list[Callable[[Changes], None]] = []
         event.listen(self.engine, "before_cursor_execute", self._record)
+
+    @property
+    def engines(self) -> tuple[Engine, ...]:
+        """Every engine this database sends statements on: the pooled one, and on SQLite the
+        event loop's own (what listens for statements listens on each)."""
+        return (self.engine,) if self._own_engine is None else (self.engine, self._own_engine)
 
     def on_commit(self, listener: Callable[[Changes], None]) -> None:
         """Call ``listener`` with what each write transaction of this process changed of the
@@ -139,16 +168,35 @@ class Database:
         return changes
 
     @contextmanager
+    def own_connection(self) -> Iterator[None]:
+        """The reads of this block (``read``, ``read_rows``) on this thread's own connection
+        (SQLite, ``reads_on_loop``): for reads on the event loop, which must not wait for the
+        pool. On PostgreSQL the block reads as any other."""
+        outer = getattr(self._thread, "own", False)
+        self._thread.own = self._own is not None
+        try:
+            yield
+        finally:
+            self._thread.own = outer
+
+    def _reading(self) -> tuple[Engine, sessionmaker[Session], float]:
+        if self._own is not None and getattr(self._thread, "own", False):
+            return (*self._own, LOOP_WAIT_S)
+        return self._read_engine, self._readers, self.wait_s
+
+    @contextmanager
     def read(self) -> Iterator[Session]:
         """A read transaction (one snapshot); it takes no write lock and must not write."""
-        with _bounded(self.wait_s), self._readers() as session, session.begin():
+        _, readers, wait_s = self._reading()
+        with _bounded(wait_s), readers() as session, session.begin():
             yield session
 
     @contextmanager
     def read_rows(self) -> Iterator[Connection]:
         """``read`` without the ORM: a connection in a read transaction, for the hottest reads
         (a session costs more than a small query)."""
-        with _bounded(self.wait_s), self._read_engine.connect() as conn, conn.begin():
+        engine, _, wait_s = self._reading()
+        with _bounded(wait_s), engine.connect() as conn, conn.begin():
             yield conn
 
     @contextmanager
@@ -199,6 +247,8 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+        if self._own_engine is not None:
+            self._own_engine.dispose()
 
 
 def _refuse_writes(session: Session, _context: Any, _instances: Any) -> None:

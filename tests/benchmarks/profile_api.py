@@ -47,7 +47,7 @@ async def _inline(func: Callable[..., Any], *args: Any, **_: Any) -> Any:
 
 
 async def _profiled(
-    engine: Engine,
+    engines: tuple[Engine, ...],
     label: str,
     requests: int,
     send: Callable[[int], Awaitable[httpx.Response]],
@@ -63,12 +63,14 @@ async def _profiled(
     def count(_conn: Any, _cursor: Any, sql: str, *_: Any) -> None:
         sent.append(sql)
 
-    event.listen(engine, "before_cursor_execute", count)
+    for engine in engines:
+        event.listen(engine, "before_cursor_execute", count)
     cpu = time.process_time()
     for i in range(requests):
         await send(i)
     cpu_us = (time.process_time() - cpu) / requests * 1e6
-    event.remove(engine, "before_cursor_execute", count)
+    for engine in engines:
+        event.remove(engine, "before_cursor_execute", count)
     profile = cProfile.Profile()
     started = time.perf_counter()
     profile.enable()
@@ -83,7 +85,7 @@ async def _profiled(
     print(
         f"\n## {label}: {cpu_us:,.0f} µs of CPU per request unprofiled, "
         f"{elapsed / requests * 1e6:,.0f} µs profiled; per request {calls:,.0f} function calls, "
-        f"{len(sent) / requests:.1f} statements on the engine\n"
+        f"{len(sent) / requests:.1f} statements on its engines\n"
     )
     for order in ("tottime", "cumulative"):
         out = io.StringIO()
@@ -143,7 +145,7 @@ async def profile_db(url: str, args: argparse.Namespace) -> None:
                 return resp
 
             await _profiled(
-                db.engine,
+                db.engines,
                 f"{args.db_label}: GET /runs/{{id}}",
                 args.requests,
                 get_run,
@@ -151,7 +153,7 @@ async def profile_db(url: str, args: argparse.Namespace) -> None:
                 args.dump,
             )
             await _profiled(
-                db.engine,
+                db.engines,
                 f"{args.db_label}: GET /runs",
                 args.requests,
                 list_runs,
@@ -159,7 +161,7 @@ async def profile_db(url: str, args: argparse.Namespace) -> None:
                 args.dump,
             )
             await _profiled(
-                db.engine,
+                db.engines,
                 f"{args.db_label}: POST /runs",
                 args.requests,
                 accept,
