@@ -119,6 +119,7 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
                 # Hand this replica's followers over at once rather than when the lease lapses.
                 await asyncio.to_thread(services.follower.release)
             services.clusters.close()
+            await services.db.dispose_async()
             services.db.dispose()
             await asyncio.gather(*(asyncio.to_thread(c.cleanup) for c in local.values()))
 
@@ -309,7 +310,7 @@ def build_services(
                 backoff,
             ),
         }
-    reads = ReadCache(db, settings.read_cache_s, on_loop=db.reads_on_loop)
+    reads = ReadCache(db, settings.read_cache_s)
     oidc = OidcVerifier(settings) if settings.oidc_enabled else None
     return Services(
         settings, db, registry, broker, clusters, loops, follower, reads, secrets, oidc=oidc

@@ -18,6 +18,7 @@ from service.app import create_app
 from service.errors import NotFound
 from service.store.db import Database, upgrade
 from service.store.models import Run
+from service.store.runs import run_page
 from tests.conftest import make_settings, submit
 from tests.factories import add_run
 
@@ -88,7 +89,7 @@ ONE = OneRun("k")
 
 
 class Reads:
-    """A read that counts its calls and waits for ``gate`` (set: no wait)."""
+    """A read that counts its calls and waits for ``gate`` (set: no wait) on a worker thread."""
 
     def __init__(self, body: bytes = b"{}") -> None:
         self.calls = 0
@@ -96,9 +97,9 @@ class Reads:
         self.gate.set()
         self.body = body
 
-    def __call__(self) -> Answer:
+    async def __call__(self) -> Answer:
         self.calls += 1
-        assert self.gate.wait(10)
+        assert await asyncio.to_thread(self.gate.wait, 10)
         return Answer(self.body, "team")
 
 
@@ -165,9 +166,10 @@ def test_a_failed_read_fails_its_waiters_and_is_not_kept(database: Database) -> 
     cache = ReadCache(database, ttl_s=60)
     calls = 0
 
-    def missing() -> Answer:
+    async def missing() -> Answer:
         nonlocal calls
         calls += 1
+        await asyncio.sleep(0.01)  # a read under way: the others wait for it
         raise NotFound("no run 'x'")
 
     async def main() -> None:
@@ -262,7 +264,7 @@ def test_on_sqlite_a_miss_is_read_on_the_event_loop_on_a_connection_of_its_own(
     database = Database(url, wait_s=2, pool_size=1, max_overflow=0)
     assert database.reads_on_loop
     add_run(database, "k", name="on the loop")
-    cache = ReadCache(database, ttl_s=60, on_loop=True)
+    cache = ReadCache(database, ttl_s=60)
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:
@@ -282,7 +284,7 @@ def test_on_sqlite_a_miss_is_read_on_the_event_loop_on_a_connection_of_its_own(
 
     async def main() -> tuple[Answer, float]:
         started = time.monotonic()
-        answer = await cache.answer("k", ONE, read)
+        answer = await cache.answer("k", ONE, lambda: database.run_read(read))
         return answer, time.monotonic() - started
 
     try:
@@ -297,9 +299,24 @@ def test_on_sqlite_a_miss_is_read_on_the_event_loop_on_a_connection_of_its_own(
     assert threads == [threading.get_ident()]  # asyncio.run's loop runs on this thread
 
 
-def test_only_sqlite_reads_on_the_event_loop(db_url: str) -> None:
+def test_postgresql_reads_on_a_worker_thread_or_awaited_on_the_loop(db_url: str) -> None:
+    upgrade(db_url)
     database = Database(db_url)
+    add_run(database, "k", name="read")
+
+    async def main() -> tuple[int, list[str]]:
+        try:
+            thread = await database.run_read(threading.get_ident)
+            page = await run_page(database, "k")
+            return thread, [page[0].name]
+        finally:
+            await database.dispose_async()
+
     try:
-        assert database.reads_on_loop is db_url.startswith("sqlite")
+        thread, names = asyncio.run(main())
     finally:
         database.dispose()
+    on_loop = db_url.startswith("sqlite")
+    assert database.reads_on_loop is on_loop
+    assert (thread == threading.get_ident()) is on_loop
+    assert names == ["read"]

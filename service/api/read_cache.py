@@ -11,9 +11,9 @@ answer shows them at most ``ttl_s`` old, which is also the bound on how long ano
 write goes unseen. A request never joins a read, nor is an answer kept, that began before a
 write to its scope.
 
-Where a miss is read: on SQLite on the event loop itself (``Database.reads_on_loop``: a few
-indexed rows cost less there than the hand-over to a worker thread), so there is no read under
-way to share; on PostgreSQL on a worker thread, and concurrent misses of one key share one read.
+Concurrent misses of one key share one read. Where a miss is read is the route's
+(``Database.run_read``: on SQLite on the event loop, on PostgreSQL on a worker thread or awaited
+on the loop).
 """
 
 from __future__ import annotations
@@ -23,13 +23,12 @@ import hashlib
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Protocol
 
 from fastapi import Response
-from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import Column, select
 from sqlalchemy.sql.visitors import iterate
 
@@ -150,12 +149,7 @@ class _Kept:
 class ReadCache:
     """At most ``max_bytes`` of answers; past it the oldest kept go first."""
 
-    def __init__(
-        self, db: Database, ttl_s: float, max_bytes: int = 32 << 20, on_loop: bool = False
-    ) -> None:
-        self._db = db
-        # A miss read on the event loop itself (``Database.reads_on_loop``), not on a worker.
-        self._on_loop = on_loop
+    def __init__(self, db: Database, ttl_s: float, max_bytes: int = 32 << 20) -> None:
         self._ttl_s = ttl_s
         self._max_bytes = max_bytes
         self._bytes = 0
@@ -171,31 +165,30 @@ class ReadCache:
         self._flights: dict[str, tuple[int, Scope, asyncio.Future[Answer]]] = {}
         db.on_commit(self._committed)
 
-    async def answer(self, key: str, scope: Scope, read: Callable[[], Answer]) -> Answer:
-        """The kept answer for ``key`` if still good, else ``read()`` on a worker thread;
-        ``scope`` is what the answer can show before it is read."""
+    async def answer(self, key: str, scope: Scope, read: Callable[[], Awaitable[Answer]]) -> Answer:
+        """The kept answer for ``key`` if still good, else ``await read()`` (shared by the
+        requests that miss meanwhile); ``scope`` is what the answer can show before it is read."""
         kept = self._entries.get(key)
         if kept is not None and time.monotonic() - kept.at < self._ttl_s:
             return kept.answer
-        if self._on_loop:  # done before any other request runs: no read to share
-            with self._db.own_connection():
-                return self._read(key, scope, read, self._writes)
         flight = self._flights.get(key)
         with self._lock:
             stale = flight is None or self._changed_since(flight[0], flight[1])
         if flight is None or stale:
             began = self._writes
-            future = asyncio.ensure_future(run_in_threadpool(self._read, key, scope, read, began))
+            future = asyncio.ensure_future(self._read(key, scope, read, began))
             self._flights[key] = flight = (began, scope, future)
             future.add_done_callback(lambda done: self._landed(key, done))
         # Shielded: a client that goes away does not cancel the read others wait for.
         return await asyncio.shield(flight[2])
 
-    def _read(self, key: str, scope: Scope, read: Callable[[], Answer], began: int) -> Answer:
+    async def _read(
+        self, key: str, scope: Scope, read: Callable[[], Awaitable[Answer]], began: int
+    ) -> Answer:
         # ``began`` and ``at`` are taken before the read's snapshot: a write that commits while
         # it runs leaves the answer already out of date, never kept as current.
         at = time.monotonic()
-        answer = read()
+        answer = await read()
         scope = answer.scope or scope
         if self._ttl_s <= 0 or len(answer.body) > self._max_bytes:
             return answer

@@ -105,7 +105,7 @@ async def list_runs(
 
     scope = Page(frozenset(status) if status else None, team, cursor)
 
-    def read() -> Answer:
+    def read_page() -> Answer:
         with services.db.read() as session:
             rows = session.connection().execute(query, params).all()
             page = rows[:limit]
@@ -119,7 +119,9 @@ async def list_runs(
         return Answer(encode({"items": items, "next_cursor": next_cursor}), scope=read_scope)
 
     # The key is everything the page depends on, the team it is limited to included.
-    answer = await services.reads.answer(f"runs:{to_json(params).decode()}", scope, read)
+    answer = await services.reads.answer(
+        f"runs:{to_json(params).decode()}", scope, lambda: services.db.run_read(read_page)
+    )
     return respond(answer, if_none_match)
 
 
@@ -133,9 +135,9 @@ async def get_run(
     """The run with its progress and latest metrics (three queries, whatever the run holds;
     none while the run has not changed since the last caller read it)."""
 
-    def read() -> Answer:
-        run, events, latest = run_page(services.db, run_id)
-        ended = ended_attempts(services.db, run)
+    async def read() -> Answer:
+        run, events, latest = await run_page(services.db, run_id)
+        ended = await ended_attempts(services.db, run)
         return Answer(encode(run_doc(run, events, latest, ended)), run.team)
 
     answer = await services.reads.answer(f"run:{run_id}", OneRun(run_id), read)

@@ -11,18 +11,21 @@ release needs another worker thread.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import anyio.to_thread
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import SingletonThreadPool
 
@@ -31,6 +34,7 @@ from service.errors import DatabaseBusy
 from service.store.changes import Changes
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 MIGRATIONS_DIR = Path(migrations.__file__).parent
 # Marks the engine of read transactions (same pool): SQLite opens them with a deferred BEGIN.
 READ_ONLY = "rlrun_read_only"
@@ -54,11 +58,7 @@ def make_engine(
         else {"pool_size": pool_size, "max_overflow": max_overflow, "pool_timeout": wait_s}
     )
     if url.startswith("postgresql"):
-        # No ping before each use (a round trip per request): a connection the server dropped
-        # fails once, the pool is renewed and that request is a 503 to retry (see _bounded).
-        kwargs["pool_recycle"] = 1800
-        lock_ms = int(wait_s * 1000)
-        kwargs["connect_args"] = {"options": f"-c lock_timeout={lock_ms}"}
+        kwargs |= _postgres_options(wait_s)
     if url.startswith("sqlite"):
         # The driver's own transaction handling is off; we BEGIN ourselves: IMMEDIATE for
         # writes (a transaction that reads then writes never fails on a lock upgrade), deferred
@@ -73,6 +73,13 @@ def make_engine(
         event.listen(engine, "connect", _sqlite_pragmas(wait_s))
         event.listen(engine, "begin", _sqlite_begin)
     return engine
+
+
+def _postgres_options(wait_s: float) -> dict[str, Any]:
+    # No ping before each use (a round trip per request): a connection the server dropped
+    # fails once, the pool is renewed and that request is a 503 to retry (see _bounded).
+    lock_ms = int(wait_s * 1000)
+    return {"pool_recycle": 1800, "connect_args": {"options": f"-c lock_timeout={lock_ms}"}}
 
 
 def _sqlite_pragmas(wait_s: float) -> Any:
@@ -123,12 +130,13 @@ class Database:
         self._writers = sessionmaker(self.engine, expire_on_commit=False)
         self._read_engine = self.engine.execution_options(**{READ_ONLY: True})
         self._readers = sessionmaker(self._read_engine, expire_on_commit=False)
-        self._one_statement = self._read_engine.execution_options(isolation_level="AUTOCOMMIT")
         event.listen(self._readers, "before_flush", _refuse_writes)
-        # SQLite: a few indexed rows, no round trip, and a WAL reader takes no lock, so a hot
-        # read costs less on the event loop than the hand-over to a worker thread (about half
-        # the CPU of a miss of ``GET /runs/{id}``). The loop reads on a connection of its own,
-        # so it never waits for the pool, and waits for a lock LOOP_WAIT_S at most.
+        # Where the hottest reads run (``run_read``, ``read_one_async``): on the event loop.
+        # SQLite: a few indexed rows, no round trip, and a WAL reader takes no lock, so a read
+        # costs less there than the hand-over to a worker thread; on a connection of the loop's
+        # own, so it never waits for the pool, and for a lock LOOP_WAIT_S at most. PostgreSQL:
+        # one statement awaited through psycopg's async driver (its connections belong to the
+        # loop that made them).
         self.reads_on_loop = self.engine.dialect.name == "sqlite"
         self._own_engine: Engine | None = None
         self._own: tuple[Engine, sessionmaker[Session]] | None = None
@@ -138,6 +146,17 @@ class Database:
             self._own = (own_reads, sessionmaker(own_reads, expire_on_commit=False))
             event.listen(self._own[1], "before_flush", _refuse_writes)
         self._thread = threading.local()
+        self._async_engine: AsyncEngine | None = None
+        self._async_loop: asyncio.AbstractEventLoop | None = None
+        if self.engine.dialect.name == "postgresql":
+            self._async_engine = create_async_engine(
+                url,
+                pool_size=pool_size,
+                max_overflow=max_overflow,
+                pool_timeout=wait_s,
+                isolation_level="AUTOCOMMIT",
+                **_postgres_options(wait_s),
+            )
         # SQLite has one writer at a time; queueing this process's writers here is fairer and
         # faster than letting them sleep in SQLite's busy handler (other processes still meet
         # busy_timeout). Taken and released by the same thread, within one call.
@@ -150,9 +169,14 @@ class Database:
 
     @property
     def engines(self) -> tuple[Engine, ...]:
-        """Every engine this database sends statements on: the pooled one, and on SQLite the
-        event loop's own (what listens for statements listens on each)."""
-        return (self.engine,) if self._own_engine is None else (self.engine, self._own_engine)
+        """Every engine this database sends statements on: the pooled one, and the event
+        loop's (SQLite's own connection, PostgreSQL's async driver); what listens for
+        statements listens on each."""
+        if self._own_engine is not None:
+            return self.engine, self._own_engine
+        if self._async_engine is not None:
+            return self.engine, self._async_engine.sync_engine
+        return (self.engine,)
 
     def on_commit(self, listener: Callable[[Changes], None]) -> None:
         """Call ``listener`` with what each write transaction of this process changed of the
@@ -199,12 +223,34 @@ class Database:
         with _bounded(wait_s), engine.connect() as conn, conn.begin():
             yield conn
 
-    @contextmanager
-    def read_one(self) -> Iterator[Connection]:
-        """A connection for a read of one statement, which is its own snapshot: no transaction
-        around it (on PostgreSQL, no BEGIN and COMMIT round trips)."""
-        with _bounded(self.wait_s), self._one_statement.connect() as conn:
-            yield conn
+    @asynccontextmanager
+    async def read_one_async(self) -> AsyncIterator[AsyncConnection]:
+        """A connection for a read of one statement, which is its own snapshot (no BEGIN and
+        COMMIT round trips), awaited on the event loop: PostgreSQL only, for the hottest reads."""
+        if self._async_engine is None:
+            raise RuntimeError("reads awaited on the loop are PostgreSQL's")
+        loop = asyncio.get_running_loop()
+        if self._async_loop is not loop:
+            if self._async_loop is not None:  # another loop's connections: let them go
+                await self._async_engine.dispose(close=False)
+            self._async_loop = loop
+        with _bounded(self.wait_s):
+            async with self._async_engine.connect() as conn:
+                yield conn
+
+    async def run_read(self, read: Callable[[], T]) -> T:
+        """``read()`` where a hot read costs least: on SQLite on the event loop, on the loop's
+        own connection (``reads_on_loop``); on PostgreSQL on a worker thread."""
+        if self.reads_on_loop:
+            with self.own_connection():
+                return read()
+        return await anyio.to_thread.run_sync(read)
+
+    async def dispose_async(self) -> None:
+        """Close the connections of ``read_one_async`` (on the loop that made them)."""
+        if self._async_engine is not None:
+            self._async_loop = None
+            await self._async_engine.dispose()
 
     @contextmanager
     def transaction(self) -> Iterator[Session]:

@@ -112,20 +112,15 @@ class EventRow(NamedTuple):
 Latest = dict[str, tuple[int, float]]
 
 
-def run_page(db: Database, run_id: str) -> tuple[AnyRow, Sequence[Any], Latest]:
+async def run_page(db: Database, run_id: str) -> tuple[AnyRow, Sequence[Any], Latest]:
     """What ``GET /runs/{id}`` shows: the run's row, its events and its latest metric values.
-    On PostgreSQL one statement outside a transaction (one round trip, not five); on SQLite,
-    where a statement costs no round trip, the three queries in one read transaction."""
+    On PostgreSQL one statement outside a transaction (one round trip, not five), awaited on the
+    event loop; on SQLite, where a statement costs no round trip, the three queries in one read
+    transaction (``Database.run_read``)."""
     if db.engine.dialect.name != "postgresql":
-        with db.read_rows() as conn:
-            row = conn.execute(_RUN, {"run_id": run_id}).one_or_none()
-            if row is None:
-                raise NotFound(f"no run {run_id!r}")
-            rows = conn.execute(store.LATEST_OF_RUN, {"run_id": run_id})
-            values = {key: (step, _value(v)) for key, step, v in rows}
-            return row, conn.execute(_EVENTS, {"run_id": run_id}).all(), values
-    with db.read_one() as conn:
-        row = conn.execute(_RUN_AT_ONCE, {"run_id": run_id}).one_or_none()
+        return await db.run_read(lambda: _run_page_sqlite(db, run_id))
+    async with db.read_one_async() as conn:
+        row = (await conn.execute(_RUN_AT_ONCE, {"run_id": run_id})).one_or_none()
     if row is None:
         raise NotFound(f"no run {run_id!r}")
     # json_build_array gives timestamps as ISO text, non-finite numbers as text, NaN as null.
@@ -135,6 +130,16 @@ def run_page(db: Database, run_id: str) -> tuple[AnyRow, Sequence[Any], Latest]:
     ]
     latest = {key: (step, _value(v)) for key, step, v in row.latest_json or ()}
     return row, events, latest
+
+
+def _run_page_sqlite(db: Database, run_id: str) -> tuple[AnyRow, Sequence[Any], Latest]:
+    with db.read_rows() as conn:
+        row = conn.execute(_RUN, {"run_id": run_id}).one_or_none()
+        if row is None:
+            raise NotFound(f"no run {run_id!r}")
+        rows = conn.execute(store.LATEST_OF_RUN, {"run_id": run_id})
+        values = {key: (step, _value(v)) for key, step, v in rows}
+        return row, conn.execute(_EVENTS, {"run_id": run_id}).all(), values
 
 
 def _value(value: float | str | None) -> float:
@@ -182,9 +187,13 @@ def page_query(by_status: bool, by_team: bool, after: bool) -> Select[*tuple[Any
     return query
 
 
-def ended_attempts(db: Database, run: AnyRow) -> Sequence[Any]:
+async def ended_attempts(db: Database, run: AnyRow) -> Sequence[Any]:
     """The ended attempts of a run (none to read for a run on its first)."""
     if (run.attempt or 1) <= 1:
         return ()
-    with db.read() as session:
-        return attempts.ended(session, run.id)
+
+    def read() -> Sequence[Any]:
+        with db.read() as session:
+            return attempts.ended(session, run.id)
+
+    return await db.run_read(read)
