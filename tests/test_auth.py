@@ -3,9 +3,12 @@ the audit trail, per-team rate limits, idempotency keys per caller, and the auth
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
+import anyio.to_thread
 import httpx
 import pytest
 from fastapi.testclient import TestClient
@@ -323,3 +326,35 @@ def test_a_kept_page_of_runs_is_only_ever_its_teams(secured: dict[str, Any]) -> 
     assert listed("admin") == {own, other}  # kept for the admin's view of every team
     assert listed("viewer") == listed("member") == {own}
     assert listed("other") == {other}
+
+
+def test_a_token_is_checked_and_a_run_read_while_every_request_thread_is_busy(
+    db_url: str,
+) -> None:
+    settings = make_settings(
+        db_url, "http://127.0.0.1:9", run_loops=False, auth="on", request_threads=1
+    )
+    db = Database(db_url)
+    with TestClient(create_app(settings)) as client:
+        with db.transaction() as s:
+            _row, secret = create_token(s, "reader", TEAM, "member")
+        caller = Caller(client, secret)
+        run_id = submit(caller).json()["id"]
+        assert client.portal is not None
+        release = threading.Event()
+        # The one request thread waits (as for a slow database) until the reads are done.
+        busy = client.portal.start_task_soon(anyio.to_thread.run_sync, release.wait, 30)
+        try:
+            started = time.monotonic()
+            answers = [caller.get(f"/runs/{run_id}") for _ in range(3)]
+            took = time.monotonic() - started
+        finally:
+            release.set()
+            busy.result(timeout=30)
+        # A refused token is recorded (a write) on a worker thread, which is free again.
+        wrong = Caller(client, "rlrun_not-a-token").get(f"/runs/{run_id}")
+    db.dispose()
+    assert [a.status_code for a in answers] == [200] * 3
+    assert answers[0].json()["id"] == run_id
+    assert took < 20  # never the 30 s of the busy thread
+    assert wrong.status_code == 401

@@ -73,23 +73,39 @@ def from_identity(identity: Identity) -> Principal:
     )
 
 
+async def resolve(
+    services: Services, credentials: HTTPAuthorizationCredentials | None, client: str | None
+) -> Principal:
+    """``principal_from`` for a request on the event loop: an API token is one indexed row,
+    read on the loop (``tokens.find_active_on_loop``: no worker thread for the hottest check);
+    a JWT is verified on a worker thread (the provider's keys may need fetching), and a failed
+    sign-in is recorded on one (a write)."""
+    if not services.settings.auth_enabled:
+        return ANONYMOUS
+    if credentials is None:
+        raise Unauthorized()
+    secret = credentials.credentials
+    try:
+        if services.oidc is not None and is_jwt(secret):
+            return from_identity(await run_in_threadpool(services.oidc.verify, secret))
+        row = await tokens.find_active_on_loop(services.db, secret)
+        if row is None:
+            raise Unauthorized("the API token is unknown or revoked")
+    except Unauthorized as exc:
+        await run_in_threadpool(services.sign_ins.record, services.db, client, exc.detail)
+        raise
+    return Principal(user=row.user, team=row.team, role=row.role, token_id=row.id)
+
+
 async def current_principal(
     services: ServicesDep, credentials: CredentialsDep, request: Request
 ) -> Principal:
-    """The caller, resolved on a worker thread (a token read in a short transaction of its own,
-    or a JWT verified, which takes no connection); open mode reads nothing, and so costs no
-    thread hand-over. A request with a body was resolved at the door already."""
-    if not services.settings.auth_enabled:
-        return ANONYMOUS
+    """The caller (``resolve``); open mode reads nothing. A request with a body was resolved
+    at the door already."""
     known = request.scope.get(PRINCIPAL_KEY)
     if isinstance(known, Principal):
         return known
-
-    def read() -> Principal:
-        with services.db.read() as session:
-            return principal_from(services, credentials, session, client_of(request))
-
-    return await run_in_threadpool(read)
+    return await resolve(services, credentials, client_of(request))
 
 
 def requires(role: Role) -> Callable[[Principal], Awaitable[Principal]]:

@@ -11,13 +11,12 @@ no slot other callers need; each holds only its connection, and only until the t
 from __future__ import annotations
 
 import anyio
-from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.exc import DBAPIError, OperationalError
 from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.api.auth import PRINCIPAL_KEY, Principal, bearer, client_of, principal_from
+from service.api.auth import PRINCIPAL_KEY, bearer, client_of, resolve
 from service.api.deps import Services
 from service.api.problems import problem_response
 from service.errors import ContentTooLarge, ProblemError, RequestTimeout, Unavailable
@@ -102,9 +101,4 @@ async def authenticate(scope: Scope) -> None:
         return
     request = Request(scope)
     credentials = await bearer(request)
-
-    def resolve() -> Principal:
-        with services.db.read() as session:
-            return principal_from(services, credentials, session, client_of(request))
-
-    scope[PRINCIPAL_KEY] = await run_in_threadpool(resolve)
+    scope[PRINCIPAL_KEY] = await resolve(services, credentials, client_of(request))

@@ -15,17 +15,17 @@ import asyncio
 import logging
 import sqlite3
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio.to_thread
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Connection, Engine, Executable, Row, create_engine, event
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import SingletonThreadPool
 
@@ -131,7 +131,7 @@ class Database:
         self._read_engine = self.engine.execution_options(**{READ_ONLY: True})
         self._readers = sessionmaker(self._read_engine, expire_on_commit=False)
         event.listen(self._readers, "before_flush", _refuse_writes)
-        # Where the hottest reads run (``run_read``, ``read_one_async``): on the event loop.
+        # Where the hottest reads run (``run_read``, ``rows``): on the event loop.
         # SQLite: a few indexed rows, no round trip, and a WAL reader takes no lock, so a read
         # costs less there than the hand-over to a worker thread; on a connection of the loop's
         # own, so it never waits for the pool, and for a lock LOOP_WAIT_S at most. PostgreSQL:
@@ -223,12 +223,17 @@ class Database:
         with _bounded(wait_s), engine.connect() as conn, conn.begin():
             yield conn
 
-    @asynccontextmanager
-    async def read_one_async(self) -> AsyncIterator[AsyncConnection]:
-        """A connection for a read of one statement, which is its own snapshot (no BEGIN and
-        COMMIT round trips), awaited on the event loop: PostgreSQL only, for the hottest reads."""
+    async def rows(self, statement: Executable, params: dict[str, Any]) -> Sequence[Row[Any]]:
+        """The rows of one read statement, read on the event loop for the hottest reads: on
+        SQLite on the loop's own connection; on PostgreSQL awaited through its async driver,
+        outside a transaction (one statement is its own snapshot: no BEGIN and COMMIT)."""
         if self._async_engine is None:
-            raise RuntimeError("reads awaited on the loop are PostgreSQL's")
+
+            def read() -> Sequence[Row[Any]]:
+                with self.read_rows() as conn:
+                    return conn.execute(statement, params).all()
+
+            return await self.run_read(read)
         loop = asyncio.get_running_loop()
         if self._async_loop is not loop:
             if self._async_loop is not None:  # another loop's connections: let them go
@@ -236,7 +241,7 @@ class Database:
             self._async_loop = loop
         with _bounded(self.wait_s):
             async with self._async_engine.connect() as conn:
-                yield conn
+                return (await conn.execute(statement, params)).all()
 
     async def run_read(self, read: Callable[[], T]) -> T:
         """``read()`` where a hot read costs least: on SQLite on the event loop, on the loop's
@@ -247,7 +252,7 @@ class Database:
         return await anyio.to_thread.run_sync(read)
 
     async def dispose_async(self) -> None:
-        """Close the connections of ``read_one_async`` (on the loop that made them)."""
+        """Close the connections of ``rows`` on PostgreSQL (on the loop that made them)."""
         if self._async_engine is not None:
             self._async_loop = None
             await self._async_engine.dispose()

@@ -115,14 +115,14 @@ Latest = dict[str, tuple[int, float]]
 async def run_page(db: Database, run_id: str) -> tuple[AnyRow, Sequence[Any], Latest]:
     """What ``GET /runs/{id}`` shows: the run's row, its events and its latest metric values.
     On PostgreSQL one statement outside a transaction (one round trip, not five), awaited on the
-    event loop; on SQLite, where a statement costs no round trip, the three queries in one read
-    transaction (``Database.run_read``)."""
+    event loop (``Database.rows``); on SQLite, where a statement costs no round trip, the three
+    queries in one read transaction (``Database.run_read``)."""
     if db.engine.dialect.name != "postgresql":
         return await db.run_read(lambda: _run_page_sqlite(db, run_id))
-    async with db.read_one_async() as conn:
-        row = (await conn.execute(_RUN_AT_ONCE, {"run_id": run_id})).one_or_none()
-    if row is None:
+    rows = await db.rows(_RUN_AT_ONCE, {"run_id": run_id})
+    if not rows:
         raise NotFound(f"no run {run_id!r}")
+    row = rows[0]
     # json_build_array gives timestamps as ISO text, non-finite numbers as text, NaN as null.
     events = [
         EventRow(id_, datetime.fromisoformat(at).astimezone(UTC), src, dst, reason, n)
