@@ -1,7 +1,7 @@
 """rlrun's API side by side with a peer's own API (Ray's job REST API), in one run.
 
     python -m tests.benchmarks.bench_peers [--seconds 3] [--clients 1,16,64] [--db sqlite,postgres]
-        [--read-cache-s 1] [--quick]
+        [--read-cache-s 1] [--auth] [--quick]
 
 ``--quick``: 0.3 s per cell at 16 clients on SQLite, every row once, the big run holding 100
 steps, Ray holding 10 jobs (what CI runs).
@@ -25,6 +25,10 @@ peer's listing at 100 jobs. ``--quick``: a fraction of a second per cell, 16 cli
 Repeated reads of one run or page are answered from the service's read cache; with
 ``--read-cache-s 0`` nothing is kept (requests that arrive while a read is
 under way still share it).
+
+Ray's head always checks a token (``RAY_AUTH_MODE=token``); ``--auth`` has the service check
+one as well (an API token, looked up on every request, as deployed), so both sides pay for their
+auth; without it the service runs in open mode.
 
 Another peer adds a section: a function ``(ExitStack, args) -> Section`` (set-up registered
 on the stack) passed to ``run`` with the others.
@@ -51,6 +55,7 @@ import httpx
 
 from service.metrics import store
 from service.metrics.parse import MetricLine
+from service.store import tokens
 from service.store.db import Database
 from tests import postgres
 from tests.benchmarks import report
@@ -277,21 +282,44 @@ def ray_head(stack: ExitStack, args: argparse.Namespace) -> tuple[str, list[str]
     return head
 
 
+def secured(service: ServiceProcess, db_url: str, auth: bool) -> dict[str, str]:
+    """With ``auth``: the service started with token checks on, and the headers of an admin
+    token made in its database (no headers without)."""
+    if not auth:
+        service.start()
+        return {}
+    # One caller sends every request: no per-caller or per-team limit may refuse it.
+    service.env |= {
+        "RLRUN_AUTH": "on",
+        "RLRUN_VALIDATIONS_PER_CALLER": "100000",
+        "RLRUN_RUNS_PER_TEAM_PER_MINUTE": "0",
+    }
+    service.start()
+    db = Database(db_url)
+    try:
+        with db.transaction() as s:
+            _row, secret = tokens.create(s, "bench", "bench", "admin", "bench")
+    finally:
+        db.dispose()
+    return {"Authorization": f"Bearer {secret}"}
+
+
 def service_on(
     stack: ExitStack,
     db_url: str,
     workdir: Path,
     read_cache_s: float = 1.0,
     points_steps: int = POINTS_STEPS,
-) -> tuple[str, list[str]]:
+    auth: bool = False,
+) -> tuple[str, list[str], dict[str, str]]:
     """The service on ``db_url`` with 100 runs, the second holding ``POINTS_KEYS`` x
-    ``points_steps`` metric points; its URL and the runs' ids."""
+    ``points_steps`` metric points; its URL, the runs' ids and the headers to send it."""
     service = ServiceProcess(db_url, "http://127.0.0.1:9", workdir / f"{uuid.uuid4().hex}.log")
     service.env["RLRUN_RUN_LOOPS"] = "false"
     service.env["RLRUN_READ_CACHE_S"] = str(read_cache_s)
-    service.start()
+    headers = secured(service, db_url, auth)
     stack.callback(service.stop)
-    with httpx.Client(base_url=service.url, timeout=30) as http:
+    with httpx.Client(base_url=service.url, timeout=30, headers=headers) as http:
         ids = [http.post("/runs", json=RUN_SPEC).json()["id"] for _ in range(100)]
     db = Database(db_url)
     keys = [*store.LATEST_KEYS, "val-core/geo3k/reward/acc/mean@1"]
@@ -304,15 +332,15 @@ def service_on(
             ]
             store.add_lines(s, ids[1], lines)
     db.dispose()
-    return service.url, ids
+    return service.url, ids, headers
 
 
 def followed_service(
     stack: ExitStack, db: str, args: argparse.Namespace, ray_url: str
-) -> tuple[str, list[str]]:
+) -> tuple[str, list[str], dict[str, str]]:
     """The service with its loops on, on a database of its own, running ``FOLLOWED`` runs on
-    the Ray head that print a metric line every second (its follower stores each); its URL and
-    the runs' ids, once each run has stored a few steps."""
+    the Ray head that print a metric line every second (its follower stores each); its URL,
+    the runs' ids, once each run has stored a few steps, and the headers to send it."""
     if db == "sqlite":
         db_url = f"sqlite:///{args.workdir}/followed-{uuid.uuid4().hex[:6]}.db"
     else:
@@ -321,12 +349,14 @@ def followed_service(
     service = ServiceProcess(db_url, ray_url, args.workdir / f"{uuid.uuid4().hex}.log")
     service.env["RLRUN_READ_CACHE_S"] = str(args.read_cache_s)
     service.env["RLRUN_FOLLOW_INTERVAL_S"] = "1"
-    service.start()
+    headers = secured(service, db_url, args.auth)
     stack.callback(service.stop)
-    with httpx.Client(base_url=service.url, timeout=30) as http:
+    with httpx.Client(base_url=service.url, timeout=30, headers=headers) as http:
         ids = [http.post("/runs", json=FOLLOWED_SPEC).json()["id"] for _ in range(FOLLOWED)]
         for run_id in ids:
-            stack.callback(lambda r=run_id: httpx.post(f"{service.url}/runs/{r}/cancel"))
+            stack.callback(
+                lambda r=run_id: httpx.post(f"{service.url}/runs/{r}/cancel", headers=headers)
+            )
         for run_id in ids:
             wait_for(
                 lambda r=run_id: http.get(f"/runs/{r}").json(),
@@ -334,16 +364,21 @@ def followed_service(
                 timeout=120,
                 every=0.5,
             )
-    return service.url, ids
+    return service.url, ids, headers
 
 
 def ray_section(db: str) -> Callable[[ExitStack, argparse.Namespace], Section]:
     def make(stack: ExitStack, args: argparse.Namespace) -> Section:
         ray_url, job_ids, auth = ray_head(stack, args)
-        url, run_ids = service_on(
-            stack, dict(args.db_urls)[db], args.workdir, args.read_cache_s, args.points_steps
+        url, run_ids, ours = service_on(
+            stack,
+            dict(args.db_urls)[db],
+            args.workdir,
+            args.read_cache_s,
+            args.points_steps,
+            args.auth,
         )
-        followed_url, followed = followed_service(stack, db, args, ray_url)
+        followed_url, followed, ours_followed = followed_service(stack, db, args, ray_url)
         run_id, big_id = run_ids[0], run_ids[1]
         job_id = job_ids[0]
         # A pass of 100 distinct runs after the kept answers have lapsed: every read a miss.
@@ -354,22 +389,22 @@ def ray_section(db: str) -> Callable[[ExitStack, argparse.Namespace], Section]:
             [
                 Row(
                     "no-op (the HTTP stack alone)",
-                    Target(url, "GET", "/healthz"),
+                    Target(url, "GET", "/healthz", headers=ours),
                     Target(ray_url, "GET", "/api/version", headers=auth),
                 ),
                 Row(
                     "read one run",
-                    Target(url, "GET", f"/runs/{run_id}"),
+                    Target(url, "GET", f"/runs/{run_id}", headers=ours),
                     Target(ray_url, "GET", f"/api/jobs/{job_id}", headers=auth),
                 ),
                 Row(
                     f"read {FOLLOWED} followed runs (a metric line each second each)",
-                    Target(followed_url, "GET", *_round(followed)),
+                    Target(followed_url, "GET", *_round(followed), headers=ours_followed),
                     Target(ray_url, "GET", *_round(followed, "/api/jobs/"), headers=auth),
                 ),
                 Row(
                     "read 100 distinct runs once each",
-                    Target(url, "GET", *_round(run_ids), warm="/healthz"),
+                    Target(url, "GET", *_round(run_ids), warm="/healthz", headers=ours),
                     Target(
                         ray_url,
                         "GET",
@@ -382,17 +417,17 @@ def ray_section(db: str) -> Callable[[ExitStack, argparse.Namespace], Section]:
                 ),
                 Row(
                     f"read one run, {POINTS_KEYS * args.points_steps:,} points",
-                    Target(url, "GET", f"/runs/{big_id}"),
+                    Target(url, "GET", f"/runs/{big_id}", headers=ours),
                     Target(ray_url, "GET", f"/api/jobs/{job_id}", headers=auth),
                 ),
                 Row(
                     "list 100",
-                    Target(url, "GET", "/runs?limit=100"),
+                    Target(url, "GET", "/runs?limit=100", headers=ours),
                     Target(ray_url, "GET", "/api/jobs/", headers=auth),
                 ),
                 Row(
                     "accept a run",
-                    Target(url, "POST", "/runs", RUN_SPEC, ok=201),
+                    Target(url, "POST", "/runs", RUN_SPEC, ok=201, headers=ours),
                     Target(ray_url, "POST", "/api/jobs/", RAY_JOB, headers=auth),
                 ),
             ],
@@ -414,6 +449,7 @@ def main() -> None:
     parser.add_argument("--db", default="sqlite,postgres")
     parser.add_argument("--read-cache-s", type=float, default=1.0)
     parser.add_argument("--passes", type=int, default=5, help="of 100 distinct runs")
+    parser.add_argument("--auth", action="store_true", help="the service checks a token too")
     parser.add_argument("--quick", action="store_true", help="every row, briefly (seconds)")
     parser.add_argument("--points-steps", type=int, default=POINTS_STEPS, help="x 100 keys")
     args = parser.parse_args()
