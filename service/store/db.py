@@ -41,6 +41,10 @@ READ_ONLY = "rlrun_read_only"
 # How long a read on the event loop waits for a locked SQLite database before it is a 503: a
 # WAL reader meets a lock only in rare cases (recovery of another process's crash).
 LOOP_WAIT_S = 0.1
+# PostgreSQL connections for the reads awaited on the loop: a fixed few (each read is one short
+# round trip). A read past them waits for one, on the loop, which costs nothing; connections
+# opened for a peak would be closed after it, each costing the server a process.
+ASYNC_POOL = 16
 
 
 def make_engine(
@@ -151,8 +155,8 @@ class Database:
         if self.engine.dialect.name == "postgresql":
             self._async_engine = create_async_engine(
                 url,
-                pool_size=pool_size,
-                max_overflow=max_overflow,
+                pool_size=min(pool_size, ASYNC_POOL),
+                max_overflow=0,
                 pool_timeout=wait_s,
                 isolation_level="AUTOCOMMIT",
                 **_postgres_options(wait_s),
@@ -192,10 +196,10 @@ class Database:
         return changes
 
     @contextmanager
-    def own_connection(self) -> Iterator[None]:
+    def _own_connection(self) -> Iterator[None]:
         """The reads of this block (``read``, ``read_rows``) on this thread's own connection
         (SQLite, ``reads_on_loop``): for reads on the event loop, which must not wait for the
-        pool. On PostgreSQL the block reads as any other."""
+        pool."""
         outer = getattr(self._thread, "own", False)
         self._thread.own = self._own is not None
         try:
@@ -247,7 +251,7 @@ class Database:
         """``read()`` where a hot read costs least: on SQLite on the event loop, on the loop's
         own connection (``reads_on_loop``); on PostgreSQL on a worker thread."""
         if self.reads_on_loop:
-            with self.own_connection():
+            with self._own_connection():
                 return read()
         return await anyio.to_thread.run_sync(read)
 
