@@ -299,7 +299,7 @@ def test_on_sqlite_a_miss_is_read_on_the_event_loop_on_a_connection_of_its_own(
     assert threads == [threading.get_ident()]  # asyncio.run's loop runs on this thread
 
 
-def test_postgresql_reads_on_a_worker_thread_or_awaited_on_the_loop(db_url: str) -> None:
+def test_where_each_database_reads_a_run(db_url: str) -> None:
     upgrade(db_url)
     database = Database(db_url)
     add_run(database, "k", name="read")
