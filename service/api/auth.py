@@ -42,30 +42,6 @@ ANONYMOUS = Principal(user="anonymous", team=None, role="admin")
 PRINCIPAL_KEY = "rlrun.principal"
 
 
-def principal_from(
-    services: Services,
-    credentials: HTTPAuthorizationCredentials | None,
-    session: Session,
-    client: str | None = None,
-) -> Principal:
-    """The caller (blocking: a JWT may need the provider's keys fetched). A credential that
-    does not sign in is a 401 and is recorded (``sign_in_audit``) for ``client``."""
-    if not services.settings.auth_enabled:
-        return ANONYMOUS
-    if credentials is None:
-        raise Unauthorized()
-    try:
-        if services.oidc is not None and is_jwt(credentials.credentials):
-            return from_identity(services.oidc.verify(credentials.credentials))
-        row = tokens.find_active(session, credentials.credentials)
-        if row is None:
-            raise Unauthorized("the API token is unknown or revoked")
-    except Unauthorized as exc:
-        services.sign_ins.record(services.db, client, exc.detail)
-        raise
-    return Principal(user=row.user, team=row.team, role=row.role, token_id=row.id)  # type: ignore[arg-type]
-
-
 def from_identity(identity: Identity) -> Principal:
     # Keyed (limits, idempotency, audit) by issuer and subject, as an API token by its id.
     return Principal(
@@ -76,10 +52,11 @@ def from_identity(identity: Identity) -> Principal:
 async def resolve(
     services: Services, credentials: HTTPAuthorizationCredentials | None, client: str | None
 ) -> Principal:
-    """``principal_from`` for a request on the event loop: an API token is one indexed row,
-    read on the loop (``tokens.find_active_on_loop``: no worker thread for the hottest check);
-    a JWT is verified on a worker thread (the provider's keys may need fetching), and a failed
-    sign-in is recorded on one (a write)."""
+    """The caller. An API token is one indexed row, read on the event loop
+    (``tokens.find_active``: no worker thread for the hottest check) on every request, so a
+    revocation takes effect at once; a JWT is verified on a worker thread (the provider's keys
+    may need fetching). A credential that does not sign in is a 401 and is recorded
+    (``sign_in_audit``, on a worker thread: a write) for ``client``."""
     if not services.settings.auth_enabled:
         return ANONYMOUS
     if credentials is None:
@@ -88,7 +65,7 @@ async def resolve(
     try:
         if services.oidc is not None and is_jwt(secret):
             return from_identity(await run_in_threadpool(services.oidc.verify, secret))
-        row = await tokens.find_active_on_loop(services.db, secret)
+        row = await tokens.find_active(services.db, secret)
         if row is None:
             raise Unauthorized("the API token is unknown or revoked")
     except Unauthorized as exc:

@@ -7,9 +7,10 @@ which a flood of API calls cannot delay: point an orchestrator's probes there.
 from __future__ import annotations
 
 from fastapi import APIRouter
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
-from service.api.auth import CredentialsDep, principal_from
+from service.api.auth import CredentialsDep, resolve
 from service.api.deps import Services, ServicesDep
 from service.api.probe_process import readiness
 
@@ -23,20 +24,20 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz", responses={503: {"description": "the database does not answer"}})
-def readyz(services: ServicesDep, credentials: CredentialsDep) -> JSONResponse:
+async def readyz(services: ServicesDep, credentials: CredentialsDep) -> JSONResponse:
     """Ready when the database answers. Errors and versions are shown to admins only; any
     caller, with a token or without, gets ``ok`` per check."""
     rays = {h.name: h.ray for h in services.clusters}
-    ready, checks = readiness(services.db, rays, _is_admin(services, credentials))
+    admin = await _is_admin(services, credentials)
+    ready, checks = await run_in_threadpool(readiness, services.db, rays, admin)
     return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
 
 
-def _is_admin(services: Services, credentials: CredentialsDep) -> bool:
+async def _is_admin(services: Services, credentials: CredentialsDep) -> bool:
     if services.settings.auth_enabled and credentials is None:
         return False
     try:
-        with services.db.read() as session:
-            return principal_from(services, credentials, session).at_least("admin")
+        return (await resolve(services, credentials, None)).at_least("admin")
     except Exception:
         # An unknown token, or the very database being checked: no details, and no failure.
         return False

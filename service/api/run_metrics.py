@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
@@ -21,8 +22,8 @@ from service.api.auth import (
     Principal,
     Viewer,
     client_of,
-    principal_from,
     require_visible,
+    resolve,
 )
 from service.api.deps import INT64_MAX, Services, ServicesDep
 from service.api.revocation import until_set
@@ -119,14 +120,12 @@ def run_logs(
     return PlainTextResponse(text if ansi else strip_ansi(text), headers=headers)
 
 
-def _stream_caller(
+async def _stream_caller(
     services: ServicesDep, credentials: CredentialsDep, run_id: str, request: Request
-) -> Iterator[Principal]:
+) -> AsyncIterator[Principal]:
     """The caller, holding one of its stream slots until the stream ends (auth on)."""
-    # Checked in its own short read: the stream must not hold a transaction open.
-    with services.db.read() as session:
-        principal = principal_from(services, credentials, session, client_of(request))
-        require_visible(session, principal, run_id)
+    principal = await resolve(services, credentials, client_of(request))
+    await run_in_threadpool(_ensure_visible, services, principal, run_id)
     if not services.settings.auth_enabled:
         yield principal
         return
@@ -135,6 +134,12 @@ def _stream_caller(
         yield principal
     finally:
         services.streams.give(principal.key)
+
+
+def _ensure_visible(services: Services, principal: Principal, run_id: str) -> None:
+    # Checked in its own short read: the stream must not hold a transaction open.
+    with services.db.read() as session:
+        require_visible(session, principal, run_id)
 
 
 def _stream_start(

@@ -40,20 +40,14 @@ def create(
     return row, secret
 
 
-def find_active(session: Session, secret: str) -> ApiToken | None:
-    """The unrevoked token with this secret: read on every request, so revocation is immediate."""
-    row = session.scalar(select(ApiToken).where(ApiToken.token_hash == digest(secret)))
-    return row if row is not None and row.revoked_at is None else None
-
-
 _ACTIVE = select(ApiToken.id, ApiToken.user, ApiToken.team, ApiToken.role).where(
     ApiToken.token_hash == bindparam("token_hash"), ApiToken.revoked_at.is_(None)
 )
 
 
-async def find_active_on_loop(db: Database, secret: str) -> Row[tuple[str, str, str, str]] | None:
-    """``find_active`` read on the event loop (``Database.rows``): the one indexed row every
-    authenticated request reads, with no worker thread."""
+async def find_active(db: Database, secret: str) -> Row[tuple[str, str, str, str]] | None:
+    """The unrevoked token with this secret (id, user, team, role), read on the event loop
+    (``Database.rows``): the one indexed row every authenticated request reads."""
     rows = await db.rows(_ACTIVE, {"token_hash": digest(secret)})
     return rows[0] if rows else None
 
