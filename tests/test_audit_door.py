@@ -75,11 +75,16 @@ def test_the_next_rows_count_carries_the_failures_in_between(
     clock = [1000.0]
     monkeypatch.setattr(sign_in_audit.time, "monotonic", lambda: clock[0])
     failures = sign_in_audit.FailedSignIns(window_s=60)
+
+    def fail(client: str, reason: str) -> None:  # as auth.resolve does
+        if due := failures.count(client):
+            failures.write(db, client, reason, due)
+
     for _ in range(7):
-        failures.record(db, "10.0.0.1:5000", "bad")
-    failures.record(db, "10.0.0.2:5000", "bad")  # another address: its own row
+        fail("10.0.0.1:5000", "bad")
+    fail("10.0.0.2:5000", "bad")  # another address: its own row
     clock[0] += 61
-    failures.record(db, "10.0.0.1:5001", "worse")
+    fail("10.0.0.1:5001", "worse")
     db.dispose()
     targets = sorted((r[3], r[4]) for r in rows(db_url, "auth.failed"))
     assert targets == [

@@ -33,20 +33,24 @@ class FailedSignIns:
         self._sources: dict[str, _Source] = {}
         self._lock = threading.Lock()
 
-    def record(self, db: Database, client: str | None, reason: str) -> None:
-        """Count one failure from ``client`` (``host:port``); write a row if the address has
-        none in the last minute. Blocking: call it from a worker thread."""
-        address = (client or "unknown").rsplit(":", 1)[0]
+    def count(self, client: str | None) -> int:
+        """Count one failure from ``client`` (``host:port``): the failures its row is due to
+        say, or 0 while the address has a row in the last minute (nothing to write). Quick: it
+        runs on the event loop; a row due is then written by ``write``."""
+        address = _address(client)
         now = time.monotonic()
         with self._lock:
             source = self._sources.get(address)
             if source is not None and now - source.written_at < self.window_s:
                 source.unwritten += 1
-                return
-            count = 1 + (source.unwritten if source is not None else 0)
+                return 0
             if len(self._sources) >= self.max_sources:
                 self._forget_old(now)
             self._sources[address] = _Source(now)
+            return 1 + (source.unwritten if source is not None else 0)
+
+    def write(self, db: Database, client: str | None, reason: str, count: int) -> None:
+        """The audit row of ``count`` failures from ``client`` (blocking: a write)."""
         try:
             with db.transaction() as session:
                 audit.record(
@@ -60,7 +64,7 @@ class FailedSignIns:
                     target=f"failures={count}; last: {reason}",
                 )
         except Exception as exc:  # the database busy or away: the refusal stands without it
-            log.warning("could not record a failed sign-in from %s: %r", address, exc)
+            log.warning("could not record a failed sign-in from %s: %r", _address(client), exc)
 
     def _forget_old(self, now: float) -> None:
         for address, source in list(self._sources.items()):
@@ -68,3 +72,7 @@ class FailedSignIns:
                 del self._sources[address]
         while len(self._sources) >= self.max_sources:
             self._sources.pop(next(iter(self._sources)))
+
+
+def _address(client: str | None) -> str:
+    return (client or "unknown").rsplit(":", 1)[0]
