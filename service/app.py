@@ -42,7 +42,7 @@ from service.api.open_mode import OpenModeGuard
 from service.api.overload import ShedLoad
 from service.api.probe_process import ProbeProcess
 from service.api.problems import install_handlers
-from service.api.read_cache import ReadCache
+from service.api.read_cache import ReadCache, shown_change
 from service.backoff import Backoff
 from service.cluster import registry as registry_of_clusters
 from service.cluster import spec as cluster_spec
@@ -67,6 +67,7 @@ from service.scheduling import backlog
 from service.scheduling.budgets import Budgets
 from service.settings import Settings
 from service.store import db as dbmod
+from service.store.change_feed import ChangeFeed
 from service.team_secrets import SecretStore
 from service.telemetry import Telemetry, TimeRequests
 
@@ -101,6 +102,8 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
         app.state.telemetry.watch(services)
         stop = asyncio.Event()
         tasks = [asyncio.create_task(loop.run(stop)) for loop in services.loops.values()]
+        if services.feed is not None:
+            tasks.append(asyncio.create_task(services.feed.listen(services.reads.changed, stop)))
         probe: ProbeProcess | None = None
         try:
             probe = _probe_process(settings, clusters)
@@ -311,9 +314,24 @@ def build_services(
             ),
         }
     reads = ReadCache(db, settings.read_cache_s)
+    feed = None
+    if db.engine.dialect.name == "postgresql" and settings.read_cache_s > 0:
+        # Other replicas drop what this one's writes change (and this one, theirs).
+        feed = ChangeFeed(db.url, shown_change)
+        db.before_commit(feed.publish)
     oidc = OidcVerifier(settings) if settings.oidc_enabled else None
     return Services(
-        settings, db, registry, broker, clusters, loops, follower, reads, secrets, oidc=oidc
+        settings,
+        db,
+        registry,
+        broker,
+        clusters,
+        loops,
+        follower,
+        reads,
+        secrets,
+        feed=feed,
+        oidc=oidc,
     )
 
 

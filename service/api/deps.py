@@ -29,6 +29,7 @@ from service.metrics.broker import Broker
 from service.recipes.registry import RecipeRegistry
 from service.scheduling.inventory import Inventory
 from service.settings import Settings
+from service.store.change_feed import ChangeFeed
 from service.store.db import Database
 from service.team_secrets import SecretStore
 
@@ -60,6 +61,8 @@ class Services:
     revocations: Revocations = field(default_factory=Revocations)
     # Failed sign-ins, written to the audit trail at most once a minute per address.
     sign_ins: FailedSignIns = field(default_factory=FailedSignIns)
+    # Other replicas' writes, told on PostgreSQL (``store/change_feed.py``).
+    feed: ChangeFeed | None = None
     # Bearer JWTs of the identity provider, when one is configured.
     oidc: OidcVerifier | None = None
 

@@ -7,9 +7,11 @@ process that changed its scope commits (``Database.on_commit``, before the write
 answers: its caller reads its write), and it is served for at most ``ttl_s`` in any case. What
 counts as a change is what the answer shows besides metrics: a new run, a status, an event, any
 column shown. A running run's metrics (written by the follower every second) drop nothing: its
-answer shows them at most ``ttl_s`` old, which is also the bound on how long another replica's
-write goes unseen. A request never joins a read, nor is an answer kept, that began before a
-write to its scope.
+answer shows them at most ``ttl_s`` old. On PostgreSQL another replica's write drops the same
+answers once its notification arrives (``service/store/change_feed.py``, usually milliseconds
+after its commit); ``ttl_s`` is the bound on how long one goes unseen if a notification is lost,
+and on SQLite, that of another process. A request never joins a read, nor is an answer kept,
+that began before a write to its scope.
 
 Concurrent misses of one key share one read. Where a miss is read is the route's
 (``Database.run_read``: on SQLite on the event loop, on PostgreSQL on a worker thread or awaited
@@ -163,7 +165,7 @@ class ReadCache:
         self._lock = threading.Lock()  # held for dict updates only, never across a hand-over
         # Reads under way, by key: touched on the event loop's thread only.
         self._flights: dict[str, tuple[int, Scope, asyncio.Future[Answer]]] = {}
-        db.on_commit(self._committed)
+        db.on_commit(self.changed)
 
     async def answer(self, key: str, scope: Scope, read: Callable[[], Awaitable[Answer]]) -> Answer:
         """The kept answer for ``key`` if still good, else ``await read()`` (shared by the
@@ -221,8 +223,9 @@ class ReadCache:
             if number > began
         )
 
-    def _committed(self, changes: Changes) -> None:
-        """Drop what a write of this process changed (on the writer's thread, after commit)."""
+    def changed(self, changes: Changes) -> None:
+        """Drop what a write changed: one of this process (on the writer's thread, after its
+        commit) or of another replica (``ChangeFeed``, on the event loop)."""
         if not changes.everything and not any(map(shown_change, changes.runs.values())):
             return
         with self._lock:

@@ -169,6 +169,7 @@ class Database:
         # whoever listens (``service/api/read_cache.py``).
         self._changes = threading.local()
         self._on_commit: list[Callable[[Changes], None]] = []
+        self._before_commit: list[Callable[[Session, Changes], None]] = []
         event.listen(self.engine, "before_cursor_execute", self._record)
 
     @property
@@ -186,6 +187,11 @@ class Database:
         """Call ``listener`` with what each write transaction of this process changed of the
         runs, after its commit (on the thread that committed, before ``transaction`` returns)."""
         self._on_commit.append(listener)
+
+    def before_commit(self, listener: Callable[[Session, Changes], None]) -> None:
+        """Call ``listener`` in each write transaction that changed runs, with its session and
+        what it changed, last before the commit (its pending changes flushed first)."""
+        self._before_commit.append(listener)
 
     def open_changes(self) -> Changes:
         """What the write transaction open on this thread changes of the runs (filled in as its
@@ -270,6 +276,11 @@ class Database:
         try:
             with _bounded(self.wait_s), self._turn(), self._writers() as session, session.begin():
                 yield session
+                if self._before_commit:
+                    session.flush()  # what the commit would write, told as well
+                    if changes:
+                        for tell in self._before_commit:
+                            tell(session, changes)
         finally:
             self._changes.open = outer
         # After the commit, never before: a read that began before is then out of date.

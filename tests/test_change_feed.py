@@ -1,0 +1,107 @@
+"""Another replica's write drops this replica's kept answers at once on PostgreSQL (``NOTIFY``),
+not when they lapse: two apps on one database, answers kept for a minute."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, event, text
+
+from service.app import create_app
+from service.store.change_feed import MAX_PAYLOAD, decode, encode
+from service.store.changes import Changes, RunChange
+from tests.conftest import _truncate as truncate
+from tests.conftest import make_settings
+from tests.loadgen import SPEC
+
+KEPT_S = 60.0  # far longer than any wait below: only the feed can explain a fresh answer
+SEEN_WITHIN_S = 5.0
+
+
+def test_a_payload_says_each_runs_change_and_a_big_one_says_everything() -> None:
+    change = RunChange({"status", "ended_at"}, events=True, status="CANCELLED", team="vision")
+    origin, told = decode(encode(Changes(runs={"run_a": change}), "me"))
+    assert origin == "me" and not told.everything and told.runs == {"run_a": change}
+    many = Changes(runs={f"run_{i:05d}": RunChange({"status"}) for i in range(500)})
+    assert len(encode(many, "me").encode()) <= MAX_PAYLOAD
+    assert decode(encode(many, "me"))[1].everything
+    assert decode("not json")[1].everything
+    assert decode('{"o": "x", "r": {"run_a": {"c": 1}}}')[1].everything
+
+
+def _statements(client: TestClient) -> list[str]:
+    """The statements the replica behind ``client`` sends from now on."""
+    sent: list[str] = []
+    for engine in client.app.state.services.db.engines:  # type: ignore[attr-defined]
+        event.listen(engine, "before_cursor_execute", lambda *a: sent.append(a[2]))
+    return sent
+
+
+def _until(check: Callable[[], bool], within_s: float = SEEN_WITHIN_S) -> float:
+    start = time.monotonic()
+    while not check():
+        assert time.monotonic() - start < within_s, "not seen in time"
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+@pytest.fixture
+def replicas(pg_database: str) -> Iterator[list[TestClient]]:
+    """Two replicas (apps) on one emptied database, each keeping answers for ``KEPT_S``."""
+    truncate(pg_database)
+    settings = make_settings(
+        pg_database, "http://127.0.0.1:9", run_loops=False, read_cache_s=KEPT_S
+    )
+    with ExitStack() as stack:
+        yield [stack.enter_context(TestClient(create_app(settings))) for _ in range(2)]
+
+
+@pytest.mark.postgres
+def test_another_replicas_write_is_seen_at_once_and_leaves_other_answers_kept(
+    replicas: list[TestClient],
+) -> None:
+    a, b = replicas
+    changed, untouched = (a.post("/runs", json=SPEC).json()["id"] for _ in range(2))
+    # B keeps both runs and its first page.
+    assert b.get(f"/runs/{changed}").json()["status"] == "QUEUED"
+    assert b.get(f"/runs/{untouched}").status_code == 200
+    assert {r["id"] for r in b.get("/runs?limit=10").json()["items"]} == {changed, untouched}
+    sent = _statements(b)
+
+    assert a.post(f"/runs/{changed}/cancel").json()["status"] == "CANCELLED"
+    took = _until(lambda: b.get(f"/runs/{changed}").json()["status"] == "CANCELLED")
+    # The other run's answer was not dropped: served without a statement.
+    before = len(sent)
+    assert b.get(f"/runs/{untouched}").status_code == 200
+    assert len(sent) == before, sent[before:]
+    new = a.post("/runs", json=SPEC).json()["id"]
+    _until(lambda: new in {r["id"] for r in b.get("/runs?limit=10").json()["items"]})
+    print(f"\nanother replica's cancel seen after {took * 1000:.0f} ms")
+
+
+@pytest.mark.postgres
+def test_a_listener_that_lost_its_connection_listens_again_and_drops_what_it_kept(
+    replicas: list[TestClient], pg_database: str
+) -> None:
+    a, b = replicas
+    run_id = a.post("/runs", json=SPEC).json()["id"]
+    assert b.get(f"/runs/{run_id}").json()["status"] == "QUEUED"
+    admin = create_engine(pg_database, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            ended = conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND query LIKE 'LISTEN%'"
+                )
+            ).all()
+    finally:
+        admin.dispose()
+    assert len(ended) == 2  # each replica's listener
+    assert a.post(f"/runs/{run_id}/cancel").status_code == 200
+    # Told by the feed once B listens again, or dropped when it reconnects: either way soon.
+    _until(lambda: b.get(f"/runs/{run_id}").json()["status"] == "CANCELLED", within_s=15)
