@@ -81,8 +81,9 @@ class DatabaseSettings(Section):
     """Connections opened past the pool's size at a peak, closed when returned."""
     read_cache_s: float = Field(default=1.0, ge=0)
     """How long an answer of GET /runs/{id} or GET /runs may be served again without reading
-    the database. This replica's own writes refresh it at once, so only another replica's write
-    can go unseen, and for no longer than this. 0: every read reads the database."""
+    the database. Writes refresh it at once: this replica's, and on PostgreSQL another replica's
+    (told by NOTIFY); only one whose notification was lost, or on SQLite another process's, can
+    go unseen, and for no longer than this. 0: every read reads the database."""
     migrate_on_start: bool = True
     """Upgrade the schema at start (else ``rlrun migrate`` does)."""
 
