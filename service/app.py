@@ -68,6 +68,7 @@ from service.scheduling.budgets import Budgets
 from service.settings import Settings
 from service.store import db as dbmod
 from service.store.change_feed import ChangeFeed
+from service.store.changes import Changes
 from service.team_secrets import SecretStore
 from service.telemetry import Telemetry, TimeRequests
 
@@ -103,7 +104,8 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
         stop = asyncio.Event()
         tasks = [asyncio.create_task(loop.run(stop)) for loop in services.loops.values()]
         if services.feed is not None:
-            tasks.append(asyncio.create_task(services.feed.listen(services.reads.changed, stop)))
+            told = _told_by_others(services)
+            tasks.append(asyncio.create_task(services.feed.listen(told, stop)))
         probe: ProbeProcess | None = None
         try:
             probe = _probe_process(settings, clusters)
@@ -333,6 +335,16 @@ def build_services(
         feed=feed,
         oidc=oidc,
     )
+
+
+def _told_by_others(services: Services) -> Callable[[Changes], None]:
+    """What another replica's write, told by the change feed, refreshes here."""
+
+    def told(changes: Changes) -> None:
+        services.reads.changed(changes)
+        services.broker.changed(changes)
+
+    return told
 
 
 def _probe_process(settings: Settings, clusters: Clusters) -> ProbeProcess | None:

@@ -16,6 +16,7 @@ from service.store.change_feed import MAX_PAYLOAD, decode, encode
 from service.store.changes import Changes, RunChange
 from tests.conftest import _truncate as truncate
 from tests.conftest import make_settings
+from tests.live import ServerThread, SseClient
 from tests.loadgen import SPEC
 
 KEPT_S = 60.0  # far longer than any wait below: only the feed can explain a fresh answer
@@ -105,3 +106,27 @@ def test_a_listener_that_lost_its_connection_listens_again_and_drops_what_it_kep
     assert a.post(f"/runs/{run_id}/cancel").status_code == 200
     # Told by the feed once B listens again, or dropped when it reconnects: either way soon.
     _until(lambda: b.get(f"/runs/{run_id}").json()["status"] == "CANCELLED", within_s=15)
+
+
+@pytest.mark.postgres
+def test_a_live_stream_gets_another_replicas_status_event_without_waiting_for_its_poll(
+    pg_database: str,
+) -> None:
+    truncate(pg_database)
+    # The stream's replica polls for other replicas' writes only every 30 s: the feed wakes it.
+    slow_poll = make_settings(pg_database, "http://127.0.0.1:9", run_loops=False, events_poll_s=30)
+    with (
+        ServerThread(create_app(slow_poll)) as watcher,
+        TestClient(create_app(slow_poll)) as writer,
+    ):
+        run_id = writer.post("/runs", json=SPEC).json()["id"]
+        stream = SseClient(run_id, watcher).start()
+        try:
+            stream.wait(lambda s: s.statuses() == ["QUEUED"], timeout=10)
+            cancelled_at = time.monotonic()
+            assert writer.post(f"/runs/{run_id}/cancel").status_code == 200
+            stream.wait(lambda s: "CANCELLED" in s.statuses(), timeout=SEEN_WITHIN_S)
+            took = time.monotonic() - cancelled_at
+        finally:
+            stream.ended.set()
+    print(f"\nanother replica's cancel streamed after {took * 1000:.0f} ms")

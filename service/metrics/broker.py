@@ -4,9 +4,10 @@ The upstream reads the database (status events past an event id, metric lines pa
 offset), so it sees what any replica's follower or reconciler wrote; the local follower wakes it
 at once after each commit. For the writes of other replicas one poller serves every topic: each
 ``poll_s`` it reads where all of them stand in one query and wakes only those that moved, so an
-idle stream costs no read of its own however many are open. A subscriber's position is a
-``Cursor`` of both: the SSE event id ``"<event id>-<log offset>"``, so resuming with
-``Last-Event-ID`` is exact for both kinds.
+idle stream costs no read of its own however many are open; on PostgreSQL a status event of
+another replica wakes its streams at once (``changed``, told by the change feed). A
+subscriber's position is a ``Cursor`` of both: the SSE event id ``"<event id>-<log offset>"``,
+so resuming with ``Last-Event-ID`` is exact for both kinds.
 
 When the upstream's read fails (the database is away), the topic is dropped and every subscriber
 gets a ``reconnect`` item and its stream closes; a client that reconnects with ``Last-Event-ID``
@@ -25,6 +26,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.metrics import logcopy, store
+from service.store.changes import Changes
 from service.store.db import Database
 from service.store.models import MetricPoint, Run, RunEvent, RunLog
 from service.wire import event_doc
@@ -185,6 +187,13 @@ class Broker:
         topic = self._topics.get(run_id)
         if topic is not None and self._loop is not None:
             self._loop.call_soon_threadsafe(topic.wake.set)
+
+    def changed(self, changes: Changes) -> None:
+        """Another replica committed ``changes`` (``ChangeFeed``): wake the streams of the runs
+        that got events at once, rather than at the next poll."""
+        for run_id in list(self._topics) if changes.everything else changes.runs:
+            if changes.of_events(run_id):
+                self.notify(run_id)
 
     def close_streams(self) -> None:
         """The server is shutting down: end every live stream now, and any opened later."""
