@@ -443,7 +443,8 @@ class MetricsSettings(Section):
     collapse_drop: float = 0.5
     """Health collapsed: the fraction of the window's best reward lost."""
     events_poll_s: float = 1.0
-    """How often live streams look for another replica's writes."""
+    """How often live streams look for another replica's writes (on PostgreSQL its status
+    events come at once, told by NOTIFY; its metric lines at this poll)."""
     signal_window: int = Field(default=10, ge=2)
     """Health from verl's fully async metrics (staleness drift, a growing weight sync, idle
     imbalance): the steps each signal reads."""
