@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -104,10 +105,13 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
         stop = asyncio.Event()
         tasks = [asyncio.create_task(loop.run(stop)) for loop in services.loops.values()]
         if services.feed is not None:
-            told = _told_by_others(services)
-            tasks.append(asyncio.create_task(services.feed.listen(told, stop)))
+            tasks.append(asyncio.create_task(services.feed.listen(_told_by_others(services), stop)))
         probe: ProbeProcess | None = None
         try:
+            if services.feed is not None:
+                # Listening before the first request: no answer kept while a write goes untold.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(services.feed.listening.wait(), settings.db_wait_s)
             probe = _probe_process(settings, clusters)
             if probe is not None:
                 tasks.append(asyncio.create_task(probe.heartbeat(stop)))

@@ -66,6 +66,8 @@ def test_another_replicas_write_is_seen_at_once_and_leaves_other_answers_kept(
     replicas: list[TestClient],
 ) -> None:
     a, b = replicas
+    # Each listens from its start: no answer is kept before it would hear of a write.
+    assert all(c.app.state.services.feed.listening.is_set() for c in replicas)  # type: ignore[attr-defined]
     changed, untouched = (a.post("/runs", json=SPEC).json()["id"] for _ in range(2))
     # B keeps both runs and its first page.
     assert b.get(f"/runs/{changed}").json()["status"] == "QUEUED"

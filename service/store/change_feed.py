@@ -86,6 +86,8 @@ class ChangeFeed:
         self._wanted = wanted
         # psycopg's own connection string (never logged: it may hold a password).
         self._conninfo = make_url(url).set(drivername="postgresql").render_as_string(False)
+        # Set while a LISTEN is in place (the app waits for it before its first request).
+        self.listening = asyncio.Event()
 
     def publish(self, session: Session, changes: Changes) -> None:
         """Tell the other replicas, in the write's transaction (sent if it commits)."""
@@ -105,6 +107,7 @@ class ChangeFeed:
                 ) as conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
                     deliver(Changes(everything=True))  # what came while nobody listened
+                    self.listening.set()
                     failures = 0
                     while not stop.is_set():
                         async for note in conn.notifies(timeout=0.5):
@@ -112,6 +115,7 @@ class ChangeFeed:
                             if origin != self.origin:
                                 deliver(changes)
             except (psycopg.Error, OSError) as exc:
+                self.listening.clear()
                 log.warning("the change feed is not listening (%s); retrying", type(exc).__name__)
                 delay = RETRY_S[min(failures, len(RETRY_S) - 1)]
                 failures += 1
