@@ -42,11 +42,13 @@ def test_this_replicas_writes_are_seen_at_once(db_url: str) -> None:
         assert client.get(f"/runs/{run_id}").json()["name"] == "renamed"
 
 
-@pytest.mark.parametrize("ttl", [0.0, 0.5])
+@pytest.mark.parametrize("ttl", [0.0, 2.0])
 def test_another_replicas_write_is_seen_within_the_bound(db_url: str, ttl: float) -> None:
     settings = make_settings(db_url, "http://127.0.0.1:9", run_loops=False, read_cache_s=ttl)
     upgrade(db_url)
-    other = Database(db_url)  # another replica: its writes move no generation here
+    # Another process whose writes tell no one (no change feed: as on SQLite, or a notification
+    # lost): only the bound makes them seen. (2 s: longer than the steps below on a slow machine.)
+    other = Database(db_url)
     try:
         with TestClient(create_app(settings)) as client:
             run_id = submit(client, name="before")
