@@ -104,8 +104,10 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
         app.state.telemetry.watch(services)
         stop = asyncio.Event()
         tasks = [asyncio.create_task(loop.run(stop)) for loop in services.loops.values()]
+        feed: asyncio.Task[None] | None = None
         if services.feed is not None:
-            tasks.append(asyncio.create_task(services.feed.listen(_told_by_others(services), stop)))
+            # Listens until cancelled at shutdown: a wait for notifications has no tick to stop at.
+            feed = asyncio.create_task(services.feed.listen(_told_by_others(services)))
         probe: ProbeProcess | None = None
         try:
             if services.feed is not None:
@@ -119,6 +121,9 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
                 yield
         finally:
             stop.set()
+            if feed is not None:
+                feed.cancel()
+                tasks.append(feed)
             await asyncio.gather(*tasks, return_exceptions=True)
             if probe is not None:
                 await asyncio.to_thread(probe.close)

@@ -12,7 +12,6 @@ sees the write. Each replica ignores its own (it dropped them at its commit alre
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import secrets
@@ -96,11 +95,11 @@ class ChangeFeed:
             told = Changes(runs=runs, everything=changes.everything)
             session.execute(select(func.pg_notify(CHANNEL, encode(told, self.origin))))
 
-    async def listen(self, deliver: Callable[[Changes], None], stop: asyncio.Event) -> None:
-        """Hand every other replica's change to ``deliver`` (on the loop) until ``stop``;
-        a lost connection is made again, and ``deliver`` told everything may have changed."""
+    async def listen(self, deliver: Callable[[Changes], None]) -> None:
+        """Hand every other replica's change to ``deliver`` (on the loop) until cancelled; a
+        lost connection is made again, and ``deliver`` told everything may have changed."""
         failures = 0
-        while not stop.is_set():
+        while True:
             try:
                 async with await psycopg.AsyncConnection.connect(
                     self._conninfo, autocommit=True
@@ -109,15 +108,12 @@ class ChangeFeed:
                     deliver(Changes(everything=True))  # what came while nobody listened
                     self.listening.set()
                     failures = 0
-                    while not stop.is_set():
-                        async for note in conn.notifies(timeout=0.5):
-                            origin, changes = decode(note.payload)
-                            if origin != self.origin:
-                                deliver(changes)
+                    async for note in conn.notifies():
+                        origin, changes = decode(note.payload)
+                        if origin != self.origin:
+                            deliver(changes)
             except (psycopg.Error, OSError) as exc:
                 self.listening.clear()
                 log.warning("the change feed is not listening (%s); retrying", type(exc).__name__)
-                delay = RETRY_S[min(failures, len(RETRY_S) - 1)]
+                await asyncio.sleep(RETRY_S[min(failures, len(RETRY_S) - 1)])
                 failures += 1
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), delay)
