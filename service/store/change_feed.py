@@ -113,7 +113,7 @@ class ChangeFeed:
                         if origin != self.origin:
                             deliver(changes)
             except (psycopg.Error, OSError) as exc:
-                self.listening.clear()
                 log.warning("the change feed is not listening (%s); retrying", type(exc).__name__)
-                await asyncio.sleep(RETRY_S[min(failures, len(RETRY_S) - 1)])
-                failures += 1
+            self.listening.clear()
+            await asyncio.sleep(RETRY_S[min(failures, len(RETRY_S) - 1)])
+            failures += 1
