@@ -38,12 +38,14 @@ from service.api import (
 from service.api import cluster as cluster_api
 from service.api.body_limit import BodyLimit
 from service.api.deps import Services
+from service.api.direct import DirectAccept, DirectRunReads
 from service.api.oidc import OidcVerifier
 from service.api.open_mode import OpenModeGuard
 from service.api.overload import ShedLoad
 from service.api.probe_process import ProbeProcess
 from service.api.problems import install_handlers
 from service.api.read_cache import ReadCache, shown_change
+from service.api.token_cache import TokenCache
 from service.backoff import Backoff
 from service.cluster import registry as registry_of_clusters
 from service.cluster import spec as cluster_spec
@@ -149,6 +151,8 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.telemetry = Telemetry()
+    app.add_middleware(DirectRunReads)
+    app.add_middleware(DirectAccept)
     app.add_middleware(
         ShedLoad,
         limit=settings.max_requests_in_progress,
@@ -325,8 +329,12 @@ def build_services(
             ),
         }
     reads = ReadCache(db, settings.read_cache_s)
+    signed_in = TokenCache(settings.signin_cache_s)
+    db.on_commit(signed_in.changed)
     feed = None
-    if db.engine.dialect.name == "postgresql" and settings.read_cache_s > 0:
+    if db.engine.dialect.name == "postgresql" and (
+        settings.read_cache_s > 0 or settings.signin_cache_s > 0
+    ):
         # Other replicas drop what this one's writes change (and this one, theirs).
         feed = ChangeFeed(db.url, shown_change)
         db.before_commit(feed.publish)
@@ -340,6 +348,7 @@ def build_services(
         loops,
         follower,
         reads,
+        signed_in,
         secrets,
         feed=feed,
         oidc=oidc,
@@ -350,6 +359,7 @@ def _told_by_others(services: Services) -> Callable[[Changes], None]:
     """What another replica's write, told by the change feed, refreshes here."""
 
     def told(changes: Changes) -> None:
+        services.signed_in.changed(changes)
         services.reads.changed(changes)
         services.broker.changed(changes)
 

@@ -13,6 +13,7 @@ import json
 import re
 import socket
 import sys
+import time
 import unicodedata
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -807,17 +808,25 @@ def token_list(output: OutputOpt = Output.table) -> None:
 
 @token_app.command("revoke")
 def token_revoke(token_id: str) -> None:
-    """Revoke a token: the next request with it is refused."""
+    """Revoke a token: once this answers, every request with it is refused (on PostgreSQL the
+    replicas are told at once; the answer waits RLRUN_SIGNIN_CACHE_S, the longest any replica
+    trusts a token it was not told of)."""
     from service.errors import NotFound
+    from service.settings import Settings
     from service.store import tokens
+    from service.store.change_feed import ChangeFeed
 
     try:
-        with _database() as db, db.transaction() as session:
-            tokens.revoke(session, token_id)
-            _audited_on_host(session, "token.revoke", token_id)
+        with _database() as db:
+            if db.engine.dialect.name == "postgresql":
+                db.before_commit(ChangeFeed(db.url, lambda _change: False).publish)
+            with db.transaction() as session:
+                tokens.revoke(session, token_id)
+                _audited_on_host(session, "token.revoke", token_id)
     except NotFound as exc:
         say(exc.detail, style="red", to=errors)
         raise typer.Exit(1) from exc
+    time.sleep(Settings().signin_cache_s)
     say(f"{token_id} revoked")
 
 

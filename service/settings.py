@@ -223,6 +223,11 @@ class AuthSettings(Section):
     auth: Literal["auto", "on", "off"] = "auto"
     """"auto": on unless the service listens only on loopback (``listen_host``, set by
     ``rlrun serve --host``); "on"; "off" (open: every caller is an anonymous admin)."""
+    signin_cache_s: float = Field(default=1.0, ge=0)
+    """How long an API token that signed in is trusted again without reading the database. A
+    revocation ends it at once on the replica that made it and, on PostgreSQL, on the others
+    (told by NOTIFY); ``rlrun token revoke`` answers once this long has passed, so that the
+    token is refused everywhere. 0: every request reads its token."""
     open_mode_hosts: Names = []
     """Open mode answers only for loopback Host names (127.0.0.1, localhost, [::1]), these, and
     the names allowed_hosts lists (exact names; its "*" patterns do not count)."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,6 +18,7 @@ from service.api import read_cache
 from service.api.read_cache import Answer, OneRun, ReadCache
 from service.app import create_app
 from service.errors import NotFound
+from service.store.changes import Changes
 from service.store.db import Database, upgrade
 from service.store.models import Run
 from service.store.runs import run_page
@@ -251,6 +254,39 @@ def test_a_read_that_outlived_the_writes_remembered_is_not_kept(
         read.gate.set()
         await under_way
         await cache.answer("k", ONE, read)
+
+    asyncio.run(main())
+    assert read.calls == 2
+
+
+def test_a_read_looks_only_at_the_writes_since_it_began(database: Database) -> None:
+    """A miss costs its rows, not a walk over every write remembered (1,024 in a busy service):
+    the writes looked at, newest first, stop at the first one older than the read."""
+    cache, read = ReadCache(database, ttl_s=60), Reads()
+    looked: list[int] = []
+
+    class Remembered(deque[tuple[int, Changes]]):
+        def __reversed__(self) -> Iterator[tuple[int, Changes]]:
+            for write in super().__reversed__():
+                looked.append(write[0])
+                yield write
+
+    cache._recent = Remembered(maxlen=read_cache._REMEMBERED)
+    for n in range(50):  # remembered, all before the reads below began
+        add_run(database, f"old-{n}")
+    assert len(cache._recent) == 50
+
+    async def main() -> None:
+        await cache.answer("k", ONE, read)
+        assert looked == [50]  # the newest only: it is older than the read
+        looked.clear()
+        read.gate.clear()
+        under_way = asyncio.create_task(cache.answer("k again", ONE, read))
+        await asyncio.sleep(0.05)
+        _rename(database, "old-0", "new")
+        read.gate.set()
+        await under_way
+        assert looked == [51, 50]  # the write since the read began, then where to stop
 
     asyncio.run(main())
     assert read.calls == 2

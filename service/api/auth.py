@@ -53,9 +53,9 @@ async def resolve(
     services: Services, credentials: HTTPAuthorizationCredentials | None, client: str | None
 ) -> Principal:
     """The caller. An API token is one indexed row, read on the event loop
-    (``tokens.find_active``: no worker thread for the hottest check) on every request, so a
-    revocation takes effect at once; a JWT is verified on a worker thread (the provider's keys
-    may need fetching). A credential that does not sign in is a 401 and is recorded
+    (``tokens.find_active``: no worker thread for the hottest check), then trusted for
+    ``signin_cache_s`` unless revoked (``TokenCache``); a JWT is verified on a worker thread (the
+    provider's keys may need fetching). A credential that does not sign in is a 401 and is recorded
     (``sign_in_audit``: counted here, its row written on a worker thread) for ``client``."""
     if not services.settings.auth_enabled:
         return ANONYMOUS
@@ -65,7 +65,11 @@ async def resolve(
     try:
         if services.oidc is not None and is_jwt(secret):
             return from_identity(await run_in_threadpool(services.oidc.verify, secret))
-        row = await tokens.find_active(services.db, secret)
+        digest = tokens.digest(secret)
+        if (known := services.signed_in.get(digest)) is not None:
+            return known
+        ticket = services.signed_in.ticket()
+        row = await tokens.find_active(services.db, digest)
         if row is None:
             raise Unauthorized("the API token is unknown or revoked")
     except Unauthorized as exc:
@@ -73,7 +77,20 @@ async def resolve(
         if due := services.sign_ins.count(client):
             await run_in_threadpool(services.sign_ins.write, services.db, client, exc.detail, due)
         raise
-    return Principal(user=row.user, team=row.team, role=row.role, token_id=row.id)
+    principal = Principal(user=row.user, team=row.team, role=row.role, token_id=row.id)
+    services.signed_in.keep(digest, principal, ticket)
+    return principal
+
+
+def known_caller(services: Services, authorization: str | None) -> Principal | None:
+    """The caller of an ``Authorization`` header if known without a read: anyone in open mode,
+    an API token ``resolve`` let in within ``signin_cache_s``; else None (``resolve`` decides)."""
+    if not services.settings.auth_enabled:
+        return ANONYMOUS
+    scheme, _, secret = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not secret or is_jwt(secret):
+        return None
+    return services.signed_in.get(tokens.digest(secret))
 
 
 async def current_principal(

@@ -58,17 +58,11 @@ class BodyLimit:
             return
         if body is None:  # the client went away
             return
-        delivered = False
-
-        async def replay() -> Message:
-            nonlocal delivered
-            if delivered:
-                # After the body: only the disconnect a streaming answer listens for.
-                return await receive()
-            delivered = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        await self.app(scope, replay, send)
+        await self.app(
+            scope,
+            replaying({"type": "http.request", "body": body, "more_body": False}, receive),
+            send,
+        )
 
     async def _read(self, receive: Receive) -> bytes | None:
         chunks: list[bytes] = []
@@ -87,6 +81,21 @@ class BodyLimit:
                     return b"".join(chunks)
         assert deadline.cancelled_caught
         raise RequestTimeout(f"the request body did not arrive within {self.timeout_s:g} s")
+
+
+def replaying(message: Message, receive: Receive) -> Receive:
+    """``receive`` that first gives ``message`` (a body already read), then what the client
+    sends next (the disconnect a streaming answer listens for)."""
+    given = False
+
+    async def again() -> Message:
+        nonlocal given
+        if given:
+            return await receive()
+        given = True
+        return message
+
+    return again
 
 
 def has_body(headers: Headers) -> bool:

@@ -21,6 +21,7 @@ from service.api.oidc import OidcVerifier
 from service.api.read_cache import ReadCache
 from service.api.revocation import Revocations
 from service.api.sign_in_audit import FailedSignIns
+from service.api.token_cache import TokenCache
 from service.cluster.ray_jobs import RayRejected, RayUnavailable
 from service.cluster.registry import Clusters
 from service.loops.base import Loop
@@ -53,6 +54,8 @@ class Services:
     loops: Mapping[str, Loop]
     follower: Follower | None
     reads: ReadCache
+    # API tokens that signed in, trusted for ``signin_cache_s`` (forgotten when revoked).
+    signed_in: TokenCache
     # The secrets specs name: checked when a run is accepted, read when its job redeems its grant.
     secrets: SecretStore
     streams: StreamSlots = field(default_factory=StreamSlots)

@@ -10,7 +10,7 @@ from http import HTTPStatus
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import DataError, DBAPIError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -37,6 +37,15 @@ def problem_response(exc: ProblemError, path: str | None = None) -> JSONResponse
     return JSONResponse(
         exc.body(path), status_code=exc.status, media_type=PROBLEM_JSON, headers=exc.headers or None
     )
+
+
+async def answer_exception(request: Request, exc: Exception) -> Response:
+    """``exc`` answered by the app's handler for it, as if a route had raised it (for a request
+    answered before routing)."""
+    handlers = request.app.exception_handlers
+    handler = next(handlers[cls] for cls in type(exc).__mro__ if cls in handlers)
+    response: Response = await handler(request, exc)
+    return response
 
 
 def install_handlers(app: FastAPI) -> None:

@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import takewhile
 from typing import Protocol
 
 from fastapi import Response
@@ -167,12 +168,18 @@ class ReadCache:
         self._flights: dict[str, tuple[int, Scope, asyncio.Future[Answer]]] = {}
         db.on_commit(self.changed)
 
-    async def answer(self, key: str, scope: Scope, read: Callable[[], Awaitable[Answer]]) -> Answer:
-        """The kept answer for ``key`` if still good, else ``await read()`` (shared by the
-        requests that miss meanwhile); ``scope`` is what the answer can show before it is read."""
+    def kept(self, key: str) -> Answer | None:
+        """The answer kept for ``key``, if still good (no read)."""
         kept = self._entries.get(key)
         if kept is not None and time.monotonic() - kept.at < self._ttl_s:
             return kept.answer
+        return None
+
+    async def answer(self, key: str, scope: Scope, read: Callable[[], Awaitable[Answer]]) -> Answer:
+        """The kept answer for ``key`` if still good, else ``await read()`` (shared by the
+        requests that miss meanwhile); ``scope`` is what the answer can show before it is read."""
+        if (answer := self.kept(key)) is not None:
+            return answer
         flight = self._flights.get(key)
         with self._lock:
             stale = flight is None or self._changed_since(flight[0], flight[1])
@@ -217,11 +224,9 @@ class ReadCache:
         old to be remembered). Under the lock."""
         if self._writes - began > len(self._recent):
             return True
-        return any(
-            scope.changed_by(changes)
-            for number, changes in reversed(self._recent)
-            if number > began
-        )
+        # Newest first, and only those after ``began``: a read with no write since costs nothing.
+        since = takewhile(lambda write: write[0] > began, reversed(self._recent))
+        return any(scope.changed_by(changes) for _number, changes in since)
 
     def changed(self, changes: Changes) -> None:
         """Drop what a write changed: one of this process (on the writer's thread, after its

@@ -8,6 +8,7 @@ reads open their read transaction in the route body (see ``service.api.deps``).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from typing import Annotated, Any, Literal
 
@@ -16,12 +17,13 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import to_json
 
-from service.api.auth import Admin, Member, Viewer, client_of, ensure_sees
-from service.api.deps import ServicesDep
+from service.api.auth import Admin, Member, Principal, Viewer, client_of, ensure_sees
+from service.api.deps import Services, ServicesDep
 from service.api.json_answer import json_response
 from service.api.read_cache import Answer, OneRun, Page, respond
 from service.metrics import store
 from service.operations import accept, cancel, over_budget, retry
+from service.operations.idempotency import Accepted
 from service.store.runs import ended_attempts, page_query, run_page
 from service.store.status import RunStatus
 from service.wire import SUMMARY_KEYS, RunOut, RunPage, encode, run_doc, summary_doc
@@ -29,6 +31,9 @@ from service.wire import SUMMARY_KEYS, RunOut, RunPage, encode, run_doc, summary
 router = APIRouter(prefix="/runs", tags=["runs"])
 
 SPEC_EXAMPLE = {"recipe": "tiny-grpo", "name": "my-first-run"}
+# The headers' bounds (also where a request is answered before routing: service.api.direct).
+MAX_IDEMPOTENCY_KEY = 200
+MAX_IF_NONE_MATCH = 1000
 
 
 @router.post(
@@ -51,7 +56,7 @@ def create_run(
     body: Annotated[dict[str, Any], Body(examples=[SPEC_EXAMPLE])],
     _slot: ValidationSlot,
     dry_run: bool = False,
-    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+    idempotency_key: Annotated[str | None, Header(max_length=MAX_IDEMPOTENCY_KEY)] = None,
 ) -> Response:
     """Accept a run: validated, stored as QUEUED and committed before the answer.
 
@@ -59,22 +64,31 @@ def create_run(
     403); an admin may name any team. Priority ``high`` is an admin's, or a granted team's."""
     if dry_run:
         return JSONResponse(accept.plan_run(services, principal, body))
-    done = accept.accept_run(services, principal, body, idempotency_key, client_of(request))
+    return accepted(
+        accept.accept_run(services, principal, body, idempotency_key, client_of(request))
+    )
+
+
+def accepted(done: Accepted) -> Response:
+    """The answer to an accept: 201, the run, where it lives, and whether it was a replay."""
     headers = {"Location": f"/runs/{done.run_id}"}
     if done.replayed:
         headers["Idempotent-Replayed"] = "true"
     return json_response(done.doc, 201, headers)
 
 
-async def validation_slot(services: ServicesDep, principal: Member) -> AsyncIterator[None]:
+def validation_slot_of(services: Services, principal: Principal) -> AbstractContextManager[None]:
     """One of the caller's few specs validated at once, taken on the event loop (a refusal costs
     no worker thread). A verl spec may need a full Hydra composition, one at a time in the
     process: one caller's many must not take every worker thread from the others. Auth on only:
     in open mode there is one caller."""
     if not services.settings.auth_enabled:
-        yield
-        return
-    with services.validations.held(principal.key, services.settings.validations_per_caller):
+        return nullcontext()
+    return services.validations.held(principal.key, services.settings.validations_per_caller)
+
+
+async def validation_slot(services: ServicesDep, principal: Member) -> AsyncIterator[None]:
+    with validation_slot_of(services, principal):
         yield
 
 
@@ -94,7 +108,7 @@ async def list_runs(
     team: str | None = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: str | None = None,
-    if_none_match: Annotated[str | None, Header(max_length=1000)] = None,
+    if_none_match: Annotated[str | None, Header(max_length=MAX_IF_NONE_MATCH)] = None,
 ) -> Response:
     """A page of runs, newest first; pass ``next_cursor`` back as ``cursor`` for the next.
     A non-admin sees its own team's runs only."""
@@ -130,19 +144,24 @@ async def get_run(
     services: ServicesDep,
     principal: Viewer,
     run_id: str,
-    if_none_match: Annotated[str | None, Header(max_length=1000)] = None,
+    if_none_match: Annotated[str | None, Header(max_length=MAX_IF_NONE_MATCH)] = None,
 ) -> Response:
     """The run with its progress and latest metrics (three queries, whatever the run holds;
     none while the run has not changed since the last caller read it)."""
+    answer = await read_run(services, run_id)
+    ensure_sees(principal, answer.team, run_id)
+    return respond(answer, if_none_match)
+
+
+async def read_run(services: Services, run_id: str) -> Answer:
+    """The answer of ``GET /runs/{run_id}``, kept or read (for any caller: check who sees it)."""
 
     async def read() -> Answer:
         run, events, latest = await run_page(services.db, run_id)
         ended = await ended_attempts(services.db, run)
         return Answer(encode(run_doc(run, events, latest, ended)), run.team)
 
-    answer = await services.reads.answer(f"run:{run_id}", OneRun(run_id), read)
-    ensure_sees(principal, answer.team, run_id)
-    return respond(answer, if_none_match)
+    return await services.reads.answer(f"run:{run_id}", OneRun(run_id), read)
 
 
 @router.post(

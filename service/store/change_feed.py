@@ -1,5 +1,6 @@
 """What a write changed of the runs, told to the other replicas by PostgreSQL's ``NOTIFY``: a
-replica drops the answers it keeps (``service/api/read_cache.py``) when another replica's write
+replica drops the answers it keeps (``service/api/read_cache.py``) and forgets the tokens it
+keeps signed in that were revoked (``service/api/token_cache.py``) when another replica's write
 commits, usually within milliseconds, rather than when they lapse. ``read_cache_s`` stays the
 bound: a notification can be lost with its listener's connection, and a listener that connects
 again drops everything it keeps, since it may have missed some.
@@ -34,9 +35,15 @@ RETRY_S = (0.5, 1.0, 2.0, 5.0, 10.0)
 
 
 def encode(changes: Changes, origin: str) -> str:
-    """The notification's payload: who wrote, and each run's change (or everything)."""
+    """The notification's payload: who wrote, each run's change and the tokens revoked (or
+    everything)."""
     if not changes.everything:
-        doc = {"o": origin, "r": {run_id: _doc(c) for run_id, c in changes.runs.items()}}
+        doc: dict[str, Any] = {
+            "o": origin,
+            "r": {run_id: _doc(c) for run_id, c in changes.runs.items()},
+        }
+        if changes.tokens:
+            doc["k"] = sorted(changes.tokens)
         text = json.dumps(doc, separators=(",", ":"))
         if len(text.encode()) <= MAX_PAYLOAD:
             return text
@@ -48,7 +55,8 @@ def decode(payload: str) -> tuple[str, Changes]:
     try:
         doc = json.loads(payload)
         runs = {str(run_id): _change(c) for run_id, c in doc.get("r", {}).items()}
-        return str(doc["o"]), Changes(runs=runs, everything=bool(doc.get("e")))
+        tokens = {str(token_id) for token_id in doc.get("k", [])}
+        return str(doc["o"]), Changes(runs=runs, everything=bool(doc.get("e")), tokens=tokens)
     except (ValueError, TypeError, KeyError, AttributeError):
         log.warning("a change notification could not be read: every kept answer is dropped")
         return "", Changes(everything=True)
@@ -91,8 +99,8 @@ class ChangeFeed:
     def publish(self, session: Session, changes: Changes) -> None:
         """Tell the other replicas, in the write's transaction (sent if it commits)."""
         runs = {run_id: c for run_id, c in changes.runs.items() if self._wanted(c)}
-        if changes.everything or runs:
-            told = Changes(runs=runs, everything=changes.everything)
+        if changes.everything or runs or changes.tokens:
+            told = Changes(runs=runs, everything=changes.everything, tokens=changes.tokens)
             session.execute(select(func.pg_notify(CHANNEL, encode(told, self.origin))))
 
     async def listen(self, deliver: Callable[[Changes], None]) -> None:

@@ -3,7 +3,8 @@ has to say it (``Database`` collects them and hands them over after the commit).
 
 Watched are ``runs`` (by id) and ``run_events`` (by run id): what a run's answers show besides
 its metrics. A statement on them whose rows cannot be told from it (an UPDATE not restricted to
-some ids, an INSERT from a SELECT) counts as a change of every run.
+some ids, an INSERT from a SELECT) counts as a change of every run. Updates of ``api_tokens`` (a
+revocation) are watched too, by token id: a replica forgets the tokens it keeps signed in.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from sqlalchemy.sql.elements import (
 
 # Watched table -> the column naming the run of a row.
 WATCHED = {"runs": "id", "run_events": "run_id"}
+TOKENS = "api_tokens"
 
 
 @dataclass
@@ -45,9 +47,11 @@ class RunChange:
 class Changes:
     runs: dict[str, RunChange] = field(default_factory=dict)
     everything: bool = False
+    # API tokens updated or deleted (revoked), by id; with ``everything``: any may have been.
+    tokens: set[str] = field(default_factory=set)
 
     def __bool__(self) -> bool:
-        return self.everything or bool(self.runs)
+        return self.everything or bool(self.runs) or bool(self.tokens)
 
     def of_events(self, run_id: str) -> bool:
         """Whether the run may have got events (a statement of unknown rows: it may)."""
@@ -57,7 +61,11 @@ class Changes:
     def record(self, statement: Any, rows: Sequence[dict[str, Any]]) -> None:
         """Take in one executed DML statement and its parameter sets."""
         table = getattr(statement, "table", None)
-        key = WATCHED.get(getattr(table, "name", ""))
+        name = getattr(table, "name", "")
+        if name == TOKENS and isinstance(statement, Update | Delete):
+            self._tokens(statement, rows)
+            return
+        key = WATCHED.get(name)
         if key is None or self.everything:
             return
         runs = key == "id"
@@ -101,6 +109,14 @@ class Changes:
                         change.status = row["status"]
                     if "team" in set_:
                         change.team = row["team"]
+
+    def _tokens(self, statement: Update | Delete, rows: Sequence[dict[str, Any]]) -> None:
+        for row in rows:
+            ids = _restricted_to(statement.whereclause, statement.table.c["id"], row)
+            if ids is None:
+                self.everything = True
+                return
+            self.tokens.update(ids)
 
     def _of(self, run_id: str) -> RunChange:
         change = self.runs.get(run_id)

@@ -15,7 +15,7 @@ import asyncio
 import logging
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import anyio.to_thread
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Connection, Engine, Executable, Row, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.orm import Session, sessionmaker
@@ -32,6 +32,7 @@ from sqlalchemy.pool import SingletonThreadPool
 import migrations
 from service.errors import DatabaseBusy
 from service.store.changes import Changes
+from service.store.prepared import Prepared, fetch, fetch_async
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -100,10 +101,14 @@ def _sqlite_pragmas(wait_s: float) -> Any:
 
 
 def _sqlite_begin(conn: Connection) -> None:
-    read_only = conn.get_execution_options().get(READ_ONLY, False)
+    if conn.get_execution_options().get(READ_ONLY, False):
+        # A deferred BEGIN takes no lock, so it waits for none: straight to the driver (the
+        # engine's execution of a statement costs several times SQLite's).
+        conn.connection.driver_connection.execute("BEGIN")  # type: ignore[union-attr]
+        return
     # Through the engine (not the driver's connection), so that a lock held too long is
     # SQLAlchemy's OperationalError, which becomes a 503 with Retry-After.
-    conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def alembic_config(url: str) -> Config:
@@ -233,15 +238,15 @@ class Database:
         with _bounded(wait_s), engine.connect() as conn, conn.begin():
             yield conn
 
-    async def rows(self, statement: Executable, params: dict[str, Any]) -> Sequence[Row[Any]]:
-        """The rows of one read statement, read on the event loop for the hottest reads: on
-        SQLite on the loop's own connection; on PostgreSQL awaited through its async driver,
+    async def rows(self, prepared: Prepared, params: dict[str, Any]) -> list[Any]:
+        """The rows of one prebuilt read (``prepared``) on the event loop, for the hottest reads:
+        on SQLite on the loop's own connection; on PostgreSQL awaited on its async driver,
         outside a transaction (one statement is its own snapshot: no BEGIN and COMMIT)."""
         if self._async_engine is None:
 
-            def read() -> Sequence[Row[Any]]:
+            def read() -> list[Any]:
                 with self.read_rows() as conn:
-                    return conn.execute(statement, params).all()
+                    return fetch(conn, prepared, params)
 
             return await self.run_read(read)
         loop = asyncio.get_running_loop()
@@ -251,7 +256,7 @@ class Database:
             self._async_loop = loop
         with _bounded(self.wait_s):
             async with self._async_engine.connect() as conn:
-                return (await conn.execute(statement, params)).all()
+                return await fetch_async(conn, prepared, params)
 
     async def run_read(self, read: Callable[[], T]) -> T:
         """``read()`` where a hot read costs least: on SQLite on the event loop, on the loop's
@@ -292,7 +297,9 @@ class Database:
         self, _conn: Any, _cursor: Any, _sql: str, _params: Any, context: Any, _many: bool
     ) -> None:
         changes: Changes | None = getattr(self._changes, "open", None)
-        if changes is not None and (context.isinsert or context.isupdate or context.isdelete):
+        if changes is None or context is None:  # no write open, or a prepared read
+            return
+        if context.isinsert or context.isupdate or context.isdelete:
             try:
                 changes.record(context.invoked_statement, context.compiled_parameters)
             except Exception:  # a statement of a shape not foreseen fails no write

@@ -17,6 +17,7 @@ from service.metrics import store
 from service.store import attempts
 from service.store.db import Database
 from service.store.models import Run, RunEvent
+from service.store.prepared import Prepared, fetch
 
 AnyRow: TypeAlias = Row[*tuple[Any, ...]]
 
@@ -112,14 +113,14 @@ class EventRow(NamedTuple):
 Latest = dict[str, tuple[int, float]]
 
 
-async def run_page(db: Database, run_id: str) -> tuple[AnyRow, Sequence[Any], Latest]:
+async def run_page(db: Database, run_id: str) -> tuple[Any, Sequence[Any], Latest]:
     """What ``GET /runs/{id}`` shows: the run's row, its events and its latest metric values.
     On PostgreSQL one statement outside a transaction (one round trip, not five), awaited on the
     event loop (``Database.rows``); on SQLite, where a statement costs no round trip, the three
     queries in one read transaction (``Database.run_read``)."""
     if db.engine.dialect.name != "postgresql":
         return await db.run_read(lambda: _run_page_sqlite(db, run_id))
-    rows = await db.rows(_RUN_AT_ONCE, {"run_id": run_id})
+    rows = await db.rows(_PAGE_AT_ONCE, {"run_id": run_id})
     if not rows:
         raise NotFound(f"no run {run_id!r}")
     row = rows[0]
@@ -132,14 +133,14 @@ async def run_page(db: Database, run_id: str) -> tuple[AnyRow, Sequence[Any], La
     return row, events, latest
 
 
-def _run_page_sqlite(db: Database, run_id: str) -> tuple[AnyRow, Sequence[Any], Latest]:
+def _run_page_sqlite(db: Database, run_id: str) -> tuple[Any, Sequence[Any], Latest]:
+    params = {"run_id": run_id}
     with db.read_rows() as conn:
-        row = conn.execute(_RUN, {"run_id": run_id}).one_or_none()
-        if row is None:
+        found = fetch(conn, _PAGE_RUN, params)
+        if not found:
             raise NotFound(f"no run {run_id!r}")
-        rows = conn.execute(store.LATEST_OF_RUN, {"run_id": run_id})
-        values = {key: (step, _value(v)) for key, step, v in rows}
-        return row, conn.execute(_EVENTS, {"run_id": run_id}).all(), values
+        values = {key: (step, _value(v)) for key, step, v in fetch(conn, _PAGE_LATEST, params)}
+        return found[0], fetch(conn, _PAGE_EVENTS, params), values
 
 
 def _value(value: float | str | None) -> float:
@@ -170,7 +171,10 @@ def _at_once() -> Select[Any]:
     ).where(Run.id == bindparam("run_id"))
 
 
-_RUN_AT_ONCE = _at_once()
+# A run's page on a miss, read on the driver's cursor (``prepared``).
+_PAGE_AT_ONCE = Prepared(_at_once())
+_PAGE_RUN, _PAGE_EVENTS = Prepared(_RUN), Prepared(_EVENTS)
+_PAGE_LATEST = Prepared(store.LATEST_OF_RUN)
 
 
 @lru_cache(maxsize=8)
@@ -187,7 +191,7 @@ def page_query(by_status: bool, by_team: bool, after: bool) -> Select[*tuple[Any
     return query
 
 
-async def ended_attempts(db: Database, run: AnyRow) -> Sequence[Any]:
+async def ended_attempts(db: Database, run: Any) -> Sequence[Any]:
     """The ended attempts of a run (none to read for a run on its first)."""
     if (run.attempt or 1) <= 1:
         return ()

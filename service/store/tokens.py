@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from typing import Literal
+from typing import Literal, NamedTuple
 
-from sqlalchemy import Row, bindparam, select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from service.errors import NotFound
 from service.store.db import Database
 from service.store.models import ApiToken, utcnow
+from service.store.prepared import Prepared
 
 Role = Literal["viewer", "member", "admin"]
 ROLES: tuple[Role, ...] = ("viewer", "member", "admin")
@@ -40,16 +41,25 @@ def create(
     return row, secret
 
 
-_ACTIVE = select(ApiToken.id, ApiToken.user, ApiToken.team, ApiToken.role).where(
-    ApiToken.token_hash == bindparam("token_hash"), ApiToken.revoked_at.is_(None)
+_ACTIVE = Prepared(
+    select(ApiToken.id, ApiToken.user, ApiToken.team, ApiToken.role).where(
+        ApiToken.token_hash == bindparam("token_hash"), ApiToken.revoked_at.is_(None)
+    )
 )
 
 
-async def find_active(db: Database, secret: str) -> Row[tuple[str, str, str, str]] | None:
-    """The unrevoked token with this secret (id, user, team, role), read on the event loop
-    (``Database.rows``): the one indexed row every authenticated request reads."""
-    rows = await db.rows(_ACTIVE, {"token_hash": digest(secret)})
-    return rows[0] if rows else None
+class ActiveToken(NamedTuple):
+    id: str
+    user: str
+    team: str
+    role: Role
+
+
+async def find_active(db: Database, token_hash: str) -> ActiveToken | None:
+    """The unrevoked token whose secret has this ``digest`` (id, user, team, role), read on the
+    event loop (``Database.rows``): the one indexed row a request reads to sign in."""
+    rows = await db.rows(_ACTIVE, {"token_hash": token_hash})
+    return ActiveToken(*rows[0]) if rows else None
 
 
 def revoked_among(session: Session, ids: list[str]) -> list[str]:

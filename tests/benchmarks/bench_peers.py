@@ -1,10 +1,11 @@
 """rlrun's API side by side with a peer's own API (Ray's job REST API), in one run.
 
     python -m tests.benchmarks.bench_peers [--seconds 3] [--clients 1,16,64] [--db sqlite,postgres]
-        [--read-cache-s 1] [--auth] [--quick]
+        [--read-cache-s 1] [--auth] [--rows accept,distinct] [--quick]
 
 ``--quick``: 0.3 s per cell at 16 clients on SQLite, every row once, the big run holding 100
-steps, Ray holding 10 jobs (what CI runs).
+steps, Ray holding 10 jobs (what CI runs). ``--rows``: only the rows whose name contains one of
+these words.
 
 The service runs as deployed (uvicorn child process, one worker, background loops off) with Ray
 unreachable, so only its own path counts; the peer is the dashboard of a local Ray head started
@@ -236,6 +237,9 @@ def run(
     counts = [int(c) for c in args.clients.split(",")]
     with ExitStack() as stack:
         built = [make(stack, args) for make in sections]
+        if args.rows:
+            for section in built:
+                section.rows = [r for r in section.rows if any(w in r.what for w in args.rows)]
         tables: dict[int, list[str]] = {id(s): [] for s in built}
         for index in range(max(len(s.rows) for s in built)):
             for clients in counts:
@@ -451,6 +455,9 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=5, help="of 100 distinct runs")
     parser.add_argument("--auth", action="store_true", help="the service checks a token too")
     parser.add_argument("--quick", action="store_true", help="every row, briefly (seconds)")
+    parser.add_argument(
+        "--rows", type=lambda v: v.split(","), default=[], help="words of the rows to measure"
+    )
     parser.add_argument("--points-steps", type=int, default=POINTS_STEPS, help="x 100 keys")
     args = parser.parse_args()
     if args.quick:
