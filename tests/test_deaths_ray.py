@@ -1,6 +1,7 @@
 """Ray's state API as a failure's source on the real embedded Ray: a job whose actor died (and
 which says nothing of it itself) fails with class ``actor_died``, and what the state API says
-of the job names the actor and Ray's death cause for it."""
+of the job names the actor and Ray's death cause for it. Another job waiting meanwhile for a
+resource no node has (which Ray's autoscaler would tell every driver) is not the run's cause."""
 
 from __future__ import annotations
 
@@ -20,12 +21,18 @@ def test_an_actor_death_only_ray_s_state_api_knows_of_is_the_failure_s_class(
     sqlite_service: Callable[..., TestClient], ray: RayJobs
 ) -> None:
     with sqlite_service() as client:
-        run_id = submit(client, actor_dies=True, exit_code=1)
+        # The job's driver lives on for 15 s after its actor died.
+        run_id = submit(client, actor_dies=True, exit_code=1, seconds=15)
+        wait_for(lambda: ray.logs(run_id) or "", lambda log: "carries on" in log)
+        # Meanwhile another job waits for a resource no node has: Ray's autoscaler tells every
+        # live driver within a round (5 s). The ray fixture stops that job when the test ends.
+        ray.submit("another-team-waits", "true", {}, {}, entrypoint_resources={"never_fits": 1})
         wait_status(client, run_id, TERMINAL)
         # The failure is settled once the log is read to the end.
         run = wait_for(lambda: client.get(f"/runs/{run_id}").json(), lambda r: r["failure"])
     assert run["status"] == "FAILED", run
     assert run["failure"]["class"] == "actor_died", run["failure"]
+    assert "never_fits" not in (ray.logs(run_id) or "")
     # Ray prints the worker's death into the driver's log too (the evidence above); its state
     # API, which the classifier reads after the log, says it with the cause.
     (line,) = deaths.read(ray, run_id).lines

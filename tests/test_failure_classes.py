@@ -78,3 +78,22 @@ def test_without_a_log_ray_s_word_decides_and_nothing_is_a_guess() -> None:
     ray_says = classify("", ray_message="... FileNotFoundError: /data/x.parquet")
     assert ray_says.cls == "missing_path" and ray_says.evidence[0].offset is None
     assert classify("step:3 - critic/score/mean:0.5\nall done\n").cls == "unknown"
+
+
+def test_the_autoscaler_s_word_on_another_job_s_demand_is_no_cause_of_this_run_s_failure() -> None:
+    # Ray prints its autoscaler's events into every driver's log, whichever job's demand they
+    # are about: this run's actor died, another job waits for a resource no node has.
+    log = (
+        "\x1b[33m(autoscaler +12s)\x1b[0m Tip: use `ray status` to view detailed cluster status.\n"
+        "(autoscaler +12s) Warning: The following resource request cannot be scheduled right "
+        "now: {'other_team': 1.0}.\n"
+        "\x1b[33m(autoscaler +12s)\x1b[0m Error: No available node types can fulfill resource "
+        "request {'other_team': 1.0}. Add suitable node types to this cluster.\n"
+        "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.\n"
+    )
+    failure = classify(log)
+    assert failure.cls == "actor_died", failure
+    assert "other_team" not in str(failure)
+    # The run's own driver's word that its actor cannot be scheduled still counts.
+    own = "WARNING worker.py:1 -- The actor or task with ID ff cannot be scheduled right now.\n"
+    assert classify(own + log).cls == "unschedulable"

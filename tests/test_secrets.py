@@ -19,7 +19,7 @@ from jobs.grant import GRANT_ENV, GRANT_URL_ENV, HOLDER_NAMESPACE, WORKER_HOOK, 
 from service.app import create_app
 from service.cluster.ray_jobs import RayRejected
 from service.errors import InvalidSpec
-from service.loops.submitter import Submitter
+from service.loops.submitter import CLUSTER_EVENTS_OFF, Submitter
 from service.recipes import env_names
 from service.recipes.base import Launch, LaunchContext
 from service.recipes.registry import RecipeRegistry
@@ -383,7 +383,11 @@ def test_a_run_naming_secrets_is_submitted_with_a_grant_never_their_values(
         return
     sent = ray.sent[0]["runtime_env"]
     token = sent["env_vars"].pop(GRANT_ENV)
-    assert sent["env_vars"] == {"A": "1", GRANT_URL_ENV: "http://service.example:8000"}
+    assert sent["env_vars"] == {
+        "A": "1",
+        GRANT_URL_ENV: "http://service.example:8000",
+        **CLUSTER_EVENTS_OFF,
+    }
     assert sent["worker_process_setup_hook"] == WORKER_HOOK
     assert WANDB not in str(ray.sent)
     assert grants.digest(token) == grant.token_hash and token not in stored
@@ -400,7 +404,8 @@ def test_a_run_naming_no_secrets_gets_no_grant(db_url: str) -> None:
     with db.transaction() as s:
         assert s.scalars(select(SecretGrant)).all() == []
     db.dispose()
-    assert ray.sent[0]["runtime_env"] == {"env_vars": {"A": "1"}, "py_modules": [PACKAGE]}
+    env = {"A": "1", **CLUSTER_EVENTS_OFF}
+    assert ray.sent[0]["runtime_env"] == {"env_vars": env, "py_modules": [PACKAGE]}
 
 
 def test_a_secret_missing_at_submit_time_fails_the_run_naming_it(db_url: str) -> None:

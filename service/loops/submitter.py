@@ -44,6 +44,9 @@ from service.store.status import RunStatus
 from service.team_secrets import SecretStore, missing_message, redact
 
 JOBS_DIR = Path(jobs.__file__).parent
+# Set in every job's environment: Ray prints its autoscaler's events (any job's demand that no
+# node fits) into every driver's log; another team's demands are not this run's to read.
+CLUSTER_EVENTS_OFF = {"RAY_SCHEDULER_EVENTS": "0"}
 log = logging.getLogger(__name__)
 
 
@@ -169,6 +172,7 @@ class Submitter:
         pin = self.groups.pin(run.team) if handle is self.clusters.primary else {}
         job = job_id(run.id, queued.attempt)
         runtime_env = dict(launch["runtime_env"])
+        runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **CLUSTER_EVENTS_OFF}
         if queued.attempt > 1:  # a later attempt: which one, and what it resumes from
             runtime_env["env_vars"] = {
                 **runtime_env.get("env_vars", {}),

@@ -69,6 +69,10 @@ _ROLLOUT_MEMORY = (
     "the rollout group: lower actor_rollout_ref.rollout.gpu_memory_utilization or "
     "max_num_batched_tokens, or raise rollout.tensor_model_parallel_size"
 )
+# A line Ray's autoscaler prints into every driver's log (any job's demand that no node fits):
+# never evidence of what happened to this run. Jobs are started with these events off
+# (``loops.submitter``); a log from before then, or a job that turned them on, may hold them.
+_CLUSTER_WIDE = re.compile(r"^(?:\x1b\[[0-9;]*m)*\(autoscaler \+")
 # Ray's prefix of a rollout server's or engine's line, or a frame in rollout code.
 _ROLLOUT_LINE = re.compile(r"vllm|sglang|rollout|Rollouter", re.I)
 
@@ -227,7 +231,7 @@ def _matches(rule: _Rule, text: str, offset: int | None) -> tuple[int, list[Evid
     out: list[Evidence] = []
     at, first = 0, -1
     for line in text.splitlines(keepends=True):
-        if rule.pattern.search(line):
+        if rule.pattern.search(line) and not _CLUSTER_WIDE.match(line):
             first = at if first < 0 else first
             out.append(Evidence(None if offset is None else offset + at, line.rstrip()[:MAX_LINE]))
             if len(out) == MAX_EVIDENCE:
