@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
+from service.metrics.ansi import strip_ansi
+
 # The classes a run's failure can have; those from ``ended_early`` on are decided from the
 # run's state, not its log. A retry policy may name every class but ``cancelled``.
 RetryClass = Literal[
@@ -72,7 +74,7 @@ _ROLLOUT_MEMORY = (
 # A line Ray's autoscaler prints into every driver's log (any job's demand that no node fits):
 # never evidence of what happened to this run. Jobs are started with these events off
 # (``loops.submitter``); a log from before then, or a job that turned them on, may hold them.
-_CLUSTER_WIDE = re.compile(r"^(?:\x1b\[[0-9;]*m)*\(autoscaler \+")
+_CLUSTER_WIDE = "(autoscaler +"
 # Ray's prefix of a rollout server's or engine's line, or a frame in rollout code.
 _ROLLOUT_LINE = re.compile(r"vllm|sglang|rollout|Rollouter", re.I)
 
@@ -231,7 +233,7 @@ def _matches(rule: _Rule, text: str, offset: int | None) -> tuple[int, list[Evid
     out: list[Evidence] = []
     at, first = 0, -1
     for line in text.splitlines(keepends=True):
-        if rule.pattern.search(line) and not _CLUSTER_WIDE.match(line):
+        if rule.pattern.search(line) and not strip_ansi(line).startswith(_CLUSTER_WIDE):
             first = at if first < 0 else first
             out.append(Evidence(None if offset is None else offset + at, line.rstrip()[:MAX_LINE]))
             if len(out) == MAX_EVIDENCE:
