@@ -17,7 +17,9 @@ from tests.conftest import TERMINAL, submit, wait_for, wait_status
 
 pytestmark = pytest.mark.ray
 # Another team's job: a task that no node can ever hold, waited for.
-WAITS = "import ray; ray.init(); ray.get(ray.remote(resources={'never_fits': 1})(lambda: 0).remote())"
+WAITS = (
+    "import ray; ray.init(); ray.get(ray.remote(resources={'never_fits': 1})(lambda: 0).remote())"
+)
 
 
 def test_an_actor_death_only_ray_s_state_api_knows_of_is_the_failure_s_class(
