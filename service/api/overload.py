@@ -63,7 +63,10 @@ class ShedLoad:
 
         try:
             try:
-                await asyncio.wait_for(gate.acquire(), self.wait_s)
+                if gate.locked():  # else a place is free: taken at once, no timer needed
+                    await asyncio.wait_for(gate.acquire(), self.wait_s)
+                else:
+                    await gate.acquire()
             except TimeoutError:
                 error = Overloaded(f"not started within {self.wait_s:g} s; retry shortly")
                 await problem_response(error, path)(scope, receive, answered)
