@@ -10,6 +10,7 @@ masked in any repr, dump or log, its value read (``get_secret_value()``) where i
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
 import os
@@ -621,8 +622,10 @@ def is_secure_url(url: str) -> bool:
     return parts.scheme == "https" or (parts.scheme == "http" and is_loopback(host))
 
 
+@functools.lru_cache(maxsize=64)
 def is_loopback(host: str) -> bool:
-    """Whether ``host`` (an address or name to bind) reaches only this machine."""
+    """Whether ``host`` (an address or name to bind) reaches only this machine (kept: every
+    request asks whether auth is on)."""
     if host == "localhost":
         return True
     try:
