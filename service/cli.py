@@ -170,6 +170,7 @@ def serve(
         host=host,
         port=port,
         log_level="info",
+        access_log=settings.access_log,
         timeout_graceful_shutdown=max(1, round(settings.shutdown_grace_s)),
         # Proxy headers only from the proxies named: otherwise any caller could name its address.
         proxy_headers=bool(settings.forwarded_allow_ips),

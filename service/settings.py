@@ -111,6 +111,11 @@ class ServerSettings(Section):
     max_request_wait_s: float = Field(default=2.0, gt=0)
     """The longest a request waits to be started (twice request_threads are in at a time);
     past it, a 503 with Retry-After instead of a late answer."""
+    access_log: bool = False
+    """A line per request on the server's log (uvicorn's access log). Off by default: at
+    hundreds of requests a second it costs a tenth of a request's time, and the audit trail
+    (every write, with its caller), the request metrics (/metrics) and a proxy's own log
+    already tell who asked what."""
     shutdown_grace_s: float = 10.0
     """SIGTERM: live event streams end at once; other requests get this long to finish."""
     allowed_hosts: Names = ["*"]
