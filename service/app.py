@@ -108,8 +108,8 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
         tasks = [asyncio.create_task(loop.run(stop)) for loop in services.loops.values()]
         feed: asyncio.Task[None] | None = None
         if services.feed is not None:
-            # Listens until cancelled at shutdown: a wait for notifications has no tick to stop at.
-            feed = asyncio.create_task(services.feed.listen(_told_by_others(services)))
+            # Until cancelled at shutdown: a wait for notifications has no tick to stop at.
+            feed = asyncio.create_task(services.feed.run(_told_by_others(services)))
         probe: ProbeProcess | None = None
         try:
             if services.feed is not None:
@@ -337,7 +337,7 @@ def build_services(
     ):
         # Other replicas drop what this one's writes change (and this one, theirs).
         feed = ChangeFeed(db.url, shown_change)
-        db.before_commit(feed.publish)
+        db.on_commit(feed.tell)
     oidc = OidcVerifier(settings) if settings.oidc_enabled else None
     return Services(
         settings,

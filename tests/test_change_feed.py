@@ -3,16 +3,19 @@ not when they lapse: two apps on one database, answers kept for a minute."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 
+import psycopg
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, make_url, text
 
 from service.app import create_app
-from service.store.change_feed import MAX_PAYLOAD, decode, encode
+from service.store.change_feed import CHANNEL, MAX_PAYLOAD, ChangeFeed, decode, payloads
 from service.store.changes import Changes, RunChange
 from tests.conftest import _truncate as truncate
 from tests.conftest import make_settings
@@ -24,15 +27,63 @@ KEPT_S = 60.0  # far longer than any wait below: only the feed can explain a fre
 SEEN_WITHIN_S = 5.0
 
 
-def test_a_payload_says_each_runs_change_and_a_big_one_says_everything() -> None:
+def test_a_payload_says_each_runs_change_and_many_are_split_to_fit() -> None:
     change = RunChange({"status", "ended_at"}, events=True, status="CANCELLED", team="vision")
-    origin, told = decode(encode(Changes(runs={"run_a": change}), "me"))
+    [one] = payloads(Changes(runs={"run_a": change}), "me")
+    origin, told = decode(one)
     assert origin == "me" and not told.everything and told.runs == {"run_a": change}
-    many = Changes(runs={f"run_{i:05d}": RunChange({"status"}) for i in range(500)})
-    assert len(encode(many, "me").encode()) <= MAX_PAYLOAD
-    assert decode(encode(many, "me"))[1].everything
+    many = Changes(
+        runs={f"run_{i:05d}": RunChange({"status"}, status="RUNNING") for i in range(500)},
+        tokens={"tok_1"},
+    )
+    sent = payloads(many, "me")
+    assert len(sent) > 1 and all(len(p.encode()) <= MAX_PAYLOAD for p in sent)
+    together = Changes()
+    for payload in sent:
+        together.then(decode(payload)[1])
+    assert together == many
+    huge = Changes(runs={"run_a": RunChange({f"c{i}" for i in range(2000)})})
+    assert [decode(p)[1].everything for p in payloads(huge, "me")] == [True]
     assert decode("not json")[1].everything
     assert decode('{"o": "x", "r": {"run_a": {"c": 1}}}')[1].everything
+
+
+def test_changes_of_later_transactions_add_up_and_the_last_status_is_kept() -> None:
+    told = Changes(runs={"run_a": RunChange({"status"}, inserted=True, status="QUEUED", team="t")})
+    told.then(Changes(runs={"run_a": RunChange({"status"}, status="SUBMITTED")}))
+    told.then(Changes(runs={"run_a": RunChange({"health"}), "run_b": RunChange(events=True)}))
+    told.then(Changes(tokens={"tok_1"}))
+    assert told.runs == {
+        "run_a": RunChange({"status", "health"}, inserted=True, status="SUBMITTED", team="t"),
+        "run_b": RunChange(events=True),
+    }
+    assert told.tokens == {"tok_1"}
+    told.then(Changes(everything=True))
+    told.then(Changes(runs={"run_c": RunChange(events=True)}))
+    assert told.everything and not told.runs and not told.tokens
+
+
+@pytest.mark.postgres
+def test_what_commits_tell_at_once_goes_out_in_one_notification(pg_database: str) -> None:
+    async def main() -> list[str]:
+        feed = ChangeFeed(pg_database, lambda _change: True)
+        conninfo = make_url(pg_database).set(drivername="postgresql").render_as_string(False)
+        async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+            await conn.execute(f"LISTEN {CHANNEL}")
+            sending = asyncio.create_task(feed.send())
+            for i in range(50):  # 50 commits told before the sender runs again
+                feed.tell(Changes(runs={f"run_{i:02d}": RunChange(events=True)}))
+            got: list[str] = []
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(2):
+                    async for note in conn.notifies():
+                        got.append(note.payload)
+            sending.cancel()
+            return got
+
+    got = asyncio.run(main())
+    assert len(got) == 1, got
+    assert set(decode(got[0])[1].runs) == {f"run_{i:02d}" for i in range(50)}
 
 
 def _until(check: Callable[[], bool], within_s: float = SEEN_WITHIN_S) -> float:
@@ -99,6 +150,30 @@ def test_a_listener_that_lost_its_connection_listens_again_and_drops_what_it_kep
     assert len(ended) == 2  # each replica's listener
     assert a.post(f"/runs/{run_id}/cancel").status_code == 200
     # Told by the feed once B listens again, or dropped when it reconnects: either way soon.
+    _until(lambda: b.get(f"/runs/{run_id}").json()["status"] == "CANCELLED", within_s=15)
+
+
+@pytest.mark.postgres
+def test_a_write_told_on_a_lost_connection_is_sent_again_as_everything(
+    replicas: list[TestClient], pg_database: str
+) -> None:
+    a, b = replicas
+    run_id = a.post("/runs", json=SPEC).json()["id"]
+    _until(lambda: b.get(f"/runs/{run_id}").json()["status"] == "QUEUED")
+    admin = create_engine(pg_database, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            ended = conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND query LIKE 'SELECT pg_notify%'"
+                )
+            ).all()
+    finally:
+        admin.dispose()
+    assert len(ended) == 1  # A's sender (B has sent nothing)
+    assert a.post(f"/runs/{run_id}/cancel").status_code == 200
+    # Its sending fails; the sender connects again and tells everything, within its retry.
     _until(lambda: b.get(f"/runs/{run_id}").json()["status"] == "CANCELLED", within_s=15)
 
 

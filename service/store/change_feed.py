@@ -2,20 +2,27 @@
 replica drops the answers it keeps (``service/api/read_cache.py``) and forgets the tokens it
 keeps signed in that were revoked (``service/api/token_cache.py``) when another replica's write
 commits, usually within milliseconds, rather than when they lapse. ``read_cache_s`` stays the
-bound: a notification can be lost with its listener's connection, and a listener that connects
-again drops everything it keeps, since it may have missed some.
+bound: a notification can be lost (with its sender's or listener's connection, or a replica
+killed between a commit and its sending), and a listener that connects again drops everything
+it keeps, since it may have missed some.
 
-The notification is sent in the write's own transaction (``Database.before_commit``), so it is
-delivered if and only if the write commits, after the commit: a replica that reads on being told
-sees the write. Each replica ignores its own (it dropped them at its commit already).
+A replica tells after its commits (``tell``, on the committing thread) and sends on the event
+loop (``send``): what commits told while a notification was on its way goes out together in the
+next, on a connection of its own. So a write pays no round trip for the feed, and commits do not
+queue on PostgreSQL's notification lock one by one; a replica that reads on being told sees the
+write, sent after its commit. A process without the loop (the CLI's revocation) tells in the
+write's own transaction (``publish``): sent if and only if it commits. Each replica ignores its
+own notifications (it dropped them at its commit already), by their first bytes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import secrets
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -32,11 +39,16 @@ CHANNEL = "rlrun_run_changes"
 MAX_PAYLOAD = 7_900
 # Between a lost connection and the next attempt (doubling up to the last).
 RETRY_S = (0.5, 1.0, 2.0, 5.0, 10.0)
+# Every notification of one sending in one statement.
+SEND = "SELECT pg_notify(%s, payload) FROM unnest(%s::text[]) AS payload"
+# Runs told and not yet sent past which they are sent as everything.
+MAX_UNSENT_RUNS = 10_000
 
 
-def encode(changes: Changes, origin: str) -> str:
-    """The notification's payload: who wrote, each run's change and the tokens revoked (or
-    everything)."""
+def payloads(changes: Changes, origin: str) -> list[str]:
+    """The notifications that tell ``changes``: who wrote, each run's change and the tokens
+    revoked, split into as many as PostgreSQL's payload limit needs (a run's change alone too
+    big for one: everything)."""
     if not changes.everything:
         doc: dict[str, Any] = {
             "o": origin,
@@ -44,10 +56,21 @@ def encode(changes: Changes, origin: str) -> str:
         }
         if changes.tokens:
             doc["k"] = sorted(changes.tokens)
-        text = json.dumps(doc, separators=(",", ":"))
+        text = _dumps(doc)
         if len(text.encode()) <= MAX_PAYLOAD:
-            return text
-    return json.dumps({"o": origin, "e": True})
+            return [text]
+        if len(changes.runs) > 1:
+            ids = list(changes.runs)
+            half = len(ids) // 2
+            first = Changes({i: changes.runs[i] for i in ids[:half]}, tokens=changes.tokens)
+            rest = Changes({i: changes.runs[i] for i in ids[half:]})
+            return payloads(first, origin) + payloads(rest, origin)
+    return [_dumps({"o": origin, "e": True})]
+
+
+def _dumps(doc: dict[str, Any]) -> str:
+    # The origin first, compact: a replica knows its own notifications by their first bytes.
+    return json.dumps(doc, separators=(",", ":"))
 
 
 def decode(payload: str) -> tuple[str, Changes]:
@@ -90,18 +113,75 @@ class ChangeFeed:
 
     def __init__(self, url: str, wanted: Callable[[RunChange], bool]) -> None:
         self.origin = secrets.token_hex(8)
+        self._own = _dumps({"o": self.origin})[:-1]  # how this replica's payloads begin
         self._wanted = wanted
         # psycopg's own connection string (never logged: it may hold a password).
         self._conninfo = make_url(url).set(drivername="postgresql").render_as_string(False)
         # Set while a LISTEN is in place (the app waits for it before its first request).
         self.listening = asyncio.Event()
+        # What commits told and ``send`` has not sent yet; the loop to wake when it is new.
+        self._told = Changes()
+        self._told_lock = threading.Lock()
+        self._wake: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
+
+    def _worth_telling(self, changes: Changes) -> Changes:
+        runs = {run_id: c for run_id, c in changes.runs.items() if self._wanted(c)}
+        return Changes(runs=runs, everything=changes.everything, tokens=changes.tokens)
 
     def publish(self, session: Session, changes: Changes) -> None:
         """Tell the other replicas, in the write's transaction (sent if it commits)."""
-        runs = {run_id: c for run_id, c in changes.runs.items() if self._wanted(c)}
-        if changes.everything or runs or changes.tokens:
-            told = Changes(runs=runs, everything=changes.everything, tokens=changes.tokens)
-            session.execute(select(func.pg_notify(CHANNEL, encode(told, self.origin))))
+        for payload in payloads(self._worth_telling(changes), self.origin):
+            session.execute(select(func.pg_notify(CHANNEL, payload)))
+
+    def tell(self, changes: Changes) -> None:
+        """After a commit, on any thread: have ``send`` tell the other replicas."""
+        told = self._worth_telling(changes)
+        if not told:
+            return
+        with self._told_lock:
+            first = not self._told
+            self._told.then(told)
+            if len(self._told.runs) > MAX_UNSENT_RUNS:  # not sending for long: keep it small
+                self._told.then(Changes(everything=True))
+            wake = self._wake
+        if first and wake is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody sends
+                wake[0].call_soon_threadsafe(wake[1].set)
+
+    async def run(self, deliver: Callable[[Changes], None]) -> None:
+        """Listen and send (``listen``, ``send``) until cancelled."""
+        await asyncio.gather(self.listen(deliver), self.send())
+
+    async def send(self) -> None:
+        """Send what commits told (``tell``) until cancelled: all that came while the last
+        notification was on its way, in one round trip. What a lost connection may not have
+        sent is sent again as everything."""
+        wake = asyncio.Event()
+        with self._told_lock:
+            self._wake = (asyncio.get_running_loop(), wake)
+            if self._told:
+                wake.set()
+        failures = 0
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    self._conninfo, autocommit=True
+                ) as conn:
+                    failures = 0
+                    while True:
+                        await wake.wait()
+                        wake.clear()
+                        with self._told_lock:
+                            told, self._told = self._told, Changes()
+                        try:
+                            await conn.execute(SEND, (CHANNEL, payloads(told, self.origin)))
+                        except BaseException:
+                            self.tell(Changes(everything=True))
+                            raise
+            except (psycopg.Error, OSError) as exc:
+                log.warning("the change feed is not sending (%s); retrying", type(exc).__name__)
+            await asyncio.sleep(RETRY_S[min(failures, len(RETRY_S) - 1)])
+            failures += 1
 
     async def listen(self, deliver: Callable[[Changes], None]) -> None:
         """Hand every other replica's change to ``deliver`` (on the loop) until cancelled; a
@@ -117,9 +197,8 @@ class ChangeFeed:
                     self.listening.set()
                     failures = 0
                     async for note in conn.notifies():
-                        origin, changes = decode(note.payload)
-                        if origin != self.origin:
-                            deliver(changes)
+                        if not note.payload.startswith(self._own):
+                            deliver(decode(note.payload)[1])
             except (psycopg.Error, OSError) as exc:
                 log.warning("the change feed is not listening (%s); retrying", type(exc).__name__)
             self.listening.clear()

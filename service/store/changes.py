@@ -42,6 +42,15 @@ class RunChange:
     status: str | None = None
     team: str | None = None
 
+    def then(self, later: RunChange) -> None:
+        """Take in the run's ``later`` change (of a later transaction): both together."""
+        self.columns |= later.columns
+        self.inserted |= later.inserted
+        self.deleted |= later.deleted
+        self.events |= later.events
+        self.status = later.status if later.status is not None else self.status
+        self.team = later.team if later.team is not None else self.team
+
 
 @dataclass
 class Changes:
@@ -52,6 +61,29 @@ class Changes:
 
     def __bool__(self) -> bool:
         return self.everything or bool(self.runs) or bool(self.tokens)
+
+    def then(self, later: Changes) -> None:
+        """Take in ``later`` (of transactions committed after these): what they changed
+        together. Runs and tokens are not kept once everything has changed."""
+        self.everything |= later.everything
+        if self.everything:
+            self.runs.clear()
+            self.tokens.clear()
+            return
+        self.tokens |= later.tokens
+        for run_id, change in later.runs.items():
+            mine = self.runs.get(run_id)
+            if mine is None:
+                self.runs[run_id] = RunChange(
+                    set(change.columns),
+                    change.inserted,
+                    change.deleted,
+                    change.events,
+                    change.status,
+                    change.team,
+                )
+            else:
+                mine.then(change)
 
     def of_events(self, run_id: str) -> bool:
         """Whether the run may have got events (a statement of unknown rows: it may)."""
