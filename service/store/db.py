@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import anyio.to_thread
 from alembic import command
 from alembic.config import Config
+from pydantic_core import from_json
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -73,7 +74,9 @@ def make_engine(
             "timeout": wait_s,
             "isolation_level": None,
         }
-    engine = create_engine(url, **kwargs)
+    # JSON columns (a run's spec and launch, read on every cold read of a run) are parsed by
+    # pydantic-core: the same values as the standard library's parser, in under half the time.
+    engine = create_engine(url, json_deserializer=from_json, **kwargs)
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas(wait_s))
         event.listen(engine, "begin", _sqlite_begin)
@@ -164,6 +167,7 @@ class Database:
                 max_overflow=0,
                 pool_timeout=wait_s,
                 isolation_level="AUTOCOMMIT",
+                json_deserializer=from_json,
                 **_postgres_options(wait_s),
             )
         # SQLite has one writer at a time; queueing this process's writers here is fairer and
