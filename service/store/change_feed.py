@@ -180,6 +180,8 @@ class ChangeFeed:
                             raise
             except (psycopg.Error, OSError) as exc:
                 log.warning("the change feed is not sending (%s); retrying", type(exc).__name__)
+            except Exception:  # never the end of sending: the next round tells everything
+                log.exception("the change feed's sending failed; retrying")
             await asyncio.sleep(RETRY_S[min(failures, len(RETRY_S) - 1)])
             failures += 1
 
