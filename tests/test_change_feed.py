@@ -94,6 +94,24 @@ def _until(check: Callable[[], bool], within_s: float = SEEN_WITHIN_S) -> float:
     return time.monotonic() - start
 
 
+def _terminate(pg_database: str, last_query: str) -> int:
+    """End the server processes whose last query is like ``last_query``; how many."""
+    admin = create_engine(pg_database, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            return len(
+                conn.execute(
+                    text(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND query LIKE :last"
+                    ),
+                    {"last": last_query},
+                ).all()
+            )
+    finally:
+        admin.dispose()
+
+
 @pytest.fixture
 def replicas(pg_database: str) -> Iterator[list[TestClient]]:
     """Two replicas (apps) on one emptied database, each keeping answers for ``KEPT_S``."""
@@ -136,18 +154,7 @@ def test_a_listener_that_lost_its_connection_listens_again_and_drops_what_it_kep
     a, b = replicas
     run_id = a.post("/runs", json=SPEC).json()["id"]
     assert b.get(f"/runs/{run_id}").json()["status"] == "QUEUED"
-    admin = create_engine(pg_database, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            ended = conn.execute(
-                text(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                    "WHERE datname = current_database() AND query LIKE 'LISTEN%'"
-                )
-            ).all()
-    finally:
-        admin.dispose()
-    assert len(ended) == 2  # each replica's listener
+    assert _terminate(pg_database, "LISTEN%") == 2  # each replica's listener
     assert a.post(f"/runs/{run_id}/cancel").status_code == 200
     # Told by the feed once B listens again, or dropped when it reconnects: either way soon.
     _until(lambda: b.get(f"/runs/{run_id}").json()["status"] == "CANCELLED", within_s=15)
@@ -160,18 +167,7 @@ def test_a_write_told_on_a_lost_connection_is_sent_again_as_everything(
     a, b = replicas
     run_id = a.post("/runs", json=SPEC).json()["id"]
     _until(lambda: b.get(f"/runs/{run_id}").json()["status"] == "QUEUED")
-    admin = create_engine(pg_database, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            ended = conn.execute(
-                text(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                    "WHERE datname = current_database() AND query LIKE 'SELECT pg_notify%'"
-                )
-            ).all()
-    finally:
-        admin.dispose()
-    assert len(ended) == 1  # A's sender (B has sent nothing)
+    assert _terminate(pg_database, "SELECT pg_notify%") == 1  # A's sender (B sent nothing)
     assert a.post(f"/runs/{run_id}/cancel").status_code == 200
     # Its sending fails; the sender connects again and tells everything, within its retry.
     _until(lambda: b.get(f"/runs/{run_id}").json()["status"] == "CANCELLED", within_s=15)

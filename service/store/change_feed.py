@@ -23,7 +23,7 @@ import json
 import logging
 import secrets
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -161,48 +161,55 @@ class ChangeFeed:
             self._wake = (asyncio.get_running_loop(), wake)
             if self._told:
                 wake.set()
-        failures = 0
-        while True:
-            try:
-                async with await psycopg.AsyncConnection.connect(
-                    self._conninfo, autocommit=True
-                ) as conn:
-                    failures = 0
-                    while True:
-                        await wake.wait()
-                        wake.clear()
-                        with self._told_lock:
-                            told, self._told = self._told, Changes()
-                        try:
-                            await conn.execute(SEND, (CHANNEL, payloads(told, self.origin)))
-                        except BaseException:
-                            self.tell(Changes(everything=True))
-                            raise
-            except (psycopg.Error, OSError) as exc:
-                log.warning("the change feed is not sending (%s); retrying", type(exc).__name__)
-            except Exception:  # never the end of sending: the next round tells everything
-                log.exception("the change feed's sending failed; retrying")
-            await asyncio.sleep(RETRY_S[min(failures, len(RETRY_S) - 1)])
-            failures += 1
+
+        async def sending(conn: psycopg.AsyncConnection[Any]) -> None:
+            while True:
+                await wake.wait()
+                wake.clear()
+                with self._told_lock:
+                    told, self._told = self._told, Changes()
+                try:
+                    await conn.execute(SEND, (CHANNEL, payloads(told, self.origin)))
+                except BaseException:
+                    self.tell(Changes(everything=True))
+                    raise
+
+        await self._connected("sending", sending)
 
     async def listen(self, deliver: Callable[[Changes], None]) -> None:
         """Hand every other replica's change to ``deliver`` (on the loop) until cancelled; a
         lost connection is made again, and ``deliver`` told everything may have changed."""
+
+        async def listening(conn: psycopg.AsyncConnection[Any]) -> None:
+            await conn.execute(f"LISTEN {CHANNEL}")
+            deliver(Changes(everything=True))  # what came while nobody listened
+            self.listening.set()
+            async for note in conn.notifies():
+                if not note.payload.startswith(self._own):
+                    deliver(decode(note.payload)[1])
+
+        await self._connected("listening", listening, self.listening.clear)
+
+    async def _connected(
+        self,
+        doing: str,
+        use: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]],
+        lost: Callable[[], None] = lambda: None,
+    ) -> None:
+        """``use`` a connection of its own until cancelled: a lost one (or an unexpected error)
+        is logged, ``lost`` called, and a new one made after a pause (``RETRY_S``)."""
         failures = 0
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(
                     self._conninfo, autocommit=True
                 ) as conn:
-                    await conn.execute(f"LISTEN {CHANNEL}")
-                    deliver(Changes(everything=True))  # what came while nobody listened
-                    self.listening.set()
                     failures = 0
-                    async for note in conn.notifies():
-                        if not note.payload.startswith(self._own):
-                            deliver(decode(note.payload)[1])
+                    await use(conn)
             except (psycopg.Error, OSError) as exc:
-                log.warning("the change feed is not listening (%s); retrying", type(exc).__name__)
-            self.listening.clear()
+                log.warning("the change feed is not %s (%s); retrying", doing, type(exc).__name__)
+            except Exception:  # never the end of the feed: it starts again from everything
+                log.exception("the change feed failed %s; retrying", doing)
+            lost()
             await asyncio.sleep(RETRY_S[min(failures, len(RETRY_S) - 1)])
             failures += 1
