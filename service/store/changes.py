@@ -73,17 +73,9 @@ class Changes:
         self.tokens |= later.tokens
         for run_id, change in later.runs.items():
             mine = self.runs.get(run_id)
-            if mine is None:
-                self.runs[run_id] = RunChange(
-                    set(change.columns),
-                    change.inserted,
-                    change.deleted,
-                    change.events,
-                    change.status,
-                    change.team,
-                )
-            else:
-                mine.then(change)
+            if mine is None:  # a change of its own, never the later transaction's object
+                mine = self.runs[run_id] = RunChange()
+            mine.then(change)
 
     def of_events(self, run_id: str) -> bool:
         """Whether the run may have got events (a statement of unknown rows: it may)."""
