@@ -5,6 +5,7 @@ tokens, OIDC) is ``service.api.auth``'s."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -61,8 +62,18 @@ def record_call(
 ) -> None:
     """Record a state-changing call of ``principal`` from ``client`` (its address) in the
     caller's transaction (it commits with the change)."""
-    audit.record(
-        session,
+    audit.record(session, call_entry(principal, client, action, run_id, target))
+
+
+def call_entry(
+    principal: Principal,
+    client: str | None,
+    action: str,
+    run_id: str | None = None,
+    target: str | None = None,
+) -> dict[str, Any]:
+    """The audit row of a call of ``principal`` (``audit.entry``)."""
+    return audit.entry(
         user=principal.user,
         team=principal.team,
         role=principal.role,

@@ -43,14 +43,16 @@ def redeem_grant(
                 missing = str(exc)
         audit.record(
             session,
-            user="job",
-            team=run.team if run is not None else None,
-            role="grant",
-            token_id=None,
-            action="grant.redeem" if run is not None else "grant.refused",
-            client=client_of(request),
-            run_id=found.run_id,
-            target=missing or found.refused,
+            audit.entry(
+                user="job",
+                team=run.team if run is not None else None,
+                role="grant",
+                token_id=None,
+                action="grant.redeem" if run is not None else "grant.refused",
+                client=client_of(request),
+                run_id=found.run_id,
+                target=missing or found.refused,
+            ),
         )
     if run is None:
         raise Unauthorized(REFUSED)

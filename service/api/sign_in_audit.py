@@ -55,13 +55,15 @@ class FailedSignIns:
             with db.transaction() as session:
                 audit.record(
                     session,
-                    user="unknown",
-                    team=None,
-                    role="none",
-                    token_id=None,
-                    action=ACTION,
-                    client=client,
-                    target=f"failures={count}; last: {reason}",
+                    audit.entry(
+                        user="unknown",
+                        team=None,
+                        role="none",
+                        token_id=None,
+                        action=ACTION,
+                        client=client,
+                        target=f"failures={count}; last: {reason}",
+                    ),
                 )
         except Exception as exc:  # the database busy or away: the refusal stands without it
             log.warning("could not record a failed sign-in from %s: %r", _address(client), exc)

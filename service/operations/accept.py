@@ -9,10 +9,13 @@ write transaction; the dry run's plan is read in a read transaction.
 from __future__ import annotations
 
 import math
+import threading
+from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
+from weakref import WeakKeyDictionary
 
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
@@ -23,7 +26,7 @@ from service.errors import Forbidden, InvalidSpec, TooManyRequests, field_error
 from service.ids import new_run_id
 from service.operations.idempotency import Accepted, replay, request_hash, scoped_key
 from service.operations.parts import Parts
-from service.principal import Principal, record_call
+from service.principal import Principal, call_entry
 from service.recipes.base import Launch, LaunchContext, RunSpec
 from service.recipes.verl import versions
 from service.recovery import policy
@@ -35,8 +38,11 @@ from service.scheduling.inventory import Inventory
 from service.scheduling.node_groups import NodeGroups
 from service.scheduling.priority import PRIORITIES
 from service.settings import Settings
+from service.store.audit import record
+from service.store.db import Database
+from service.store.group_commit import GroupCommit
 from service.store.lifecycle import accept
-from service.store.models import Run, utcnow
+from service.store.models import Run, RunEvent, utcnow
 from service.store.status import RunStatus
 from service.store.team_lock import lock_team
 from service.team_secrets import SecretStore, masked_runtime_env, masked_spec, missing_message
@@ -87,22 +93,77 @@ def accept_run(
         created_at=now,
         updated_at=now,
     )
-    with db.transaction() as session:
-        _check_rate(parts.settings, session, spec.team)
-        try:
-            with session.begin_nested() if key else nullcontext():
-                accepted = accept(session, run)
-        except IntegrityError:
-            # A concurrent request with the same Idempotency-Key won the race.
-            replayed = replay(session, key, digest) if key else None
-            if replayed is None:
-                raise
-            return replayed
-        record_call(session, principal, client, "run.create", run_id=run_id, target=run.team)
+    stored = _accepts_of(db).write(_Pending(parts.settings, db, run, principal, client))
+    if isinstance(stored, Accepted):  # a concurrent request with the same key won the race
+        return stored
     # Committed: the submitter sees the row. The answer is made after: on SQLite the
     # transaction holds the one write lock, so nothing that needs no database happens in it.
     parts.wake("submitter")
-    return Accepted(run_id, run_doc(run, [accepted]))
+    return Accepted(run_id, run_doc(run, [stored]))
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A run to store, built and checked; what its accept is audited with."""
+
+    settings: Settings
+    db: Database
+    run: Run
+    principal: Principal
+    client: str | None
+
+
+# Accepts that arrive while others commit are stored together, per database (group commit).
+_ACCEPTS: WeakKeyDictionary[Database, GroupCommit[_Pending, RunEvent | Accepted]]
+_ACCEPTS = WeakKeyDictionary()
+_ACCEPTS_LOCK = threading.Lock()
+
+
+def _accepts_of(db: Database) -> GroupCommit[_Pending, RunEvent | Accepted]:
+    with _ACCEPTS_LOCK:
+        if db not in _ACCEPTS:
+            _ACCEPTS[db] = GroupCommit(_store_all)
+        return _ACCEPTS[db]
+
+
+def _store_all(batch: Sequence[_Pending]) -> list[RunEvent | Accepted | BaseException]:
+    """Each run stored, all in one transaction: its first event, or its replay. A batch that
+    meets a unique key (an Idempotency-Key a concurrent request took) is stored again one run
+    at a time, so that only that run meets it; any other error is every run's."""
+    if len(batch) > 1:
+        try:
+            return _store(batch)
+        except IntegrityError:
+            pass
+    answers: list[RunEvent | Accepted | BaseException] = []
+    for pending in batch:
+        try:
+            answers += _store([pending])
+        except Exception as exc:
+            answers.append(exc)
+    return answers
+
+
+def _store(batch: Sequence[_Pending]) -> list[RunEvent | Accepted | BaseException]:
+    first = batch[0]
+    # Alone, a run with a key that is taken meanwhile is answered as a replay of that run.
+    key = first.run.idempotency_key if len(batch) == 1 else None
+    with first.db.transaction() as session:
+        answers = _over_rate(first.settings, session, batch)
+        runs = [p for p, refused in zip(batch, answers, strict=True) if refused is None]
+        try:
+            with session.begin_nested() if key else nullcontext():
+                events = iter(accept(session, [p.run for p in runs]))
+        except IntegrityError:
+            replayed = replay(session, key, first.run.request_hash or "") if key else None
+            if replayed is None:
+                raise
+            return [replayed]
+        record(
+            session,
+            *(call_entry(p.principal, p.client, "run.create", p.run.id, p.run.team) for p in runs),
+        )
+    return [refused or next(events) for refused in answers]
 
 
 def plan_run(parts: Parts, principal: Principal, body: Any) -> dict[str, Any]:
@@ -285,22 +346,39 @@ def _check_priority(settings: Settings, principal: Principal, team: str, priorit
     )
 
 
-def _check_rate(settings: Settings, session: Session, team: str) -> None:
-    """At most ``runs_per_team_per_minute`` accepted runs per team in any minute (auth on)."""
+def _over_rate(
+    settings: Settings, session: Session, batch: Sequence[_Pending]
+) -> list[TooManyRequests | None]:
+    """Per run, in order: refused if its team has had ``runs_per_team_per_minute`` accepted
+    runs in the last minute, counting the runs before it in ``batch`` (auth on)."""
     limit = settings.runs_per_team_per_minute
     if not limit or not settings.auth_enabled:
-        return
-    # Counted under the team's lock, held until this accept commits: exact under concurrency.
-    lock_team(session, team)
+        return [None] * len(batch)
     since = utcnow() - timedelta(minutes=1)
-    count, oldest = session.execute(
-        select(func.count(), func.min(Run.created_at)).where(
-            Run.team == team, Run.created_at > since
-        )
-    ).one()
-    if count >= limit:
-        wait = 60 - (utcnow() - oldest).total_seconds() if oldest else 60
-        raise TooManyRequests(
-            f"team {team!r} submitted {count} runs in the last minute (limit {limit})",
-            retry_after_s=max(1, math.ceil(wait)),
-        )
+    recent: dict[str, tuple[int, datetime | None]] = {}  # the team's count, its oldest run
+    # Counted under the teams' locks (taken in one order), held until the batch commits: exact
+    # under concurrency.
+    for team in sorted({p.run.team for p in batch}):
+        lock_team(session, team)
+        count, oldest = session.execute(
+            select(func.count(), func.min(Run.created_at)).where(
+                Run.team == team, Run.created_at > since
+            )
+        ).one()
+        recent[team] = (count, oldest)
+    refusals: list[TooManyRequests | None] = []
+    for pending in batch:
+        team = pending.run.team
+        taken, first = recent[team]
+        if taken >= limit:
+            wait = 60 - (utcnow() - first).total_seconds() if first else 60
+            refusals.append(
+                TooManyRequests(
+                    f"team {team!r} submitted {taken} runs in the last minute (limit {limit})",
+                    retry_after_s=max(1, math.ceil(wait)),
+                )
+            )
+        else:
+            recent[team] = (taken + 1, first or pending.run.created_at)
+            refusals.append(None)
+    return refusals

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
@@ -10,8 +12,7 @@ from service.store.models import AuditEntry
 _INSERT = insert(AuditEntry)
 
 
-def record(
-    session: Session,
+def entry(
     *,
     user: str,
     team: str | None,
@@ -21,22 +22,25 @@ def record(
     client: str | None,
     run_id: str | None = None,
     target: str | None = None,
-) -> None:
-    # One Core insert (``at`` is the column's default): nothing reads the row back in the
-    # transaction that writes it.
-    session.connection().execute(
-        _INSERT,
-        {
-            "user": user,
-            "team": team,
-            "role": role,
-            "token_id": token_id,
-            "action": action,
-            "run_id": run_id,
-            "target": target[:200] if target else None,
-            "client": client[:100] if client else None,
-        },
-    )
+) -> dict[str, Any]:
+    """An audit row's values (``at`` is the column's default)."""
+    return {
+        "user": user,
+        "team": team,
+        "role": role,
+        "token_id": token_id,
+        "action": action,
+        "run_id": run_id,
+        "target": target[:200] if target else None,
+        "client": client[:100] if client else None,
+    }
+
+
+def record(session: Session, *entries: dict[str, Any]) -> None:
+    """Audit rows (``entry``), in the session's transaction, in one Core insert: nothing reads
+    them back in the transaction that writes them."""
+    if entries:
+        session.connection().execute(_INSERT, list(entries))
 
 
 # Who audit rows name for what the service saw happen on the cluster (no caller did it).
@@ -49,14 +53,16 @@ def by_cluster(
     """Record what the service saw happen on the cluster, outside any call to it."""
     record(
         session,
-        user=CLUSTER_USER,
-        team=None,
-        role=CLUSTER_ROLE,
-        token_id=None,
-        action=action,
-        client=None,
-        run_id=run_id,
-        target=target,
+        entry(
+            user=CLUSTER_USER,
+            team=None,
+            role=CLUSTER_ROLE,
+            token_id=None,
+            action=action,
+            client=None,
+            run_id=run_id,
+            target=target,
+        ),
     )
 
 

@@ -3,6 +3,7 @@ writes the webhook deliveries it owes in the same transaction (the outbox)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 from sqlalchemy import insert
@@ -21,27 +22,36 @@ class IllegalTransition(Conflict):
     title = "Illegal status transition"
 
 
-# POST /runs is the hottest write: a new run and its first event are two Core inserts, not
-# a unit of work (less than half the time in the one writer's turn).
+# POST /runs is the hottest write: new runs and their first events are two Core inserts (one
+# statement each for a batch of runs), not a unit of work.
 _INSERT_RUN = insert(Run)
-_INSERT_EVENT = insert(RunEvent).returning(RunEvent.id)
+_INSERT_EVENT = insert(RunEvent).returning(RunEvent.id, sort_by_parameter_order=True)
 _RUN_COLUMNS = frozenset(Run.__table__.columns.keys())
 
 
-def accept(session: Session, run: Run) -> RunEvent:
-    """Store a new QUEUED run with its first event, in the session's transaction (never
-    committed here). ``run`` is written as it is and stays out of the session."""
+def accept(session: Session, runs: Sequence[Run]) -> list[RunEvent]:
+    """Store new QUEUED runs, each with its first event, in the session's transaction (never
+    committed here). Each run is written as it is and stays out of the session; all are built
+    alike (the same attributes set)."""
+    if not runs:
+        return []
     conn = session.connection()
-    conn.execute(_INSERT_RUN, {k: v for k, v in vars(run).items() if k in _RUN_COLUMNS})
-    first = {
-        "run_id": run.id,
-        "at": run.created_at,
-        "from_status": None,
-        "to_status": RunStatus.QUEUED,
-        "reason": "accepted",
-        "attempt": 1,
-    }
-    return RunEvent(id=conn.execute(_INSERT_EVENT, first).scalar_one(), **first)
+    conn.execute(
+        _INSERT_RUN, [{k: v for k, v in vars(run).items() if k in _RUN_COLUMNS} for run in runs]
+    )
+    firsts = [
+        {
+            "run_id": run.id,
+            "at": run.created_at,
+            "from_status": None,
+            "to_status": RunStatus.QUEUED,
+            "reason": "accepted",
+            "attempt": 1,
+        }
+        for run in runs
+    ]
+    ids = conn.execute(_INSERT_EVENT, firsts).scalars().all()
+    return [RunEvent(id=i, **first) for i, first in zip(ids, firsts, strict=True)]
 
 
 def transition(session: Session, run: Run, dst: RunStatus, reason: str) -> RunEvent:
