@@ -17,6 +17,7 @@ from sqlalchemy import func, select
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import usage
+from service.operations import accept
 from service.store.models import Run
 from service.store.status import RunStatus
 
@@ -108,6 +109,15 @@ class _Current(Collector):
         for name, loop in services.loops.items():
             ticks.add_metric([name], loop.ticks)
         yield ticks
+        accepts = accept.accepts_of(services.db)
+        yield CounterMetricFamily(
+            "rlrun_accepts_stored", "Runs this replica accepted and stored.", accepts.items
+        )
+        yield CounterMetricFamily(
+            "rlrun_accept_transactions",
+            "Transactions that stored them: accepts that arrive while one commits go together.",
+            accepts.batches,
+        )
         yield GaugeMetricFamily(
             "rlrun_event_streams",
             "Runs with live event subscribers on this replica.",

@@ -90,7 +90,7 @@ def _count(db: Database, model: Any) -> int:
 def test_concurrent_accepts_are_stored_together_each_with_its_event_and_audit_row(
     parts: Parts,  # noqa: F811
 ) -> None:
-    group = accept._accepts_of(parts.db)
+    group = accept.accepts_of(parts.db)
     before = group.batches
     done = _together(WRITERS, lambda i: accept.accept_run(parts, MEMBER, _spec(i), None, "c"))
     assert all(isinstance(d, accept.Accepted) for d in done), [

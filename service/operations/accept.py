@@ -93,7 +93,7 @@ def accept_run(
         created_at=now,
         updated_at=now,
     )
-    stored = _accepts_of(db).write(_Pending(parts.settings, db, run, principal, client))
+    stored = accepts_of(db).write(_Pending(parts.settings, db, run, principal, client))
     if isinstance(stored, Accepted):  # a concurrent request with the same key won the race
         return stored
     # Committed: the submitter sees the row. The answer is made after: on SQLite the
@@ -119,7 +119,8 @@ _ACCEPTS = WeakKeyDictionary()
 _ACCEPTS_LOCK = threading.Lock()
 
 
-def _accepts_of(db: Database) -> GroupCommit[_Pending, RunEvent | Accepted]:
+def accepts_of(db: Database) -> GroupCommit[_Pending, RunEvent | Accepted]:
+    """The group commit of accepts on ``db`` (its counts are on ``/metrics``)."""
     with _ACCEPTS_LOCK:
         if db not in _ACCEPTS:
             _ACCEPTS[db] = GroupCommit(_store_all)

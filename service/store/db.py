@@ -6,7 +6,8 @@ a pooled connection, SQLite's busy handler, a PostgreSQL row lock. Past it, ``Da
 (a 503 with ``Retry-After``); so is a connection the server dropped. A transaction is opened
 and closed by one thread in one call (``with db.read() as s:`` inside a route body or a loop's
 tick), never across a hand-over to another thread: so no thread ever waits on a lock whose
-release needs another worker thread.
+release needs another worker thread. (Accepts committed together, ``group_commit``, wait for the
+thread that is writing them, which holds their transaction and waits for no other.)
 """
 
 from __future__ import annotations
