@@ -23,12 +23,14 @@ def told(db: Database) -> list[Changes]:
     return seen
 
 
-def test_a_new_run_names_its_status_team_and_first_event(db: Database, told: list[Changes]) -> None:
-    with db.transaction() as s:
-        accept(s, new_run("r1", RunStatus.QUEUED, team="blue"))
-    (change,) = told[-1].runs.values()
+def test_new_runs_name_their_status_team_and_first_event(db: Database, told: list[Changes]) -> None:
+    with db.transaction() as s:  # accepts committed together: one insert of both
+        accept(s, [new_run("r1", RunStatus.QUEUED, team="blue"), new_run("r2", RunStatus.QUEUED)])
+    assert list(told[-1].runs) == ["r1", "r2"] and not told[-1].everything
+    change = told[-1].runs["r1"]
     assert change.inserted and change.events
     assert (change.status, change.team) == ("QUEUED", "blue")
+    assert told[-1].runs["r2"].inserted and told[-1].runs["r2"].events
 
 
 def test_an_orm_status_change_and_core_updates_name_their_run_and_columns(

@@ -42,7 +42,7 @@ def stored(db: Database) -> dict[str, str]:
     with db.transaction() as s:
         run = new_run("r1", RunStatus.QUEUED, spec={"recipe": "x", "lr": 1e-6, "n": None})
         bare = new_run("r2", RunStatus.QUEUED)
-        lifecycle.accept(s, run)  # the run stays out of the session
+        lifecycle.accept(s, [run])  # the run stays out of the session
         s.add(bare)
         run = runs.load_run(s, "r1")
         lifecycle.transition(s, run, RunStatus.SUBMITTED, "submitted")
