@@ -111,11 +111,13 @@ class _Current(Collector):
         yield ticks
         accepts = accept.accepts_of(services.db)
         yield CounterMetricFamily(
-            "rlrun_accepts_stored", "Runs this replica accepted and stored.", accepts.items
+            "rlrun_accepts_written",
+            "Accepts this replica took to a write (stored, or refused there: a team's limit).",
+            accepts.items,
         )
         yield CounterMetricFamily(
             "rlrun_accept_transactions",
-            "Transactions that stored them: accepts that arrive while one commits go together.",
+            "Transactions that wrote them: accepts that arrive while one commits go together.",
             accepts.batches,
         )
         yield GaugeMetricFamily(

@@ -189,7 +189,7 @@ def test_prometheus_text_counts_runs_by_status(api: TestClient) -> None:
     assert found["rlrun_runs"][(("status", "LOST"),)] == 0
     assert found["rlrun_event_streams"] == {(): 0}
     assert (
-        found["rlrun_accepts_stored_total"] == found["rlrun_accept_transactions_total"] == {(): 1}
+        found["rlrun_accepts_written_total"] == found["rlrun_accept_transactions_total"] == {(): 1}
     )
     # Request latency by route template (an id makes no series of its own), method and status.
     counts = found["rlrun_http_request_duration_seconds_count"]

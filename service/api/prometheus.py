@@ -13,7 +13,7 @@ router = APIRouter(tags=["health"])
 @router.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
 def prometheus(services: ServicesDep, request: Request) -> Response:
     """Runs by status, ingested points and follower lag, loop ticks, live streams, accepts
-    stored and the transactions that stored them (``rlrun_accepts_stored``,
+    written and the transactions that wrote them (``rlrun_accepts_written``,
     ``rlrun_accept_transactions``: accepts that arrive while one commits go together); histograms
     of request latency (``rlrun_http_request_duration_seconds``) and of loop ticks
     (``rlrun_loop_tick_duration_seconds``)."""
