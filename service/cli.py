@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import json
 import re
 import socket
@@ -165,8 +166,14 @@ def serve(
     # Hand the interpreter lock over every millisecond (default 5): the event loop, which
     # answers /healthz and feeds live streams, waits less behind busy worker threads.
     sys.setswitchinterval(0.001)
+    served = create_app(settings)
+    # What the imports and the app made lives as long as the process: out of the cyclic
+    # collector's sight, so that a full collection walks only what requests leave behind (it
+    # walked some 160,000 objects, a pause of 100-250 ms on every request in flight).
+    gc.collect()
+    gc.freeze()
     uvicorn.run(
-        create_app(settings),
+        served,
         host=host,
         port=port,
         log_level="info",

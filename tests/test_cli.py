@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import socket
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+import uvicorn
+from fastapi import FastAPI
 from typer.testing import CliRunner
 
 from service.app import create_app
@@ -297,6 +302,27 @@ def test_serve_refuses_a_busy_port_in_one_line_before_start_up(tmp_path: Path) -
     assert err.strip() == f"port {port} on 127.0.0.1 is in use: pick another with --port"
     code, out, _ = rlrun("serve", "--help", env={"COLUMNS": "200"})
     assert "--port" in out and "8000" in out
+
+
+def test_serve_puts_what_start_up_made_out_of_the_collectors_sight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    served: dict[str, Any] = {}
+
+    def run(app: Any, **_: Any) -> None:
+        served["app"], served["frozen"] = app, gc.get_freeze_count()
+
+    monkeypatch.setattr(uvicorn, "run", run)
+    switch = sys.getswitchinterval()
+    env = {"RLRUN_DATABASE_URL": f"sqlite:///{tmp_path}/s.db", "RLRUN_RAY_ADDRESS": "local"}
+    try:
+        code, _, err = rlrun("serve", "--port", "0", env=env)
+    finally:
+        gc.unfreeze()
+        sys.setswitchinterval(switch)
+    assert code == 0, err
+    # The modules and the app are frozen before serving: a full collection skips them.
+    assert isinstance(served["app"], FastAPI) and served["frozen"] > 50_000
 
 
 def test_retry_starts_the_next_attempt_of_an_ended_run_only(server: str) -> None:
