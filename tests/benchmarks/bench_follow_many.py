@@ -209,6 +209,10 @@ class Clients:
             except httpx.HTTPError:
                 await asyncio.sleep(0.5)
 
+    async def _followed(self) -> float:
+        """The runs the replicas follow, together."""
+        return sum([(await _gauges(url))["followed"] for url in self.urls])
+
     async def run(self, warmup_s: float, seconds: float, service: Service) -> dict[str, float]:
         limits = httpx.Limits(max_connections=len(self.run_ids) + 10)
         timeout = httpx.Timeout(10, read=120)
@@ -219,15 +223,20 @@ class Clients:
             deadline = time.monotonic() + warmup_s + 60
             while len(self.attached) < len(self.run_ids) and time.monotonic() < deadline:
                 await asyncio.sleep(0.2)
+            # Every run followed before the warm-up: a run the follower takes on later (at most
+            # RLRUN_FOLLOWER_CLAIM_NEW a tick) stores at once the lines printed before, which its
+            # stream then carries late; that is start-up, not the steady state measured here.
+            while await self._followed() < len(self.run_ids) and time.monotonic() < deadline:
+                await asyncio.sleep(0.5)
             await asyncio.sleep(warmup_s)
             rss0, cpu0, t0 = service.rss_mb(), service.cpu_s(), time.monotonic()
-            ticks0 = (await _gauges(client, service.url))["ticks"]
+            ticks0 = (await _gauges(service.url))["ticks"]
             self.measuring = True
             await asyncio.sleep(seconds)
             self.measuring = False
             cpu, elapsed = service.cpu_s() - cpu0, time.monotonic() - t0
             rss = service.rss_mb()
-            ticks = (await _gauges(client, service.url))["ticks"] - ticks0
+            ticks = (await _gauges(service.url))["ticks"] - ticks0
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -245,17 +254,19 @@ class Clients:
         }
 
 
-async def _gauges(_streams: httpx.AsyncClient, url: str) -> dict[str, float]:
-    """The follower's ticks so far, from the service's /metrics (on a connection of its own:
-    the streams' client may have every connection in use)."""
+async def _gauges(url: str) -> dict[str, float]:
+    """The follower's ticks so far and the runs it follows, from the service's /metrics (on a
+    connection of its own: the streams' client may have every connection in use)."""
     async with httpx.AsyncClient(timeout=30) as client:
-        text = (await client.get(f"{url}/metrics")).text
-    ticks = next(
-        float(line.split()[-1])
-        for line in text.splitlines()
-        if line.startswith('rlrun_loop_ticks_total{loop="follower"}')
-    )
-    return {"ticks": ticks}
+        lines = (await client.get(f"{url}/metrics")).text.splitlines()
+
+    def value(prefix: str) -> float:
+        return next(float(line.split()[-1]) for line in lines if line.startswith(prefix))
+
+    return {
+        "ticks": value('rlrun_loop_ticks_total{loop="follower"}'),
+        "followed": value("rlrun_followed_runs "),
+    }
 
 
 def one_replica(runs: int, period: float, warmup_s: float, seconds: float) -> dict[str, Any]:
