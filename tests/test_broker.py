@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from service.metrics import store
-from service.metrics.broker import Broker, Cursor, Item
+from service.metrics.broker import Broker, Cursor, Item, read_after
 from service.metrics.parse import MetricLine
 from service.store.db import Database
 from service.store.lifecycle import note, transition
@@ -96,3 +98,29 @@ def test_the_poller_wakes_a_stream_for_what_it_has_not_read_and_not_again(db: Da
     got = asyncio.run(scenario())
     assert [item.data.get("step") for item, _ in got if item.kind == "metrics"] == [1, 2, 3]
     assert got[-1][0].kind == "end"
+
+
+def test_a_read_is_bounded_and_a_stream_replays_past_the_bound_in_order(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read takes at most ``LINES_LIMIT`` points, never half a line, and says more is stored;
+    a stream reads on until it has every line, then the end."""
+    run_id = add_run(db)
+    keys = [f"k/{i}" for i in range(10)]
+    with db.transaction() as s:
+        lines = [(10 * n, MetricLine(n, dict.fromkeys(keys, n / 7))) for n in range(1, 11)]
+        store.add_lines(s, run_id, lines)
+    monkeypatch.setattr(store, "LINES_LIMIT", 25)  # two lines and half the third
+    with db.read_rows() as conn:
+        first = read_after(conn, run_id, Cursor())
+    assert [(i.position, i.data["step"]) for i in first.items] == [(10, 1), (20, 2)]
+    assert first.items[0].data["values"] == dict.fromkeys(keys, 1 / 7)
+    assert first.more and not first.ended
+    write(db, run_id, 110, 11, end=True)
+    got = asyncio.run(collect(Broker(db, 30.0), run_id, Cursor()))
+    assert [i.data["step"] for i, _ in got if i.kind == "metrics"] == list(range(1, 12))
+    assert [i.data["reason"] for i, _ in got if i.kind == "status"] == ["done"]
+    assert got[-1][0].kind == "end"
+    with db.read_rows() as conn:
+        last = read_after(conn, run_id, got[-2][1])
+    assert last.items == [] and not last.more and last.ended and last.complete

@@ -22,13 +22,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sqlalchemy import func, select
+from sqlalchemy import Connection, bindparam, func, select
 from sqlalchemy.orm import Session
 
 from service.metrics import logcopy, store
 from service.store.changes import Changes
 from service.store.db import Database
 from service.store.models import MetricPoint, Run, RunEvent, RunLog
+from service.store.prepared import Prepared, fetch
 from service.wire import event_doc
 
 log = logging.getLogger(__name__)
@@ -89,35 +90,44 @@ class Read:
         return self.ended and not self.more
 
 
-def read_after(session: Session, run_id: str, cursor: Cursor) -> Read:
-    """Items past ``cursor``, in commit order per kind."""
-    ended = logcopy.finished(session, run_id)
-    items = [
-        Item("status", e.id, event_doc(e))
-        for e in session.scalars(
-            select(RunEvent)
-            .where(RunEvent.run_id == run_id, RunEvent.id > cursor.event_id)
-            .order_by(RunEvent.id)
-        )
-    ]
-    lines = store.lines_after(session, run_id, cursor.offset)
-    items += [
-        Item(
-            "metrics",
-            off,
-            {"step": step, "values": vals},
-        )
-        for off, step, vals in lines
-    ]
-    last = lines[-1][0] if lines else cursor.offset
-    return Read(items, _more_lines(session, run_id, last), ended)
-
-
-def _more_lines(session: Session, run_id: str, last: int) -> bool:
-    more = session.scalar(
-        select(func.max(MetricPoint.log_offset)).where(MetricPoint.run_id == run_id)
+# A stream's read, each statement prebuilt and run on the driver's cursor (``prepared``): a
+# woken stream reads a line or two, and SQLAlchemy's execution and ORM rows cost more than that.
+_ENDED = Prepared(logcopy.ENDED)
+_EVENTS_AFTER = Prepared(
+    select(
+        RunEvent.id,
+        RunEvent.at,
+        RunEvent.from_status,
+        RunEvent.to_status,
+        RunEvent.reason,
+        RunEvent.attempt,
     )
-    return more is not None and more > last
+    .where(RunEvent.run_id == bindparam("run_id"), RunEvent.id > bindparam("event_id"))
+    .order_by(RunEvent.id)
+)
+_LINES_AFTER = Prepared(store.LINES_AFTER)
+_NEWEST_LINE = Prepared(
+    select(func.max(MetricPoint.log_offset).label("offset")).where(
+        MetricPoint.run_id == bindparam("run_id")
+    )
+)
+
+
+def read_after(conn: Connection, run_id: str, cursor: Cursor) -> Read:
+    """Items past ``cursor``, in commit order per kind (a run that does not exist is an
+    error)."""
+    run = {"run_id": run_id}
+    (ended_row,) = fetch(conn, _ENDED, run)
+    ended = logcopy.read_to_end(*ended_row)
+    events = fetch(conn, _EVENTS_AFTER, run | {"event_id": cursor.event_id})
+    items = [Item("status", e.id, event_doc(e)) for e in events]
+    limit = store.LINES_LIMIT
+    rows = fetch(conn, _LINES_AFTER, run | {"offset": cursor.offset, "limit": limit})
+    lines = store.as_lines(rows, limit)
+    items += [Item("metrics", off, {"step": step, "values": vals}) for off, step, vals in lines]
+    last = lines[-1][0] if lines else cursor.offset
+    (newest,) = fetch(conn, _NEWEST_LINE, run)
+    return Read(items, newest.offset is not None and newest.offset > last, ended)
 
 
 def standings(session: Session, run_ids: list[str]) -> dict[str, Cursor | None]:
@@ -203,8 +213,8 @@ class Broker:
                 queue.put_nowait(_CLOSED)
 
     def _read(self, run_id: str, cursor: Cursor) -> Read:
-        with self.db.read() as session:
-            return read_after(session, run_id, cursor)
+        with self.db.read_rows() as conn:
+            return read_after(conn, run_id, cursor)
 
     def head_of(self, run_id: str) -> Cursor:
         """Where the run's stream is now (blocking: call it from a thread)."""

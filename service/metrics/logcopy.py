@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from sqlalchemy import delete, func, select
+from datetime import datetime
+
+from sqlalchemy import bindparam, delete, func, select
 from sqlalchemy.orm import Session
 
 from service.store.models import LogChunk, Run, RunLog
@@ -75,13 +77,21 @@ def end(session: Session, run_id: str) -> int:
     return int(last[0] + last[1]) if last else 0
 
 
+# What tells whether a run is ``finished`` (parameter ``run_id``).
+ENDED = (
+    select(Run.status, Run.submitted_at, RunLog.finished_at)
+    .outerjoin(RunLog, RunLog.run_id == Run.id)
+    .where(Run.id == bindparam("run_id"))
+)
+
+
 def finished(session: Session, run_id: str) -> bool:
     """The run has ended and its log has been read to the end: nothing more will be added."""
-    status, submitted_at, finished_at = session.execute(
-        select(Run.status, Run.submitted_at, RunLog.finished_at)
-        .outerjoin(RunLog, RunLog.run_id == Run.id)
-        .where(Run.id == run_id)
-    ).one()
+    return read_to_end(*session.execute(ENDED, {"run_id": run_id}).one())
+
+
+def read_to_end(status: str, submitted_at: datetime | None, finished_at: datetime | None) -> bool:
+    """``finished``, from the row ``ENDED`` reads."""
     if status not in TERMINAL:
         return False
     # A run that never reached Ray has no log to wait for.

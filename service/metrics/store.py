@@ -654,17 +654,29 @@ def _points(
     )
 
 
+# Stored points past a log offset (parameters ``run_id``, ``offset``, ``limit``), in line order.
+LINES_AFTER = (
+    select(MetricPoint.log_offset, MetricPoint.step, MetricKey.key, MetricPoint.value)
+    .join(MetricKey, MetricKey.id == MetricPoint.key_id)
+    .where(MetricPoint.run_id == bindparam("run_id"), MetricPoint.log_offset > bindparam("offset"))
+    .order_by(MetricPoint.log_offset, MetricPoint.step, MetricKey.key)
+    .limit(bindparam("limit"))
+)
+# How many points one read of ``LINES_AFTER`` takes at most.
+LINES_LIMIT = 5000
+
+
 def lines_after(
-    session: Session, run_id: str, offset: int, limit: int = 5000
+    session: Session, run_id: str, offset: int, limit: int = LINES_LIMIT
 ) -> list[tuple[int, int, dict[str, float]]]:
     """Stored points past a log offset, regrouped as ``(end offset, step, values)`` per line."""
-    rows = session.execute(
-        select(MetricPoint.log_offset, MetricPoint.step, MetricKey.key, MetricPoint.value)
-        .join(MetricKey, MetricKey.id == MetricPoint.key_id)
-        .where(MetricPoint.run_id == run_id, MetricPoint.log_offset > offset)
-        .order_by(MetricPoint.log_offset, MetricPoint.step, MetricKey.key)
-        .limit(limit)
-    ).all()
+    params = {"run_id": run_id, "offset": offset, "limit": limit}
+    return as_lines(session.execute(LINES_AFTER, params).all(), limit)
+
+
+def as_lines(rows: Sequence[Any], limit: int) -> list[tuple[int, int, dict[str, float]]]:
+    """The rows of ``LINES_AFTER`` (at most ``limit``) as ``(end offset, step, values)`` per
+    line."""
     grouped: dict[tuple[int, int], dict[str, float]] = {}
     for off, step, key, value in rows:
         grouped.setdefault((off, step), {})[key] = _read(value)
