@@ -99,14 +99,16 @@ def test_a_revocation_made_elsewhere_ends_the_streams_within_a_second(
 
 
 def test_a_stream_whose_client_left_closes_its_source_and_leaves_no_task() -> None:
-    """The route's generator closed mid-stream (as the server does when its client leaves): the
-    broker's subscription is closed then and there, and no waiter task is left pending."""
+    """The request ends mid-stream (its client left) while the route's generator waits to hand
+    over its next event, and is never closed: the broker's subscription is closed then and
+    there all the same, and no waiter task is left pending."""
     import asyncio
+    import contextlib
     from types import SimpleNamespace
 
     from service.api.auth import Principal
     from service.api.revocation import Revocations
-    from service.api.run_metrics import run_events
+    from service.api.run_metrics import _stream_items, run_events
     from service.metrics.broker import Cursor
 
     closed = asyncio.Event()
@@ -127,10 +129,12 @@ def test_a_stream_whose_client_left_closes_its_source_and_leaves_no_task() -> No
             db=None,
         )
         principal = Principal(user="u", team="t", role="member", token_id="tok-1")
-        stream = run_events(services, principal, "r1", Cursor.parse(None))  # type: ignore[arg-type]
-        await anext(stream)
-        await stream.aclose()
-        source_closed = closed.is_set()  # by the close itself, not by a task run later
+        opened = contextlib.asynccontextmanager(_stream_items)
+        request = opened(services, principal, "r1", Cursor.parse(None))  # type: ignore[arg-type]
+        events = run_events(await request.__aenter__())
+        await anext(events)  # one event handed over; the route waits to hand over the next
+        await request.__aexit__(None, None, None)  # the request's end, as its exit stack does
+        source_closed = closed.is_set()  # by the request's end, not by a task run later
         await revocations.close()
         others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         return source_closed, len(revocations._open), len(others)

@@ -15,6 +15,8 @@ import pytest
 
 from service.api.revocation import until_set
 from service.app import create_app
+from service.metrics import store
+from service.metrics.parse import MetricLine
 from tests.conftest import make_settings
 from tests.live import ServerThread
 from tests.loadgen import SPEC
@@ -85,3 +87,32 @@ def test_a_source_that_ends_as_its_stream_is_cancelled_leaves_no_unretrieved_err
 
     asyncio.run(main())
     assert [ctx["message"] for ctx in reported] == []
+
+
+def test_a_stream_whose_client_leaves_mid_replay_ends_at_once_without_the_collector(
+    db_url: str, collector_off: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The client leaves while its stream replays more than it reads: the endpoint then waits
+    to hand over its next event, not inside the broker, and is closed all the same."""
+    app = create_app(make_settings(db_url, "http://127.0.0.1:9", run_loops=False))
+    caplog.set_level(logging.ERROR, logger="asyncio")
+    with ServerThread(app) as url:
+        services = app.state.services
+        run_id = httpx.post(f"{url}/runs", json=SPEC, timeout=10).json()["id"]
+        with services.db.transaction() as s:
+            lines = [(100 * n, MetricLine(n, {"a": n / 7, "b": 1.0})) for n in range(1, 2001)]
+            store.add_lines(s, run_id, lines)
+        for _ in range(5):
+            with httpx.stream("GET", f"{url}/runs/{run_id}/events", timeout=10) as resp:
+                assert resp.status_code == 200
+                for line in resp.iter_lines():
+                    if line.startswith("event: metrics"):
+                        break  # 2,000 lines to replay: the client leaves after the first
+            deadline = time.monotonic() + 5
+            while services.broker.upstreams and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert services.broker.upstreams == 0
+    gc.enable()
+    gc.collect()
+    problems = [r.getMessage() for r in caplog.records if r.name == "asyncio"]
+    assert not problems, problems

@@ -30,7 +30,7 @@ from service.api.revocation import until_set
 from service.errors import InvalidSpec, field_error
 from service.metrics import logcopy, store
 from service.metrics.ansi import strip_ansi
-from service.metrics.broker import Cursor
+from service.metrics.broker import Cursor, Item
 from service.wire import LatestOut, SeriesOut, encode
 
 router = APIRouter(prefix="/runs", tags=["metrics"])
@@ -157,31 +157,39 @@ def _stream_start(
     return Cursor.parse(last_event_id)
 
 
+async def _stream_items(
+    services: ServicesDep,
+    principal: Annotated[Principal, Depends(_stream_caller)],
+    run_id: str,
+    start: Annotated[Cursor, Depends(_stream_start)],
+) -> AsyncIterator[AsyncIterator[tuple[Item, Cursor]]]:
+    """The run's items for its stream, closed when the request ends: the endpoint, whose client
+    may leave while it waits to hand over an event, is not always closed then, and a
+    subscription left to the collector holds its upstream until it runs."""
+    items = services.broker.subscribe(run_id, start)
+    async with (
+        _ended_on_revocation(services, principal) as revoked,
+        contextlib.aclosing(until_set(revoked, items)) as stream,
+    ):
+        yield stream
+
+
 @router.get(
     "/{run_id}/events",
     response_class=EventSourceResponse,
     responses={429: {"description": "too many live streams for this token"}},
 )
 async def run_events(
-    services: ServicesDep,
-    principal: Annotated[Principal, Depends(_stream_caller)],
-    run_id: str,
-    start: Annotated[Cursor, Depends(_stream_start)],
+    stream: Annotated[AsyncIterator[tuple[Item, Cursor]], Depends(_stream_items)],
 ) -> AsyncIterator[ServerSentEvent]:
     """``status`` and ``metrics`` events (a metrics event carries its step and all its values):
     everything after ``Last-Event-ID`` (or from the start, or from now), then live ones; a last
     ``end`` event once the run has ended and its log is read to the end. Event ids are
     ``<status event id>-<log offset>`` (resume is exact for both)."""
-    items = services.broker.subscribe(run_id, start)
-    async with (
-        _ended_on_revocation(services, principal) as revoked,
-        # Closed with this stream (its client left), not whenever the collector gets to it.
-        contextlib.aclosing(until_set(revoked, items)) as stream,
-    ):
-        async for item, cursor in stream:
-            # Encoded as the run's own answer encodes it (times, NaN): one serialiser.
-            data = encode(item.data).decode()
-            yield ServerSentEvent(event=item.kind, raw_data=data, id=cursor.encode())
+    async for item, cursor in stream:
+        # Encoded as the run's own answer encodes it (times, NaN): one serialiser.
+        data = encode(item.data).decode()
+        yield ServerSentEvent(event=item.kind, raw_data=data, id=cursor.encode())
 
 
 def _ended_on_revocation(
