@@ -93,7 +93,8 @@ def test_a_stream_whose_client_leaves_mid_replay_ends_at_once_without_the_collec
     db_url: str, collector_off: None, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The client leaves while its stream replays more than it reads: the endpoint then waits
-    to hand over its next event, not inside the broker, and is closed all the same."""
+    to hand over its next event, not inside the broker, and is never closed; its subscription
+    is closed all the same, when the request ends."""
     app = create_app(make_settings(db_url, "http://127.0.0.1:9", run_loops=False))
     caplog.set_level(logging.ERROR, logger="asyncio")
     with ServerThread(app) as url:
