@@ -30,6 +30,7 @@ from service.store.changes import Changes
 from service.store.db import Database
 from service.store.models import MetricPoint, Run, RunEvent, RunLog
 from service.store.prepared import Prepared, fetch
+from service.store.runs import EVENT_COLUMNS
 from service.wire import event_doc
 
 log = logging.getLogger(__name__)
@@ -94,14 +95,7 @@ class Read:
 # woken stream reads a line or two, and SQLAlchemy's execution and ORM rows cost more than that.
 _ENDED = Prepared(logcopy.ENDED)
 _EVENTS_AFTER = Prepared(
-    select(
-        RunEvent.id,
-        RunEvent.at,
-        RunEvent.from_status,
-        RunEvent.to_status,
-        RunEvent.reason,
-        RunEvent.attempt,
-    )
+    select(*EVENT_COLUMNS)
     .where(RunEvent.run_id == bindparam("run_id"), RunEvent.id > bindparam("event_id"))
     .order_by(RunEvent.id)
 )
