@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.benchmarks import report
 
@@ -258,14 +259,15 @@ async def _gauges(url: str) -> dict[str, float]:
     """The follower's ticks so far and the runs it follows, from the service's /metrics (on a
     connection of its own: the streams' client may have every connection in use)."""
     async with httpx.AsyncClient(timeout=30) as client:
-        lines = (await client.get(f"{url}/metrics")).text.splitlines()
-
-    def value(prefix: str) -> float:
-        return next(float(line.split()[-1]) for line in lines if line.startswith(prefix))
-
+        text = (await client.get(f"{url}/metrics")).text
+    samples = {
+        (s.name, s.labels.get("loop")): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
     return {
-        "ticks": value('rlrun_loop_ticks_total{loop="follower"}'),
-        "followed": value("rlrun_followed_runs "),
+        "ticks": samples[("rlrun_loop_ticks_total", "follower")],
+        "followed": samples[("rlrun_followed_runs", None)],
     }
 
 
