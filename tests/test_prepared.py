@@ -7,6 +7,7 @@ dropped is a ``DatabaseBusy`` to retry, and the next read gets a new one."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from typing import Any
 
@@ -125,5 +126,6 @@ def test_a_dropped_connection_is_busy_once_then_renewed(
 
     first, again = asyncio.run(reads())
     assert first[0].id == again[0].id == stored["run"]
-    # The lost connection was invalidated, not handed back to the pool to fail its reset.
-    assert not [r for r in caplog.records if r.name.startswith("sqlalchemy.pool")]
+    # The lost connection was closed and dropped by the pool (a warning), never handed out again
+    # to fail there: no error logged.
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

@@ -12,7 +12,6 @@ thread that is writing them, which holds their transaction and waits for no othe
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sqlite3
 import threading
@@ -27,14 +26,14 @@ from alembic.config import Config
 from pydantic_core import from_json
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import SingletonThreadPool
 
 import migrations
 from service.errors import DatabaseBusy
 from service.store.changes import Changes
-from service.store.prepared import Prepared, fetch, fetch_async
+from service.store.loop_reads import LoopReads
+from service.store.prepared import Prepared, fetch
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -47,7 +46,7 @@ LOOP_WAIT_S = 0.1
 # PostgreSQL connections for the reads awaited on the loop: a fixed few (each read is one short
 # round trip). A read past them waits for one, on the loop, which costs nothing; connections
 # opened for a peak would be closed after it, each costing the server a process.
-ASYNC_POOL = 16
+LOOP_POOL = 16
 
 
 def make_engine(
@@ -148,8 +147,8 @@ class Database:
         # SQLite: a few indexed rows, no round trip, and a WAL reader takes no lock, so a read
         # costs less there than the hand-over to a worker thread; on a connection of the loop's
         # own, so it never waits for the pool, and for a lock LOOP_WAIT_S at most. PostgreSQL:
-        # one statement awaited through psycopg's async driver (its connections belong to the
-        # loop that made them).
+        # one statement awaited through psycopg's async driver, on its own pool (``loop_reads``:
+        # its connections belong to the loop that made them).
         self.reads_on_loop = self.engine.dialect.name == "sqlite"
         self._own_engine: Engine | None = None
         self._own: tuple[Engine, sessionmaker[Session]] | None = None
@@ -159,18 +158,10 @@ class Database:
             self._own = (own_reads, sessionmaker(own_reads, expire_on_commit=False))
             event.listen(self._own[1], "before_flush", _refuse_writes)
         self._thread = threading.local()
-        self._async_engine: AsyncEngine | None = None
-        self._async_loop: asyncio.AbstractEventLoop | None = None
+        self._loop_reads: LoopReads | None = None
         if self.engine.dialect.name == "postgresql":
-            self._async_engine = create_async_engine(
-                url,
-                pool_size=min(pool_size, ASYNC_POOL),
-                max_overflow=0,
-                pool_timeout=wait_s,
-                isolation_level="AUTOCOMMIT",
-                json_deserializer=from_json,
-                **_postgres_options(wait_s),
-            )
+            options = _postgres_options(wait_s)["connect_args"]["options"]
+            self._loop_reads = LoopReads(self.engine, min(pool_size, LOOP_POOL), wait_s, options)
         # SQLite has one writer at a time; queueing this process's writers here is fairer and
         # faster than letting them sleep in SQLite's busy handler (other processes still meet
         # busy_timeout). Taken and released by the same thread, within one call.
@@ -184,13 +175,11 @@ class Database:
 
     @property
     def engines(self) -> tuple[Engine, ...]:
-        """Every engine this database sends statements on: the pooled one, and the event
-        loop's (SQLite's own connection, PostgreSQL's async driver); what listens for
-        statements listens on each."""
+        """Every engine this database sends statements on: the pooled one, and SQLite's own
+        connection of the event loop (PostgreSQL's reads on the loop, ``loop_reads``, are told
+        to the pooled engine's listeners); what listens for statements listens on each."""
         if self._own_engine is not None:
             return self.engine, self._own_engine
-        if self._async_engine is not None:
-            return self.engine, self._async_engine.sync_engine
         return (self.engine,)
 
     def on_commit(self, listener: Callable[[Changes], None]) -> None:
@@ -247,21 +236,15 @@ class Database:
         """The rows of one prebuilt read (``prepared``) on the event loop, for the hottest reads:
         on SQLite on the loop's own connection; on PostgreSQL awaited on its async driver,
         outside a transaction (one statement is its own snapshot: no BEGIN and COMMIT)."""
-        if self._async_engine is None:
+        if self._loop_reads is None:
 
             def read() -> list[Any]:
                 with self.read_rows() as conn:
                     return fetch(conn, prepared, params)
 
             return await self.run_read(read)
-        loop = asyncio.get_running_loop()
-        if self._async_loop is not loop:
-            if self._async_loop is not None:  # another loop's connections: let them go
-                await self._async_engine.dispose(close=False)
-            self._async_loop = loop
         with _bounded(self.wait_s):
-            async with self._async_engine.connect() as conn:
-                return await fetch_async(conn, prepared, params)
+            return await self._loop_reads.rows(prepared, params)
 
     async def run_read(self, read: Callable[[], T]) -> T:
         """``read()`` where a hot read costs least: on SQLite on the event loop, on the loop's
@@ -273,9 +256,8 @@ class Database:
 
     async def dispose_async(self) -> None:
         """Close the connections of ``rows`` on PostgreSQL (on the loop that made them)."""
-        if self._async_engine is not None:
-            self._async_loop = None
-            await self._async_engine.dispose()
+        if self._loop_reads is not None:
+            await self._loop_reads.close()
 
     @contextmanager
     def transaction(self) -> Iterator[Session]:

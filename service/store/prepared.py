@@ -1,11 +1,11 @@
 """Prebuilt SELECTs run on the driver's own cursor, for the hottest reads (a run's page, a token
 that signs in): there SQLAlchemy's execution of a statement (its context, events and result
-object; on PostgreSQL the greenlet hop of its async layer) costs several times what SQLite or
-psycopg spend on it. The statement stays SQLAlchemy Core, compiled once per dialect, and its
-parameters and columns go through the same type processors, so its rows equal
-``Connection.execute``'s (tests/test_prepared.py); the engine's ``before_cursor_execute``
-listeners see it. A driver error is raised as SQLAlchemy's, which ``db._bounded`` maps as any
-other (a lost connection is invalidated, and a 503 to retry).
+object) costs several times what SQLite or psycopg spend on it. The statement stays SQLAlchemy
+Core, compiled once per dialect, and its parameters and columns go through the same type
+processors, so its rows equal ``Connection.execute``'s (tests/test_prepared.py); the engine's
+``before_cursor_execute`` listeners see it. A driver error is raised as SQLAlchemy's, which
+``db._bounded`` maps as any other (a lost connection is invalidated, or closed for its pool to
+renew, and a 503 to retry).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Select
+from psycopg import AsyncConnection
+from sqlalchemy import Connection, Engine, Select
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Dialect
-from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.types import TypeEngine
 
 Processor = Callable[[Any], Any]
@@ -109,7 +109,7 @@ def fetch(conn: Connection, prepared: Prepared, params: dict[str, Any]) -> list[
     cursor = proxied.driver_connection.cursor()  # type: ignore[union-attr]
     try:
         parameters = compiled.parameters(params)
-        _told(conn, cursor, compiled, parameters)
+        _told(conn.dispatch, conn, cursor, compiled, parameters)
         cursor.execute(compiled.sql, parameters)
         return compiled.rows(cursor.fetchall(), cursor)
     except conn.dialect.loaded_dbapi.Error as exc:
@@ -122,32 +122,33 @@ def fetch(conn: Connection, prepared: Prepared, params: dict[str, Any]) -> list[
 
 
 async def fetch_async(
-    conn: AsyncConnection, prepared: Prepared, params: dict[str, Any]
+    conn: AsyncConnection[Any], engine: Engine, prepared: Prepared, params: dict[str, Any]
 ) -> list[Any]:
-    """The rows of ``prepared`` on ``conn``, awaited on its async driver (psycopg)."""
-    sync = conn.sync_connection
-    assert sync is not None, "a started connection"
-    compiled = prepared.compiled(sync.dialect)
-    proxied = sync.connection  # the connection is open: no I/O here
-    driver = proxied.driver_connection
+    """The rows of ``prepared`` on ``conn`` (psycopg's async driver, a connection to ``engine``'s
+    database in autocommit), compiled by ``engine``'s dialect, seen by its statement listeners.
+    A lost connection is closed: its pool renews it."""
+    dialect = engine.dialect
+    compiled = prepared.compiled(dialect)
     try:
-        async with driver.cursor() as cursor:  # type: ignore[union-attr]
+        async with conn.cursor() as cursor:
             parameters = compiled.parameters(params)
-            _told(sync, cursor, compiled, parameters)
+            _told(engine.dispatch, None, cursor, compiled, parameters)
             await cursor.execute(compiled.sql, parameters)
             return compiled.rows(await cursor.fetchall(), cursor)
-    except sync.dialect.loaded_dbapi.Error as exc:
-        lost = sync.dialect.is_disconnect(exc, driver, None)
+    except dialect.loaded_dbapi.Error as exc:
+        lost = conn.broken or conn.closed  # what the dialect's ``is_disconnect`` asks of psycopg
         if lost:
-            await conn.invalidate(exc)
-        raise _wrapped(compiled, exc, sync.dialect, lost) from exc
+            await conn.close()
+        raise _wrapped(compiled, exc, dialect, lost) from exc
 
 
-def _told(conn: Connection, cursor: Any, compiled: _Compiled, parameters: Any) -> None:
+def _told(
+    events: Any, conn: Connection | None, cursor: Any, compiled: _Compiled, parameters: Any
+) -> None:
     """The engine's statement listeners (tracing, counting) see this statement as any other
     (with no execution context)."""
-    if conn.dispatch.before_cursor_execute:
-        conn.dispatch.before_cursor_execute(conn, cursor, compiled.sql, parameters, None, False)
+    if events.before_cursor_execute:
+        events.before_cursor_execute(conn, cursor, compiled.sql, parameters, None, False)
 
 
 def _wrapped(

@@ -1,0 +1,84 @@
+"""PostgreSQL's hottest reads awaited on the event loop, on psycopg's own async pool
+(``psycopg_pool``): each is one prebuilt statement (``prepared``), outside a transaction, on a
+connection in autocommit.
+
+Handing out a pooled connection costs psycopg's pool a fraction of what SQLAlchemy's async
+engine spends on it (a greenlet hop to check a connection out, a task and another hop to check
+it in and reset it): a third of such a read. The statement is still SQLAlchemy Core, compiled by
+the database's engine, whose statement listeners see it; a driver error is still SQLAlchemy's,
+so ``db._bounded`` maps it as any other. A connection that is lost is closed, so the pool
+renews it instead of handing it out again.
+
+The pool's connections belong to the loop that opened them: on another loop (a test's next
+``asyncio.run``) a new pool is opened, and the old one's connections, unusable there, are left
+to close with their objects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg.types.json import set_json_loads
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from pydantic_core import from_json
+from sqlalchemy import Engine
+from sqlalchemy import exc as sa_exc
+
+from service.store.prepared import Prepared, fetch_async
+
+
+class LoopReads:
+    """At most ``size`` connections to ``engine``'s database for the event loop's reads; a read
+    waits ``wait_s`` at most for one (then SQLAlchemy's ``TimeoutError``, as its pool's)."""
+
+    def __init__(self, engine: Engine, size: int, wait_s: float, options: str) -> None:
+        self.engine = engine
+        self._size = size
+        self._wait_s = wait_s
+        self._conninfo = engine.url.set(drivername="postgresql").render_as_string(
+            hide_password=False
+        )
+        self._options = options
+        self._pool: AsyncConnectionPool[AsyncConnection[Any]] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _current(self) -> AsyncConnectionPool[AsyncConnection[Any]]:
+        loop = asyncio.get_running_loop()
+        if self._pool is None or self._loop is not loop:
+            # Opened on its first use, no connection made before one is asked for.
+            self._pool = AsyncConnectionPool(
+                self._conninfo,
+                min_size=0,
+                max_size=self._size,
+                kwargs={"autocommit": True, "options": self._options},
+                configure=_configure,
+                timeout=self._wait_s,
+                max_lifetime=1800,
+                open=False,
+            )
+            self._loop = loop
+        return self._pool
+
+    async def rows(self, prepared: Prepared, params: dict[str, Any]) -> list[Any]:
+        pool = self._current()
+        if pool.closed:
+            await pool.open()  # takes no connection: the first read makes one
+        try:
+            async with pool.connection() as conn:
+                return await fetch_async(conn, self.engine, prepared, params)
+        except PoolTimeout as exc:
+            raise sa_exc.TimeoutError(str(exc)) from exc
+
+    async def close(self) -> None:
+        """Close the pool's connections if this loop opened them (another loop's are left)."""
+        pool, loop = self._pool, self._loop
+        self._pool = self._loop = None
+        if pool is not None and not pool.closed and loop is asyncio.get_running_loop():
+            await pool.close()
+
+
+async def _configure(conn: AsyncConnection[Any]) -> None:
+    # JSON columns (a run's spec and launch) parsed by pydantic-core, as the engine's are.
+    set_json_loads(from_json, conn)

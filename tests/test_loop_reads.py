@@ -1,0 +1,94 @@
+"""PostgreSQL's reads on the event loop (``service.store.loop_reads``): psycopg's pool, bounded
+by its size and the database's wait, one pool per loop, closed on the loop that opened it."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import text
+
+from service.errors import DatabaseBusy
+from service.store import runs
+from service.store.db import Database
+from tests.factories import add_run
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def pg(pg_database: str) -> Iterator[Database]:
+    from tests.conftest import _truncate
+
+    _truncate(pg_database)
+    database = Database(pg_database, wait_s=0.3, pool_size=2)
+    add_run(database, "r1")
+    yield database
+    database.dispose()
+
+
+def _ours(db: Database) -> int:
+    """Connections to this database other than the asking one's."""
+    with db.engine.connect() as conn:
+        return int(
+            conn.scalar(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            )
+            or 0
+        )
+
+
+def test_reads_on_a_loop_use_at_most_the_pool_and_a_read_past_it_is_busy_in_time(
+    pg: Database,
+) -> None:
+    params = {"run_id": "r1"}
+    before = _ours(pg)
+
+    async def reads() -> None:
+        # Twice the pool's size at once: they share its two connections.
+        got = await asyncio.gather(*(pg.rows(runs._PAGE_RUN, params) for _ in range(4)))
+        assert [r[0].id for r in got] == ["r1"] * 4
+        assert _ours(pg) - before <= 2
+        # Both connections held (each by a statement sleeping on the server): the next read
+        # waits its wait_s, then it is a 503 to retry, not a wait without end.
+        async with asyncio.timeout(5):
+            held = [asyncio.ensure_future(_sleep_on(pg)) for _ in range(2)]
+            await asyncio.sleep(0.2)
+            started = asyncio.get_running_loop().time()
+            with pytest.raises(DatabaseBusy, match=r"no database connection within 0\.3 s"):
+                await pg.rows(runs._PAGE_RUN, params)
+            assert asyncio.get_running_loop().time() - started < 2
+            await asyncio.gather(*held)
+        await pg.dispose_async()
+
+    asyncio.run(reads())
+    assert _ours(pg) == before  # closed on the loop that opened them
+
+
+async def _sleep_on(db: Database) -> None:
+    """Hold one of the loop's connections for a second."""
+    pool = db._loop_reads._current()  # type: ignore[union-attr]
+    async with pool.connection() as conn:
+        await conn.execute("SELECT pg_sleep(1)")
+
+
+def test_each_loop_reads_on_its_own_connections_and_leaves_no_task_behind(
+    pg: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    params = {"run_id": "r1"}
+    first = asyncio.run(pg.rows(runs._PAGE_RUN, params))  # that loop is closed after it
+    second = asyncio.run(pg.rows(runs._PAGE_RUN, params))  # a new pool on the new loop
+    assert first == second and first[0].id == "r1"
+
+    async def close() -> None:
+        await pg.dispose_async()
+
+    asyncio.run(close())  # another loop's pool: left, not awaited on a loop that is gone
+    gc.collect()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
