@@ -104,6 +104,7 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
             await asyncio.gather(*(asyncio.to_thread(c.cleanup) for c in local.values()))
             raise
         app.state.telemetry.watch(services)
+        await services.db.open_async()
         stop = asyncio.Event()
         tasks = [asyncio.create_task(loop.run(stop)) for loop in services.loops.values()]
         feed: asyncio.Task[None] | None = None

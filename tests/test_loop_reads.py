@@ -1,5 +1,6 @@
 """PostgreSQL's reads on the event loop (``service.store.loop_reads``): psycopg's pool, bounded
-by its size and the database's wait, one pool per loop, closed on the loop that opened it."""
+by its size and the database's wait, one pool per loop, closed on the loop that opened it, a few
+connections made when a served app starts."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ import logging
 from collections.abc import Iterator
 
 import pytest
+from fastapi.testclient import TestClient
 from sqlalchemy import text
 
+from service.app import create_app
 from service.errors import DatabaseBusy
 from service.store import runs
-from service.store.db import Database
+from service.store.db import LOOP_KEPT, Database
+from tests.conftest import _truncate, make_settings, wait_for
 from tests.factories import add_run
 
 pytestmark = pytest.mark.postgres
@@ -21,8 +25,6 @@ pytestmark = pytest.mark.postgres
 
 @pytest.fixture
 def pg(pg_database: str) -> Iterator[Database]:
-    from tests.conftest import _truncate
-
     _truncate(pg_database)
     database = Database(pg_database, wait_s=0.3, pool_size=2)
     add_run(database, "r1")
@@ -92,3 +94,16 @@ def test_each_loop_reads_on_its_own_connections_and_leaves_no_task_behind(
     asyncio.run(close())  # another loop's pool: left, not awaited on a loop that is gone
     gc.collect()
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_served_app_makes_a_few_loop_connections_at_start_and_closes_them_at_shutdown(
+    pg: Database,
+) -> None:
+    before = _ours(pg)
+    settings = make_settings(pg.url, "http://127.0.0.1:9", run_loops=False)
+    with TestClient(create_app(settings)) as client:
+        # Made in the background at start, before any read asks for one.
+        wait_for(lambda: _ours(pg) - before >= LOOP_KEPT, bool, timeout=10)
+        assert client.get("/runs/r1").json()["id"] == "r1"
+    # The app's other pooled connections close with it too: none of the app's is left.
+    wait_for(lambda: _ours(pg) == before, bool, timeout=10)

@@ -47,6 +47,7 @@ LOOP_WAIT_S = 0.1
 # round trip). A read past them waits for one, on the loop, which costs nothing; connections
 # opened for a peak would be closed after it, each costing the server a process.
 LOOP_POOL = 16
+LOOP_KEPT = 4  # of them kept open by a served app, made at its start
 
 
 def make_engine(
@@ -253,6 +254,12 @@ class Database:
             with self._own_connection():
                 return read()
         return await anyio.to_thread.run_sync(read)
+
+    async def open_async(self) -> None:
+        """Make the event loop's PostgreSQL connections for ``rows`` ahead of the first reads, a
+        few, in the background (nothing on SQLite)."""
+        if self._loop_reads is not None:
+            await self._loop_reads.open(LOOP_KEPT)
 
     async def dispose_async(self) -> None:
         """Close the connections of ``rows`` on PostgreSQL (on the loop that made them)."""

@@ -6,8 +6,8 @@ Handing out a pooled connection costs psycopg's pool a fraction of what SQLAlche
 engine spends on it (a greenlet hop to check a connection out, a task and another hop to check
 it in and reset it): a third of such a read. The statement is still SQLAlchemy Core, compiled by
 the database's engine, whose statement listeners see it; a driver error is still SQLAlchemy's,
-so ``db._bounded`` maps it as any other. A connection that is lost is closed, so the pool
-renews it instead of handing it out again.
+so ``db._bounded`` maps it as any other. A connection that is lost is closed, and the pool's
+idle ones are checked, so the pool renews whatever the server dropped instead of handing it out.
 
 The pool's connections belong to the loop that opened them: on another loop (a test's next
 ``asyncio.run``) a new pool is opened, and the old one's connections, unusable there, are left
@@ -44,15 +44,15 @@ class LoopReads:
         self._pool: AsyncConnectionPool[AsyncConnection[Any]] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def _current(self) -> AsyncConnectionPool[AsyncConnection[Any]]:
+    def _current(self, keep: int = 0) -> AsyncConnectionPool[AsyncConnection[Any]]:
         loop = asyncio.get_running_loop()
         if self._pool is None or self._loop is not loop:
-            # Opened on its first use, no connection made before one is asked for.
             self._pool = AsyncConnectionPool(
                 self._conninfo,
-                min_size=0,
+                min_size=keep,
                 max_size=self._size,
-                kwargs={"autocommit": True, "options": self._options},
+                # The few statements read here are prepared on a connection's first use of each.
+                kwargs={"autocommit": True, "options": self._options, "prepare_threshold": 0},
                 configure=_configure,
                 timeout=self._wait_s,
                 max_lifetime=1800,
@@ -61,15 +61,27 @@ class LoopReads:
             self._loop = loop
         return self._pool
 
+    async def open(self, keep: int) -> None:
+        """Open this loop's pool, ``keep`` connections made at once in the background and kept
+        open (the served app: its first reads wait for no connection to be made). A pool opened
+        by a read instead makes connections only as reads ask for them."""
+        await self._current(min(keep, self._size)).open()
+
     async def rows(self, prepared: Prepared, params: dict[str, Any]) -> list[Any]:
         pool = self._current()
         if pool.closed:
-            await pool.open()  # takes no connection: the first read makes one
+            await pool.open()
         try:
             async with pool.connection() as conn:
                 return await fetch_async(conn, self.engine, prepared, params)
         except PoolTimeout as exc:
             raise sa_exc.TimeoutError(str(exc)) from exc
+        except sa_exc.DBAPIError as exc:
+            if exc.connection_invalidated:
+                # The server dropped one: the others may be gone too (a restart). Each idle one
+                # is tried and replaced if it is, so only this read is refused.
+                await pool.check()
+            raise
 
     async def close(self) -> None:
         """Close the pool's connections if this loop opened them (another loop's are left)."""
