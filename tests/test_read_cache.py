@@ -18,9 +18,11 @@ from service.api import read_cache
 from service.api.read_cache import Answer, OneRun, ReadCache
 from service.app import create_app
 from service.errors import NotFound
+from service.store import runs
 from service.store.changes import Changes
 from service.store.db import Database, upgrade
 from service.store.models import Run
+from service.store.prepared import fetch
 from service.store.runs import run_page
 from tests.conftest import make_settings, submit
 from tests.factories import add_run
@@ -317,7 +319,7 @@ def test_on_sqlite_a_miss_is_read_on_the_event_loop_on_a_connection_of_its_own(
     def read() -> Answer:
         threads.append(threading.get_ident())
         with database.read_rows() as conn:
-            name = conn.exec_driver_sql("SELECT name FROM runs WHERE id = 'k'").scalar_one()
+            name = fetch(conn, runs._PAGE_RUN, {"run_id": "k"})[0].name
         return Answer(name.encode(), "team")
 
     async def main() -> tuple[Answer, float]:

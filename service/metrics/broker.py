@@ -22,14 +22,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sqlalchemy import Connection, bindparam, func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
 from service.metrics import logcopy, store
 from service.store.changes import Changes
 from service.store.db import Database
 from service.store.models import MetricPoint, Run, RunEvent, RunLog
-from service.store.prepared import Prepared, fetch
+from service.store.prepared import Prepared, RowsConnection, fetch
 from service.store.runs import EVENT_COLUMNS
 from service.wire import event_doc
 
@@ -107,7 +107,7 @@ _NEWEST_LINE = Prepared(
 )
 
 
-def read_after(conn: Connection, run_id: str, cursor: Cursor) -> Read:
+def read_after(conn: RowsConnection, run_id: str, cursor: Cursor) -> Read:
     """Items past ``cursor``, in commit order per kind (a run that does not exist is an
     error)."""
     run = {"run_id": run_id}

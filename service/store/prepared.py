@@ -102,21 +102,43 @@ class Prepared:
         )
 
 
-def fetch(conn: Connection, prepared: Prepared, params: dict[str, Any]) -> list[Any]:
+@dataclass(frozen=True)
+class DriverConnection:
+    """A driver's own connection in a transaction opened on it (the event loop's SQLite
+    connection, ``Database.read_rows``), and the engine whose dialect compiles for it and whose
+    statement listeners are told."""
+
+    driver: Any
+    engine: Engine
+
+
+# What the rows of a read transaction are fetched on.
+RowsConnection = Connection | DriverConnection
+
+
+def fetch(conn: RowsConnection, prepared: Prepared, params: dict[str, Any]) -> list[Any]:
     """The rows of ``prepared`` on ``conn``, in its transaction."""
-    compiled = prepared.compiled(conn.dialect)
-    proxied = conn.connection
-    cursor = proxied.driver_connection.cursor()  # type: ignore[union-attr]
+    pooled: Connection | None
+    if isinstance(conn, DriverConnection):
+        pooled, engine = None, conn.engine
+        dialect, events, driver = engine.dialect, engine.dispatch, conn.driver
+    else:
+        pooled, dialect, events = conn, conn.dialect, conn.dispatch
+        driver = conn.connection.driver_connection
+    compiled = prepared.compiled(dialect)
+    cursor = driver.cursor()
     try:
         parameters = compiled.parameters(params)
-        _told(conn.dispatch, conn, cursor, compiled, parameters)
+        _told(events, pooled, cursor, compiled, parameters)
         cursor.execute(compiled.sql, parameters)
         return compiled.rows(cursor.fetchall(), cursor)
-    except conn.dialect.loaded_dbapi.Error as exc:
-        lost = conn.dialect.is_disconnect(exc, proxied.dbapi_connection, cursor)
-        if lost:  # not handed back to the pool, as SQLAlchemy's own execution does
-            conn.invalidate(exc)
-        raise _wrapped(compiled, exc, conn.dialect, lost) from exc
+    except dialect.loaded_dbapi.Error as exc:
+        lost = pooled is not None and dialect.is_disconnect(
+            exc, pooled.connection.dbapi_connection, cursor
+        )
+        if pooled is not None and lost:  # not handed back to the pool, as SQLAlchemy does
+            pooled.invalidate(exc)
+        raise _wrapped(compiled, exc, dialect, lost) from exc
     finally:
         cursor.close()
 
