@@ -77,7 +77,9 @@ class DatabaseSettings(Section):
     lock); past it a request answers 503 with Retry-After."""
     db_pool_size: int = 20
     """Connections kept open. The pool serves the request threads, the background loops (4)
-    and the live event streams' reads."""
+    and the live event streams' reads. On PostgreSQL the reads awaited on the event loop (a
+    run's page, a token's sign-in) have a pool of their own: at most the smaller of this and
+    16 connections, 4 of them made at start and kept."""
     db_max_overflow: int = 30
     """Connections opened past the pool's size at a peak, closed when returned."""
     read_cache_s: float = Field(default=1.0, ge=0)
