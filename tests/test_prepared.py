@@ -120,7 +120,7 @@ def test_a_dropped_connection_is_busy_once_then_renewed(
                 )
             )
         with pytest.raises(DatabaseBusy, match="lost"):
-            for _ in range(16):  # as many as the pool holds: each is gone
+            for _ in range(16):  # the first is refused, and has the pool's others checked
                 await db.rows(runs._PAGE_RUN, params)
         return [first, await db.rows(runs._PAGE_RUN, params)]
 
