@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import sqlite3
+import time
 from typing import Any
 
 import pytest
@@ -129,3 +131,26 @@ def test_a_dropped_connection_is_busy_once_then_renewed(
     # The lost connection was closed and dropped by the pool (a warning), never handed out again
     # to fail there: no error logged.
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_a_loop_read_of_a_locked_sqlite_file_is_busy_in_time_then_served(
+    db: Database, stored: dict[str, str]
+) -> None:
+    if db.engine.dialect.name != "sqlite":
+        pytest.skip("a database file another process locks: SQLite")
+    params = {"run_id": stored["run"]}
+    # Another connection takes the file for itself once this process's connections are closed:
+    # the loop's next read cannot even open its connection.
+    db.dispose()
+    locker = sqlite3.connect(db.engine.url.database or "", isolation_level=None, timeout=5)
+    locker.execute("PRAGMA locking_mode=EXCLUSIVE")
+    locker.execute("BEGIN EXCLUSIVE")
+    try:
+        started = time.monotonic()
+        with pytest.raises(DatabaseBusy, match="locked"):
+            asyncio.run(db.rows(runs._PAGE_RUN, params))
+        assert time.monotonic() - started < 2
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+    assert asyncio.run(db.rows(runs._PAGE_RUN, params))[0].id == stored["run"]

@@ -27,7 +27,7 @@ from pydantic_core import from_json
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session, sessionmaker
-from sqlalchemy.pool import SingletonThreadPool
+from sqlalchemy.pool import PoolProxiedConnection, SingletonThreadPool
 
 import migrations
 from service.errors import DatabaseBusy
@@ -232,7 +232,7 @@ class Database:
         event loop's own SQLite connection, the driver's connection itself: SQLAlchemy's
         connection and transaction were a third of the cost of a run's read."""
         if self._own_engine is not None and getattr(self._thread, "own", False):
-            with _bounded(LOOP_WAIT_S), closing(self._own_engine.raw_connection()) as own:
+            with _bounded(LOOP_WAIT_S), closing(self._own_raw()) as own:
                 driver: Any = own.driver_connection
                 driver.execute("BEGIN")  # deferred: it takes no lock
                 try:
@@ -243,6 +243,15 @@ class Database:
         engine, _, wait_s = self._reading()
         with _bounded(wait_s), engine.connect() as conn, conn.begin():
             yield conn
+
+    def _own_raw(self) -> PoolProxiedConnection:
+        """This thread's own SQLite connection; a failure to open it (a file another process
+        holds locked) raised as SQLAlchemy's, as ``Engine.connect`` raises it."""
+        assert self._own_engine is not None
+        try:
+            return self._own_engine.raw_connection()
+        except sqlite3.Error as exc:
+            raise sa_exc.DBAPIError.instance(None, None, exc, sqlite3.Error) from exc
 
     async def rows(self, prepared: Prepared, params: dict[str, Any]) -> list[Any]:
         """The rows of one prebuilt read (``prepared``) on the event loop, for the hottest reads:
