@@ -213,8 +213,12 @@ class Database:
         finally:
             self._thread.own = outer
 
+    def _on_own_connection(self) -> bool:
+        """Whether this thread's reads go to its own SQLite connection (``_own_connection``)."""
+        return self._own is not None and getattr(self._thread, "own", False)
+
     def _reading(self) -> tuple[Engine, sessionmaker[Session], float]:
-        if self._own is not None and getattr(self._thread, "own", False):
+        if self._own is not None and self._on_own_connection():
             return (*self._own, LOOP_WAIT_S)
         return self._read_engine, self._readers, self.wait_s
 
@@ -231,7 +235,7 @@ class Database:
         (a session costs more than a small query), their rows ``prepared.fetch``-ed. On the
         event loop's own SQLite connection, the driver's connection itself: SQLAlchemy's
         connection and transaction were a third of the cost of a run's read."""
-        if self._own_engine is not None and getattr(self._thread, "own", False):
+        if self._own_engine is not None and self._on_own_connection():
             with _bounded(LOOP_WAIT_S), closing(self._own_raw()) as own:
                 driver: Any = own.driver_connection
                 driver.execute("BEGIN")  # deferred: it takes no lock

@@ -133,11 +133,12 @@ def fetch(conn: RowsConnection, prepared: Prepared, params: dict[str, Any]) -> l
         cursor.execute(compiled.sql, parameters)
         return compiled.rows(cursor.fetchall(), cursor)
     except dialect.loaded_dbapi.Error as exc:
-        lost = pooled is not None and dialect.is_disconnect(
+        lost = False
+        if pooled is not None and dialect.is_disconnect(
             exc, pooled.connection.dbapi_connection, cursor
-        )
-        if pooled is not None and lost:  # not handed back to the pool, as SQLAlchemy does
-            pooled.invalidate(exc)
+        ):
+            lost = True
+            pooled.invalidate(exc)  # not handed back to the pool, as SQLAlchemy's own execution
         raise _wrapped(compiled, exc, dialect, lost) from exc
     finally:
         cursor.close()
