@@ -32,6 +32,12 @@ def test_a_payload_says_each_runs_change_and_many_are_split_to_fit() -> None:
     [one] = payloads(Changes(runs={"run_a": change}), "me")
     origin, told = decode(one)
     assert origin == "me" and not told.everything and told.runs == {"run_a": change}
+    # An insert is told without its columns (an insert changes them all), unset fields not at all.
+    new = RunChange({"id", "status", "team", "spec"}, inserted=True, status="QUEUED", team="t")
+    [sent_new] = payloads(Changes(runs={"run_b": new}), "me")
+    assert "spec" not in sent_new and "false" not in sent_new
+    told_new = RunChange(inserted=True, status="QUEUED", team="t")
+    assert decode(sent_new)[1].runs == {"run_b": told_new}
     many = Changes(
         runs={f"run_{i:05d}": RunChange({"status"}, status="RUNNING") for i in range(500)},
         tokens={"tok_1"},
