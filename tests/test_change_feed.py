@@ -15,7 +15,14 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, make_url, text
 
 from service.app import create_app
-from service.store.change_feed import CHANNEL, MAX_PAYLOAD, ChangeFeed, decode, payloads
+from service.store.change_feed import (
+    CHANNEL,
+    MAX_PAYLOAD,
+    SEND_EVERY_S,
+    ChangeFeed,
+    decode,
+    payloads,
+)
 from service.store.changes import Changes, RunChange
 from tests.conftest import _truncate as truncate
 from tests.conftest import make_settings
@@ -90,6 +97,38 @@ def test_what_commits_tell_at_once_goes_out_in_one_notification(pg_database: str
     got = asyncio.run(main())
     assert len(got) == 1, got
     assert set(decode(got[0])[1].runs) == {f"run_{i:02d}" for i in range(50)}
+
+
+@pytest.mark.postgres
+def test_commits_told_one_after_another_go_out_a_few_a_second(pg_database: str) -> None:
+    """A replica committing all the time sends one notification per ``SEND_EVERY_S`` at most
+    (each replica, itself included, receives every one), and each run it told is in one."""
+
+    async def main() -> tuple[list[str], float]:
+        feed = ChangeFeed(pg_database, lambda _change: True)
+        conninfo = make_url(pg_database).set(drivername="postgresql").render_as_string(False)
+        async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+            await conn.execute(f"LISTEN {CHANNEL}")
+            sending = asyncio.create_task(feed.send())
+            started = time.monotonic()
+            for i in range(100):  # a commit every 2 ms or so, for about 0.2 s
+                feed.tell(Changes(runs={f"run_{i:02d}": RunChange(events=True)}))
+                await asyncio.sleep(0.002)
+            took = time.monotonic() - started
+            got: list[str] = []
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1):
+                    async for note in conn.notifies():
+                        got.append(note.payload)
+            sending.cancel()
+            return got, took
+
+    got, took = asyncio.run(main())
+    assert 1 < len(got) <= took / SEND_EVERY_S + 2, (len(got), took)
+    told = Changes()
+    for payload in got:
+        told.then(decode(payload)[1])
+    assert set(told.runs) == {f"run_{i:02d}" for i in range(100)}
 
 
 def _until(check: Callable[[], bool], within_s: float = SEEN_WITHIN_S) -> float:

@@ -7,10 +7,12 @@ killed between a commit and its sending), and a listener that connects again dro
 it keeps, since it may have missed some.
 
 A replica tells after its commits (``tell``, on the committing thread) and sends on the event
-loop (``send``): what commits told while a notification was on its way goes out together in the
-next, on a connection of its own. So a write pays no round trip for the feed, and commits do not
-queue on PostgreSQL's notification lock one by one; a replica that reads on being told sees the
-write, sent after its commit. A process without the loop (the CLI's revocation) tells in the
+loop (``send``): what commits told while a notification was on its way, or within
+``SEND_EVERY_S`` of the last, goes out together in the next, on a connection of its own. So a
+write pays no round trip for the feed, commits do not queue on PostgreSQL's notification lock
+one by one, and a replica busy writing sends (and every replica, itself included, receives) a
+few dozen notifications a second, not one per commit; a replica that reads on being told sees
+the write, sent after its commit. A process without the loop (the CLI's revocation) tells in the
 write's own transaction (``publish``): sent if and only if it commits. Each replica ignores its
 own notifications (it dropped them at its commit already), by their first bytes.
 """
@@ -42,6 +44,9 @@ RETRY_S = (0.5, 1.0, 2.0, 5.0, 10.0)
 # Every notification of one sending in one statement; the payloads as a binary array (the text
 # form escapes every quote of the JSON, which cost as much as the round trip).
 SEND = "SELECT pg_notify(%s, payload) FROM unnest(%b::text[]) AS payload"
+# At most one sending per this long: what commits tell meanwhile goes out together. A sparse
+# write is sent at once; under many commits a second it is seen elsewhere this much later.
+SEND_EVERY_S = 0.02
 # Runs told and not yet sent past which they are sent as everything.
 MAX_UNSENT_RUNS = 10_000
 
@@ -158,17 +163,20 @@ class ChangeFeed:
 
     async def send(self) -> None:
         """Send what commits told (``tell``) until cancelled: all that came while the last
-        notification was on its way, in one round trip. What a lost connection may not have
-        sent is sent again as everything."""
-        wake = asyncio.Event()
+        notification was on its way or within ``SEND_EVERY_S`` of it, in one round trip. What
+        a lost connection may not have sent is sent again as everything."""
+        loop, wake = asyncio.get_running_loop(), asyncio.Event()
         with self._told_lock:
-            self._wake = (asyncio.get_running_loop(), wake)
+            self._wake = (loop, wake)
             if self._told:
                 wake.set()
 
         async def sending(conn: psycopg.AsyncConnection[Any]) -> None:
+            next_at = loop.time()
             while True:
                 await wake.wait()
+                await asyncio.sleep(max(0.0, next_at - loop.time()))
+                next_at = loop.time() + SEND_EVERY_S
                 wake.clear()
                 with self._told_lock:
                     told, self._told = self._told, Changes()
