@@ -1,16 +1,18 @@
 """rlrun's API side by side with a peer's own API (Ray's job REST API), in one run.
 
     python -m tests.benchmarks.bench_peers [--seconds 3] [--clients 1,16,64] [--db sqlite,postgres]
-        [--read-cache-s 1] [--auth] [--rows accept,distinct] [--quick]
+        [--read-cache-s 1] [--auth] [--rows accept,distinct] [--rounds 1] [--quick]
 
-``--quick``: 0.3 s per cell at 16 clients on SQLite, every row once, the big run holding 100
-steps, Ray holding 10 jobs (what CI runs). ``--rows``: only the rows whose name contains one of
+``--quick``: 0.3 s per cell at 16 clients on SQLite, every row in two rounds, the big run holding
+100 steps, Ray holding 10 jobs (what CI runs). ``--rows``: only the rows whose name contains one of
 these words.
 
 The service runs as deployed (uvicorn child process, one worker, background loops off) with Ray
 unreachable, so only its own path counts; the peer is the dashboard of a local Ray head started
 here. Each row is measured at each client count, first one side, then the other, each while the
 other is idle; the table gives requests per second, p50 and the ratio of req/s (rlrun / peer).
+``--rounds N`` measures each cell N times, the sides taking turns: a cell shows each side's
+median round and the median of the rounds' ratios with their range (the machine's noise, seen).
 
 Rows (a section per database): a no-op (``GET /healthz`` / ``GET /api/version``: what each
 server's HTTP stack costs alone), accept a run (``POST /runs`` / ``POST /api/jobs/``, Ray's jobs
@@ -245,10 +247,14 @@ def run(
             for clients in counts:
                 for section in built:
                     if index < len(section.rows):
-                        line = _measure_row(section.rows[index], clients, args.seconds)
+                        row = section.rows[index]
+                        line = _measure_row(row, clients, args.seconds, args.rounds)
                         print(f"{section.title}: {line}", flush=True)
                         tables[id(section)].append(line)
-    print(f"\n{args.seconds:g} s per cell; ratio = rlrun req/s / peer req/s")
+    turns = ""
+    if args.rounds > 1:
+        turns = f"; {args.rounds} rounds each side in turn: the median round, the ratios' range"
+    print(f"\n{args.seconds:g} s per cell; ratio = rlrun req/s / peer req/s{turns}")
     for section in built:
         print(f"\n### {section.title}\n")
         print(f"| what | clients | rlrun | {section.peer} | ratio |")
@@ -256,15 +262,28 @@ def run(
         print("\n".join(tables[id(section)]))
 
 
-def _measure_row(row: Row, clients: int, seconds: float) -> str:
-    if row.passes:
-        ours = measure_once(row.ours, clients, row.passes, row.pause_s)
-        peer = measure_once(row.peer, clients, row.passes, row.pause_s)
-    else:
-        ours = measure(row.ours, clients, seconds)
-        peer = measure(row.peer, clients, seconds)
-    ratio = f"{ours.req_s / peer.req_s:.1f}x" if peer.req_s and ours.req_s else "—"
-    return f"| {row.what} | {clients} | {ours.cell()} | {peer.cell()} | {ratio} |"
+def _measure_row(row: Row, clients: int, seconds: float, rounds: int = 1) -> str:
+    """One side, then the other, ``rounds`` times: each side's cell is its median round (by
+    req/s), the ratio the median of the rounds' ratios, with their range past one round."""
+    ours: list[Result] = []
+    peer: list[Result] = []
+    for _ in range(rounds):
+        for side, results in ((row.ours, ours), (row.peer, peer)):
+            if row.passes:
+                results.append(measure_once(side, clients, row.passes, row.pause_s))
+            else:
+                results.append(measure(side, clients, seconds))
+    ratios = sorted(
+        o.req_s / p.req_s for o, p in zip(ours, peer, strict=True) if o.req_s and p.req_s
+    )
+    ratio = f"{statistics.median(ratios):.1f}x" if ratios else "—"
+    if len(ratios) > 1:
+        ratio += f" ({ratios[0]:.1f}-{ratios[-1]:.1f})"
+    return f"| {row.what} | {clients} | {_median(ours).cell()} | {_median(peer).cell()} | {ratio} |"
+
+
+def _median(results: list[Result]) -> Result:
+    return sorted(results, key=lambda r: r.req_s)[(len(results) - 1) // 2]
 
 
 # --- rlrun against Ray's job API ---------------------------------------------------------------
@@ -453,6 +472,7 @@ def main() -> None:
     parser.add_argument("--db", default="sqlite,postgres")
     parser.add_argument("--read-cache-s", type=float, default=1.0)
     parser.add_argument("--passes", type=int, default=5, help="of 100 distinct runs")
+    parser.add_argument("--rounds", type=int, default=1, help="each side in turn, per cell")
     parser.add_argument("--auth", action="store_true", help="the service checks a token too")
     parser.add_argument("--quick", action="store_true", help="every row, briefly (seconds)")
     parser.add_argument(
@@ -462,7 +482,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         global RAY_JOBS
-        args.seconds, args.clients, args.db, args.passes = 0.3, "16", "sqlite", 1
+        args.seconds, args.clients, args.db, args.passes, args.rounds = 0.3, "16", "sqlite", 1, 2
         args.points_steps, RAY_JOBS = 100, 10
     with tempfile.TemporaryDirectory() as tmp, databases(Path(tmp)) as db_urls:
         args.workdir, args.db_urls = Path(tmp), db_urls
