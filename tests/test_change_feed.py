@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import ExitStack
 
 import psycopg
@@ -76,25 +76,32 @@ def test_changes_of_later_transactions_add_up_and_the_last_status_is_kept() -> N
     assert told.everything and not told.runs and not told.tokens
 
 
+async def _sendings(
+    pg_database: str, tell: Callable[[ChangeFeed], Awaitable[None]], listen_s: float
+) -> list[str]:
+    """The notifications a feed sends while ``tell(feed)`` runs and ``listen_s`` after it."""
+    feed = ChangeFeed(pg_database, lambda _change: True)
+    conninfo = make_url(pg_database).set(drivername="postgresql").render_as_string(False)
+    async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+        await conn.execute(f"LISTEN {CHANNEL}")
+        sending = asyncio.create_task(feed.send())
+        await tell(feed)
+        got: list[str] = []
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(listen_s):
+                async for note in conn.notifies():
+                    got.append(note.payload)
+        sending.cancel()
+        return got
+
+
 @pytest.mark.postgres
 def test_what_commits_tell_at_once_goes_out_in_one_notification(pg_database: str) -> None:
-    async def main() -> list[str]:
-        feed = ChangeFeed(pg_database, lambda _change: True)
-        conninfo = make_url(pg_database).set(drivername="postgresql").render_as_string(False)
-        async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
-            await conn.execute(f"LISTEN {CHANNEL}")
-            sending = asyncio.create_task(feed.send())
-            for i in range(50):  # 50 commits told before the sender runs again
-                feed.tell(Changes(runs={f"run_{i:02d}": RunChange(events=True)}))
-            got: list[str] = []
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(2):
-                    async for note in conn.notifies():
-                        got.append(note.payload)
-            sending.cancel()
-            return got
+    async def tell(feed: ChangeFeed) -> None:
+        for i in range(50):  # 50 commits told before the sender runs again
+            feed.tell(Changes(runs={f"run_{i:02d}": RunChange(events=True)}))
 
-    got = asyncio.run(main())
+    got = asyncio.run(_sendings(pg_database, tell, 2))
     assert len(got) == 1, got
     assert set(decode(got[0])[1].runs) == {f"run_{i:02d}" for i in range(50)}
 
@@ -103,27 +110,17 @@ def test_what_commits_tell_at_once_goes_out_in_one_notification(pg_database: str
 def test_commits_told_one_after_another_go_out_a_few_a_second(pg_database: str) -> None:
     """A replica committing all the time sends one notification per ``SEND_EVERY_S`` at most
     (each replica, itself included, receives every one), and each run it told is in one."""
+    took = 0.0
 
-    async def main() -> tuple[list[str], float]:
-        feed = ChangeFeed(pg_database, lambda _change: True)
-        conninfo = make_url(pg_database).set(drivername="postgresql").render_as_string(False)
-        async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
-            await conn.execute(f"LISTEN {CHANNEL}")
-            sending = asyncio.create_task(feed.send())
-            started = time.monotonic()
-            for i in range(100):  # a commit every 2 ms or so, for about 0.2 s
-                feed.tell(Changes(runs={f"run_{i:02d}": RunChange(events=True)}))
-                await asyncio.sleep(0.002)
-            took = time.monotonic() - started
-            got: list[str] = []
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(1):
-                    async for note in conn.notifies():
-                        got.append(note.payload)
-            sending.cancel()
-            return got, took
+    async def tell(feed: ChangeFeed) -> None:
+        nonlocal took
+        started = time.monotonic()
+        for i in range(100):  # a commit every 2 ms or so, for about 0.2 s
+            feed.tell(Changes(runs={f"run_{i:02d}": RunChange(events=True)}))
+            await asyncio.sleep(0.002)
+        took = time.monotonic() - started
 
-    got, took = asyncio.run(main())
+    got = asyncio.run(_sendings(pg_database, tell, 1))
     # Sent at once after the sender connects, then once per SEND_EVERY_S at most, and the rest.
     assert got and len(got) <= took / SEND_EVERY_S + 2, (len(got), took)
     told = Changes()
