@@ -174,6 +174,10 @@ def test_another_replicas_write_is_seen_at_once_and_leaves_other_answers_kept(
     # Each listens from its start: no answer is kept before it would hear of a write.
     assert all(c.app.state.services.feed.listening.is_set() for c in replicas)  # type: ignore[attr-defined]
     changed, untouched = (a.post("/runs", json=SPEC).json()["id"] for _ in range(2))
+    # B has been told of the inserts (sent up to SEND_EVERY_S after them): told later, it would
+    # drop what it keeps next.
+    reads = b.app.state.services.reads  # type: ignore[attr-defined]
+    _until(lambda: any(untouched in told.runs for _, told in reads._recent))
     # B keeps both runs and its first page.
     assert b.get(f"/runs/{changed}").json()["status"] == "QUEUED"
     assert b.get(f"/runs/{untouched}").status_code == 200
