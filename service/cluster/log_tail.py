@@ -21,6 +21,8 @@ from websockets.sync.client import ClientConnection, connect
 from service.store.models import utcnow
 
 log = logging.getLogger(__name__)
+# How long a keepalive ping may go unanswered before the connection counts as broken.
+PING_TIMEOUT_S = 60.0
 
 
 class LogTail:
@@ -103,6 +105,9 @@ class LogTail:
             open_timeout=10,
             max_size=None,
             compression=None,
+            # A saturated machine may leave a ping unanswered for 20 s (the default): the
+            # connection then fails with a traceback on the log, and the whole log is replayed.
+            ping_timeout=PING_TIMEOUT_S,
         ) as ws:
             with self._cond:
                 if self._closed:
