@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shlex
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -547,3 +549,32 @@ def test_composition_agrees_with_hydra_on_edge_cases(overrides: list[str]) -> No
 )  # fmt: skip
 def test_overrides_that_wreck_whole_sections_are_a_422(override: str) -> None:
     assert refused(PRESET | {"overrides": [override]})
+
+
+FIRST_PARSES = """
+import threading, time
+from service.recipes.verl import hydra_check
+failed = []
+def parse(i):
+    time.sleep(i * 0.004)  # arriving one after another while the first imports Hydra
+    try:
+        hydra_check.parse(f"actor_rollout_ref.actor.optim.lr={i}")
+    except Exception as exc:
+        failed.append(repr(exc))
+threads = [threading.Thread(target=parse, args=(i,)) for i in range(64)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(len(failed), failed[:1])
+"""
+
+
+@pytest.mark.parametrize("attempt", range(3))  # a race: three fresh processes
+def test_many_first_specs_at_once_all_parse(attempt: int) -> None:
+    """A fresh process's first overrides, parsed by many request threads at once, each import
+    Hydra: none may meet a half-imported module (a deadlock of Python's import locks left one
+    so, and every later verl spec failing, until the process ended)."""
+    out = subprocess.run(
+        [sys.executable, "-c", FIRST_PARSES], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split(maxsplit=1)[0] == "0", out.stdout

@@ -85,11 +85,22 @@ def verl_root() -> Path:
 
 
 _lock = threading.Lock()
+_importing = threading.Lock()
+
+
+def _import_hydra() -> None:
+    """Hydra imported by one thread at a time. Its modules import one another: two threads
+    importing it for the first time by different modules can deadlock on Python's import locks,
+    which leaves a module half made, and every later spec failing, until the process ends."""
+    with _importing:
+        import hydra.core.override_parser.overrides_parser  # noqa: F401
+        import omegaconf  # noqa: F401
 
 
 def _compose(
     config_name: str, overrides: tuple[str, ...], root: Path | None = None
 ) -> dict[str, Any]:
+    _import_hydra()
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
@@ -139,6 +150,7 @@ def _config_groups() -> frozenset[str]:
 @functools.lru_cache(maxsize=8192)
 def parse(text: str) -> Parsed:
     """Parse one override with Hydra's grammar; ``ValueError`` with Hydra's message if bad."""
+    _import_hydra()
     from hydra.errors import HydraException
 
     try:
@@ -158,6 +170,7 @@ def parse(text: str) -> Parsed:
 
 @functools.cache
 def _parser() -> Any:
+    _import_hydra()
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     return OverridesParser.create()
