@@ -23,6 +23,10 @@ from service.store.models import utcnow
 log = logging.getLogger(__name__)
 # How long a keepalive ping may go unanswered before the connection counts as broken.
 PING_TIMEOUT_S = 60.0
+# The connection's own log: a broken one is reported below, once, not as websockets' traceback
+# from its keepalive thread (on a saturated machine, or when Ray's head stops under live tails).
+_ws_log = logging.getLogger(f"{__name__}.websocket")
+_ws_log.setLevel(logging.CRITICAL)
 
 
 class LogTail:
@@ -108,6 +112,7 @@ class LogTail:
             # A saturated machine may leave a ping unanswered for 20 s (the default): the
             # connection then fails with a traceback on the log, and the whole log is replayed.
             ping_timeout=PING_TIMEOUT_S,
+            logger=_ws_log,
         ) as ws:
             with self._cond:
                 if self._closed:
