@@ -108,8 +108,8 @@ class ServerSettings(Section):
     """Worker threads for requests. Python runs one at a time, but a thread waiting for the
     database runs none: accepts that wait while one commits are stored together, so more
     threads make fuller transactions. At 64 clients on PostgreSQL, 32 accepted 40 % more than
-    8 (64 more again), and reads made meanwhile were answered twice as fast (twice as many
-    requests are let in: see ``max_request_wait_s``); 64 slowed those reads again."""
+    8 (64 more again), and reads made meanwhile were answered twice as fast (the door lets
+    twice this many requests in: see ``max_request_wait_s``); 64 slowed those reads again."""
     max_requests_in_progress: int = 128
     """Requests waiting for their answer (for a thread included) past which new ones get a 503
     with Retry-After at once, so that the admitted ones never wait long (/healthz: never)."""

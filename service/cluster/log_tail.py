@@ -110,7 +110,7 @@ class LogTail:
             max_size=None,
             compression=None,
             # A saturated machine may leave a ping unanswered for 20 s (the default): the
-            # connection then fails with a traceback on the log, and the whole log is replayed.
+            # connection then fails, and the whole log is replayed on the next.
             ping_timeout=PING_TIMEOUT_S,
             logger=_ws_log,
         ) as ws:
