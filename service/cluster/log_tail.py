@@ -23,6 +23,10 @@ from service.store.models import utcnow
 log = logging.getLogger(__name__)
 # How long a keepalive ping may go unanswered before the connection counts as broken.
 PING_TIMEOUT_S = 60.0
+# How long closing waits for Ray's side of the close: Ray's tail never reads its socket while
+# the job runs, so it never answers, and each close would wait websockets' 10 s (the follower's
+# thread waited so for every tail it let go, at a handover or at shutdown).
+CLOSE_TIMEOUT_S = 0.5
 # The connection's own log: a broken one is reported below, once, not as websockets' traceback
 # from its keepalive thread (on a saturated machine, or when Ray's head stops under live tails).
 _ws_log = logging.getLogger(f"{__name__}.websocket")
@@ -112,6 +116,7 @@ class LogTail:
             # A saturated machine may leave a ping unanswered for 20 s (the default): the
             # connection then fails, and the whole log is replayed on the next.
             ping_timeout=PING_TIMEOUT_S,
+            close_timeout=CLOSE_TIMEOUT_S,
             logger=_ws_log,
         ) as ws:
             with self._cond:
