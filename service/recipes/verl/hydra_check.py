@@ -170,7 +170,6 @@ def parse(text: str) -> Parsed:
 
 @functools.cache
 def _parser() -> Any:
-    _import_hydra()
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     return OverridesParser.create()
