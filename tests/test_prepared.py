@@ -73,7 +73,8 @@ def test_the_rows_are_sqlalchemys_own(db: Database, stored: dict[str, str]) -> N
         values += [stored["bare"]] if name == "run_id" else []
         cases += [(prepared, {name: v}) for v in values]
     if db.engine.dialect.name == "postgresql":
-        cases += [(runs._PAGE_AT_ONCE, {"run_id": r}) for r in (stored["run"], stored["bare"])]
+        both = [stored["run"], stored["bare"]]
+        cases += [(runs._PAGES_AT_ONCE, {"run_ids": ids}) for ids in ([stored["run"]], both)]
     with db.read_rows() as conn:
         for prepared, params in cases:
             theirs = conn.execute(prepared.statement, params).all()

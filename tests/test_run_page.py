@@ -19,6 +19,7 @@ from service.store.models import Run
 from service.store.runs import events_of, run_page, run_row
 from service.wire import encode, run_doc
 from tests.factories import add_run
+from tests.test_read_cache_scope import statements
 
 
 def _one_by_one(db: Database, run_id: str) -> bytes:
@@ -61,3 +62,45 @@ def test_a_runs_page_is_its_rows(db: Database) -> None:
     assert page.index(b'"first"') < page.index(b'"second"') < page.index(b'"third"')
     with pytest.raises(NotFound):
         _read(db, "missing")
+
+
+def _crowd(db: Database, run_ids: list[str]) -> tuple[list[Any], int]:
+    """Each of ``run_ids`` read at once on one loop: the pages (or errors), and the statements."""
+
+    async def read() -> list[Any]:
+        try:
+            return await asyncio.gather(*(run_page(db, r) for r in run_ids), return_exceptions=True)
+        finally:
+            await db.dispose_async()
+
+    with statements(db) as seen:
+        pages = asyncio.run(read())
+    return pages, len(seen)
+
+
+# Merging reads is PostgreSQL's (on SQLite a read is no round trip).
+@pytest.mark.parametrize(
+    "db_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
+def test_pages_read_at_once_are_merged_and_each_its_own(db: Database) -> None:
+    for i in range(40):
+        add_run(db, f"r{i:02d}")
+        with db.transaction() as s:
+            store.add_lines(s, f"r{i:02d}", [(i, MetricLine(i, {"critic/score/mean": i / 7}))])
+            run = s.get(Run, f"r{i:02d}")
+            assert run is not None
+            note(s, run, f"note {i}")
+    # Ids that match no run: one with a NUL character (which PostgreSQL refuses to compare),
+    # one that a cast to the column's VARCHAR(40) would cut to an existing id; one asked twice.
+    add_run(db, "x" * 40)
+    runs = [f"r{i:02d}" for i in range(40)]
+    asked = [*runs, "a\x00b", "missing", "x" * 41, "r00"]
+    pages, statements_run = _crowd(db, asked)
+    assert statements_run < len(asked) / 2  # merged: not a statement per read
+    for run_id, page in zip(asked, pages, strict=True):
+        if run_id in runs:
+            assert encode(run_doc(*page)) == _one_by_one(db, run_id), run_id
+        else:
+            assert isinstance(page, NotFound), run_id
+    with pytest.raises(NotFound):  # read alone
+        _read(db, "x" * 41)

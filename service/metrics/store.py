@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from sqlalchemy import (
+    ColumnElement,
     Table,
+    and_,
     bindparam,
     case,
     delete,
@@ -30,7 +32,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from service.metrics.keys import (
     REWARD_KEY,
@@ -460,16 +462,24 @@ def _lowest(a: Any, b: Any, lowest: bool) -> Any:
     return func.coalesce((func.min if lowest else func.max)(a, b), a, b)
 
 
+def latest_of(run_id: ColumnElement[str] | InstrumentedAttribute[str]) -> ColumnElement[bool]:
+    """The rows of the latest table that a run's page shows, of the run ``run_id`` (a bound
+    parameter, or the outer query's run)."""
+    return and_(
+        MetricKey.run_id == run_id,
+        or_(
+            MetricKey.key.in_([bindparam(f"latest_{i}", k) for i, k in enumerate(LATEST_KEYS)]),
+            *(MetricKey.key.like(p) for p in LATEST_PATTERNS),
+        ),
+    )
+
+
 # Built once, run on the session's connection: a run's read binds its parameters only (building
 # and keying a statement costs more than running it).
 # The keys as bound values, not an expanding IN (which is rendered again at each execution).
 # Parameter ``run_id``; columns key, step, value (NULL: NaN).
 LATEST_OF_RUN = select(MetricKey.key, MetricKey.step, MetricKey.value).where(
-    MetricKey.run_id == bindparam("run_id"),
-    or_(
-        MetricKey.key.in_([bindparam(f"latest_{i}", k) for i, k in enumerate(LATEST_KEYS)]),
-        *(MetricKey.key.like(p) for p in LATEST_PATTERNS),
-    ),
+    latest_of(bindparam("run_id"))
 )
 _LATEST_OF_RUNS = select(MetricKey.run_id, MetricKey.key, MetricKey.step, MetricKey.value).where(
     MetricKey.run_id.in_(bindparam("run_ids", expanding=True)),

@@ -271,6 +271,15 @@ class Database:
         with _bounded(self.wait_s):
             return await self._loop_reads.rows(prepared, params)
 
+    async def row_of(self, prepared: Prepared, param: str, key: Any) -> Any | None:
+        """The row for ``key`` of a prebuilt read by keys on PostgreSQL (``param``: its list of
+        keys; its first column: the key), None if there is none; concurrent reads of the same
+        statement are merged (``LoopReads.row_of``)."""
+        if self._loop_reads is None:
+            raise NotImplementedError("reads merged by key are PostgreSQL's")
+        with _bounded(self.wait_s):
+            return await self._loop_reads.row_of(prepared, param, key)
+
     async def run_read(self, read: Callable[[], T]) -> T:
         """``read()`` where a hot read costs least: on SQLite on the event loop, on the loop's
         own connection (``reads_on_loop``); on PostgreSQL on a worker thread."""

@@ -8,6 +8,7 @@ it in and reset it): a third of such a read. The statement is still SQLAlchemy C
 the database's engine, whose statement listeners see it; a driver error is still SQLAlchemy's,
 so ``db._bounded`` maps it as any other. A connection that is lost is closed, and the pool's
 idle ones are checked, so the pool renews whatever the server dropped instead of handing it out.
+Reads by key (``row_of``: a run's page) are merged under load (``merged_reads.py``).
 
 The pool's connections belong to the loop that opened them: on another loop (a test's next
 ``asyncio.run``) a new pool is opened, and the old one's connections, unusable there, are left
@@ -26,6 +27,8 @@ from pydantic_core import from_json
 from sqlalchemy import Engine
 from sqlalchemy import exc as sa_exc
 
+from service.errors import DatabaseBusy
+from service.store.merged_reads import MergedReads
 from service.store.prepared import Prepared, fetch_async
 
 
@@ -43,6 +46,7 @@ class LoopReads:
         self._options = options
         self._pool: AsyncConnectionPool[AsyncConnection[Any]] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._merged: dict[tuple[Prepared, str], MergedReads] = {}
 
     def _current(self, keep: int = 0) -> AsyncConnectionPool[AsyncConnection[Any]]:
         loop = asyncio.get_running_loop()
@@ -51,14 +55,21 @@ class LoopReads:
                 self._conninfo,
                 min_size=keep,
                 max_size=self._size,
-                # The few statements read here are prepared on a connection's first use of each.
-                kwargs={"autocommit": True, "options": self._options, "prepare_threshold": 0},
+                # The few statements read here are prepared on a connection's first use of each,
+                # and planned then: each is a read by key whose best plan does not depend on the
+                # key (PostgreSQL would plan a read by a list of keys at every execution).
+                kwargs={
+                    "autocommit": True,
+                    "options": f"{self._options} -c plan_cache_mode=force_generic_plan",
+                    "prepare_threshold": 0,
+                },
                 configure=_configure,
                 timeout=self._wait_s,
                 max_lifetime=1800,
                 open=False,
             )
             self._loop = loop
+            self._merged = {}
         return self._pool
 
     async def open(self, keep: int) -> None:
@@ -82,6 +93,24 @@ class LoopReads:
                 # is tried and replaced if it is, so only this read is refused.
                 await pool.check()
             raise
+
+    async def row_of(self, prepared: Prepared, param: str, key: Any) -> Any | None:
+        """The row of ``prepared`` for ``key`` (its first column), None if there is none;
+        ``param`` is the statement's list of keys. Concurrent reads are merged
+        (``MergedReads``)."""
+        self._current()
+        merged = self._merged.get((prepared, param))
+        if merged is None:
+
+            async def read(keys: list[Any]) -> list[Any]:
+                return await self.rows(prepared, {param: keys})
+
+            merged = MergedReads(read, alone_on=sa_exc.DataError, timeout_s=self._wait_s)
+            self._merged[(prepared, param)] = merged
+        try:
+            return await merged.row(key)
+        except TimeoutError as exc:
+            raise DatabaseBusy(f"the database did not answer within {self._wait_s:g} s") from exc
 
     async def close(self) -> None:
         """Close the pool's connections if this loop opened them (another loop's are left)."""

@@ -8,15 +8,15 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any, NamedTuple, TypeAlias
 
-from sqlalchemy import Row, Select, bindparam, func, select
-from sqlalchemy.dialects.postgresql import aggregate_order_by
+from sqlalchemy import Row, Select, String, any_, bindparam, func, select
+from sqlalchemy.dialects.postgresql import ARRAY, aggregate_order_by
 from sqlalchemy.orm import Session
 
 from service.errors import NotFound
 from service.metrics import store
 from service.store import attempts
 from service.store.db import Database
-from service.store.models import Run, RunEvent
+from service.store.models import MetricKey, Run, RunEvent
 from service.store.prepared import Prepared, fetch
 
 AnyRow: TypeAlias = Row[*tuple[Any, ...]]
@@ -116,14 +116,15 @@ Latest = dict[str, tuple[int, float]]
 async def run_page(db: Database, run_id: str) -> tuple[Any, Sequence[Any], Latest]:
     """What ``GET /runs/{id}`` shows: the run's row, its events and its latest metric values.
     On PostgreSQL one statement outside a transaction (one round trip, not five), awaited on the
-    event loop (``Database.rows``); on SQLite, where a statement costs no round trip, the three
-    queries in one read transaction (``Database.run_read``)."""
+    event loop, and merged with the other runs' pages asked meanwhile (``Database.row_of``); on
+    SQLite, where a statement costs no round trip, the three queries in one read transaction
+    (``Database.run_read``)."""
     if db.engine.dialect.name != "postgresql":
         return await db.run_read(lambda: _run_page_sqlite(db, run_id))
-    rows = await db.rows(_PAGE_AT_ONCE, {"run_id": run_id})
-    if not rows:
+    # (No id holds a NUL, which PostgreSQL refuses to compare: no statement for it.)
+    row = None if "\x00" in run_id else await db.row_of(_PAGES_AT_ONCE, "run_ids", run_id)
+    if row is None:
         raise NotFound(f"no run {run_id!r}")
-    row = rows[0]
     # json_build_array gives timestamps as ISO text, non-finite numbers as text, NaN as null.
     events = [
         EventRow(id_, datetime.fromisoformat(at).astimezone(UTC), src, dst, reason, n)
@@ -148,31 +149,28 @@ def _value(value: float | str | None) -> float:
 
 
 def _at_once() -> Select[Any]:
-    events = _EVENTS.subquery()
-    latest = store.LATEST_OF_RUN.subquery()
-    ev = events.c
-    return select(
-        *RUN_COLUMNS,
+    """The pages of the runs ``run_ids`` (a list), a row each: the run's columns, its events and
+    its latest values as JSON arrays (PostgreSQL)."""
+    events = (
         select(
-            func.json_agg(
-                aggregate_order_by(
-                    func.json_build_array(
-                        ev.id, ev.at, ev.from_status, ev.to_status, ev.reason, ev.attempt
-                    ),
-                    ev.id,
-                )
-            )
+            func.json_agg(aggregate_order_by(func.json_build_array(*EVENT_COLUMNS), RunEvent.id))
         )
+        .where(RunEvent.run_id == Run.id)
         .scalar_subquery()
-        .label("events_json"),
-        select(func.json_agg(func.json_build_array(latest.c.key, latest.c.step, latest.c.value)))
+    )
+    latest = (
+        select(func.json_agg(func.json_build_array(MetricKey.key, MetricKey.step, MetricKey.value)))
+        .where(store.latest_of(Run.id))
         .scalar_subquery()
-        .label("latest_json"),
-    ).where(Run.id == bindparam("run_id"))
+    )
+    return select(*RUN_COLUMNS, events.label("events_json"), latest.label("latest_json")).where(
+        # (VARCHAR[], not the column's VARCHAR(40)[]: a cast to it would cut a longer id.)
+        Run.id == any_(bindparam("run_ids", type_=ARRAY(String())))
+    )
 
 
 # A run's page on a miss, read on the driver's cursor (``prepared``).
-_PAGE_AT_ONCE = Prepared(_at_once())
+_PAGES_AT_ONCE = Prepared(_at_once())
 _PAGE_RUN, _PAGE_EVENTS = Prepared(_RUN), Prepared(_EVENTS)
 _PAGE_LATEST = Prepared(store.LATEST_OF_RUN)
 
