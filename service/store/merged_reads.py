@@ -3,8 +3,8 @@
 One read is out at a time: a key asked meanwhile waits for it to end, then is read with every
 other key waiting (``at_most`` of them), in one statement. Alone, a read waits for none; under
 load a miss costs its row, not a round trip of its own (on PostgreSQL on two cores, one read out
-at a time answered more than two or four). A read never starts before the key
-is asked, so it sees every write committed before.
+at a time answered more than two or four). A read never starts before its key is asked, so it
+sees every write committed before.
 
 A read that takes more than ``timeout_s`` is given up (``TimeoutError``), so that a read that
 never ends (a connection gone silent) holds up the others for that long at most. A key the
@@ -24,6 +24,8 @@ ReadKeys = Callable[[list[Any]], Awaitable[Sequence[Any]]]
 
 
 class MergedReads:
+    """The reads of one statement by key; ``read`` gives the rows of a list of keys."""
+
     def __init__(
         self,
         read: ReadKeys,
