@@ -51,38 +51,39 @@ def test_reads_on_a_loop_use_at_most_the_pool_and_a_read_past_it_is_busy_in_time
     pg_database: str, pg: Database
 ) -> None:
     params = {"run_id": "r1"}
-    pg = Database(pg_database, wait_s=0.3, pool_size=2)
-    before = _ours(pg)
+    # The fixture's run, on a database whose reads wait 0.3 s for a connection.
+    short = Database(pg_database, wait_s=0.3, pool_size=2)
+    before = _ours(short)
 
     async def reads() -> None:
         try:
             # Both connections made first: on a busy machine making one can take longer than
             # the 0.3 s a read waits for one.
-            await pg._loop_reads._current(2).open(wait=True, timeout=60)  # type: ignore[union-attr]
+            await short._loop_reads._current(2).open(wait=True, timeout=60)  # type: ignore[union-attr]
             # Twice the pool's size at once: they share its two connections.
-            got = await asyncio.gather(*(pg.rows(runs._PAGE_RUN, params) for _ in range(4)))
+            got = await asyncio.gather(*(short.rows(runs._PAGE_RUN, params) for _ in range(4)))
             assert [r[0].id for r in got] == ["r1"] * 4
-            assert _ours(pg) - before <= 2
+            assert _ours(short) - before <= 2
             # Both connections held (each by a statement sleeping on the server): the next read
             # waits its wait_s, then it is a 503 to retry, not a wait without end.
             async with asyncio.timeout(5):
-                held = [asyncio.ensure_future(_sleep_on(pg)) for _ in range(2)]
+                held = [asyncio.ensure_future(_sleep_on(short)) for _ in range(2)]
                 await asyncio.sleep(0.2)
                 started = asyncio.get_running_loop().time()
                 with pytest.raises(DatabaseBusy, match=r"no database connection within 0\.3 s"):
-                    await pg.rows(runs._PAGE_RUN, params)
+                    await short.rows(runs._PAGE_RUN, params)
                 assert asyncio.get_running_loop().time() - started < 2
                 await asyncio.gather(*held)
         finally:
             # Closed on this loop whatever happened: a pool left open keeps the loop from
             # closing while its workers still try to connect.
-            await pg.dispose_async()
+            await short.dispose_async()
 
     try:
         asyncio.run(reads())
-        assert _ours(pg) == before  # closed on the loop that opened them
+        assert _ours(short) == before  # closed on the loop that opened them
     finally:
-        pg.dispose()
+        short.dispose()
 
 
 async def _sleep_on(db: Database) -> None:

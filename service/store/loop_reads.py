@@ -98,7 +98,7 @@ class LoopReads:
         """The row of ``prepared`` for ``key`` (its first column), None if there is none;
         ``param`` is the statement's list of keys. Concurrent reads are merged
         (``MergedReads``)."""
-        self._current()
+        self._current()  # (on a new loop, a new pool and no merges of the old loop's)
         merged = self._merged.get((prepared, param))
         if merged is None:
 

@@ -89,7 +89,10 @@ class MergedReads:
         except self._alone_on as exc:
             if len(keys) == 1:
                 return {keys[0]: exc}
-            return {k: v for key in keys for k, v in (await self._found([key])).items()}
+            found: dict[Hashable, Any] = {}
+            for key in keys:
+                found |= await self._found([key])
+            return found
         except Exception as exc:
             return dict.fromkeys(keys, exc)
         return _by_key(rows, keys)
