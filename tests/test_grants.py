@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import select
 
 from jobs import grant as job_grant
 from jobs.verl_launch import EXIT_FAILED
@@ -20,6 +21,8 @@ from service.recipes.base import Launch
 from service.scheduling.shape import ResourceShape
 from service.store import audit, grants
 from service.store.db import Database
+from service.store.lifecycle import transition
+from service.store.models import Run, SecretGrant
 from service.store.status import RunStatus
 from tests.conftest import make_settings
 from tests.factories import add_run
@@ -82,7 +85,7 @@ def test_a_grant_answers_its_runs_values_once(client: TestClient, db: Database) 
     assert WANDB not in again.text
     assert _audited(db) == [
         ("grant.redeem", "r1", None),
-        ("grant.refused", "r1", "grant already redeemed"),
+        ("grant.refused", "r1", "grant already redeemed; refusals=1"),
     ]  # tokens the service never issued leave no row: guesses cannot fill the trail
 
 
@@ -91,7 +94,7 @@ def test_an_expired_grant_answers_nothing(client: TestClient, db: Database) -> N
     time.sleep(0.3)
     resp = _redeem(client, token)
     assert _refusal(resp) == _refusal(_redeem(client, "rlgrant_unknown"))
-    assert _audited(db)[0] == ("grant.refused", "r1", "grant expired")
+    assert _audited(db)[0] == ("grant.refused", "r1", "grant expired; refusals=1")
     assert _redeem(client, token).status_code == 401  # not redeemed by the refusal either
 
 
@@ -101,7 +104,34 @@ def test_a_grant_whose_run_is_over_answers_nothing(
 ) -> None:
     resp = _redeem(client, _granted(db, status))
     assert _refusal(resp) == _refusal(_redeem(client, "rlgrant_unknown"))
-    assert _audited(db)[0] == ("grant.refused", "r1", "the run is over")
+    assert _audited(db)[0] == ("grant.refused", "r1", "the run is over; refusals=1")
+
+
+def test_a_flood_of_refused_redemptions_leaves_one_row_a_minute(
+    client: TestClient, db: Database
+) -> None:
+    token = _granted(db)
+    assert _redeem(client, token).status_code == 200
+    for _ in range(200):
+        assert _redeem(client, token).status_code == 401
+    assert _audited(db) == [
+        ("grant.redeem", "r1", None),
+        ("grant.refused", "r1", "grant already redeemed; refusals=1"),
+    ]
+    services = client.app.state.services  # type: ignore[attr-defined]
+    services.grant_refusals.window_s = 0.0  # the minute is over: the next row counts the rest
+    _redeem(client, token)
+    assert _audited(db)[-1] == ("grant.refused", "r1", "grant already redeemed; refusals=200")
+
+
+def test_a_run_s_grants_are_purged_when_it_ends(db: Database) -> None:
+    _granted(db)
+    with db.transaction() as session:
+        run = session.get(Run, "r1")
+        assert run is not None
+        transition(session, run, RunStatus.FAILED, "test")
+    with db.read() as session:
+        assert session.scalars(select(SecretGrant)).all() == []
 
 
 def test_a_secret_gone_since_submit_is_named_not_answered(client: TestClient, db: Database) -> None:

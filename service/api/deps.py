@@ -20,7 +20,7 @@ from service.api.limits import StreamSlots, ValidationSlots
 from service.api.oidc import OidcVerifier
 from service.api.read_cache import ReadCache
 from service.api.revocation import Revocations
-from service.api.sign_in_audit import FailedSignIns
+from service.api.sign_in_audit import FailedSignIns, Folding
 from service.api.token_cache import TokenCache
 from service.cluster.ray_jobs import RayRejected, RayUnavailable
 from service.cluster.registry import Clusters
@@ -64,6 +64,8 @@ class Services:
     revocations: Revocations = field(default_factory=Revocations)
     # Failed sign-ins, written to the audit trail at most once a minute per address.
     sign_ins: FailedSignIns = field(default_factory=FailedSignIns)
+    # Refused redemptions of issued grants, audited at most once a minute per grant and address.
+    grant_refusals: Folding = field(default_factory=Folding)
     # Other replicas' writes, told on PostgreSQL (``store/change_feed.py``).
     feed: ChangeFeed | None = None
     # Bearer JWTs of the identity provider, when one is configured.

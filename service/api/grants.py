@@ -1,6 +1,7 @@
 """``POST /grants/redeem``: a run's job trades its one-time grant (the bearer credential here, no
 API token) for the values of the secrets its spec names. Any refusal is the same 401; one for a
-grant the service issued (used, expired, its run over) is audited."""
+grant the service issued (used, expired, its run over) is audited, at most one row a minute per
+grant and address."""
 
 from __future__ import annotations
 
@@ -36,24 +37,31 @@ def redeem_grant(
             # cannot fill the audit trail with guesses (a grant has 256 random bits).
             raise Unauthorized(REFUSED)
         run, values, missing = found.run, {}, None
+        client = client_of(request)
         if run is not None:
             try:
                 values = services.secrets.resolve(run.team, run.launch.get("secrets") or {})
             except SecretMissing as exc:
                 missing = str(exc)
-        audit.record(
-            session,
-            audit.entry(
-                user="job",
-                team=run.team if run is not None else None,
-                role="grant",
-                token_id=None,
-                action="grant.redeem" if run is not None else "grant.refused",
-                client=client_of(request),
-                run_id=found.run_id,
-                target=missing or found.refused,
-            ),
-        )
+            target = missing
+        else:
+            # One row a minute per grant and address, however many times it is tried.
+            count = services.grant_refusals.count(client, about=grants.digest(token))
+            target = f"{found.refused}; refusals={count}" if count else None
+        if run is not None or target is not None:
+            audit.record(
+                session,
+                audit.entry(
+                    user="job",
+                    team=run.team if run is not None else None,
+                    role="grant",
+                    token_id=None,
+                    action="grant.redeem" if run is not None else "grant.refused",
+                    client=client,
+                    run_id=found.run_id,
+                    target=target,
+                ),
+            )
     if run is None:
         raise Unauthorized(REFUSED)
     if missing:

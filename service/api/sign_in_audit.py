@@ -26,18 +26,20 @@ class _Source:
     unwritten: int = 0
 
 
-class FailedSignIns:
+class Folding:
+    """Failures counted per source address (and what they were about), one row a minute due."""
+
     def __init__(self, window_s: float = WINDOW_S, max_sources: int = 10_000) -> None:
         self.window_s = window_s
         self.max_sources = max_sources
         self._sources: dict[str, _Source] = {}
         self._lock = threading.Lock()
 
-    def count(self, client: str | None) -> int:
-        """Count one failure from ``client`` (``host:port``): the failures its row is due to
-        say, or 0 while the address has a row in the last minute (nothing to write). Quick: it
-        runs on the event loop; a row due is then written by ``write``."""
-        address = _address(client)
+    def count(self, client: str | None, about: str = "") -> int:
+        """Count one failure from ``client`` (``host:port``) about ``about``: the failures its
+        row is due to say, or 0 while the pair has a row in the last minute (nothing to write).
+        Quick: it runs on the event loop."""
+        address = f"{about}@{_address(client)}" if about else _address(client)
         now = time.monotonic()
         with self._lock:
             source = self._sources.get(address)
@@ -48,6 +50,17 @@ class FailedSignIns:
                 self._forget_old(now)
             self._sources[address] = _Source(now)
             return 1 + (source.unwritten if source is not None else 0)
+
+    def _forget_old(self, now: float) -> None:
+        for address, source in list(self._sources.items()):
+            if now - source.written_at >= self.window_s:
+                del self._sources[address]
+        while len(self._sources) >= self.max_sources:
+            self._sources.pop(next(iter(self._sources)))
+
+
+class FailedSignIns(Folding):
+    """Failed sign-ins, folded per address; a row due is written by ``write``."""
 
     def write(self, db: Database, client: str | None, reason: str, count: int) -> None:
         """The audit row of ``count`` failures from ``client`` (blocking: a write)."""
@@ -67,13 +80,6 @@ class FailedSignIns:
                 )
         except Exception as exc:  # the database busy or away: the refusal stands without it
             log.warning("could not record a failed sign-in from %s: %r", _address(client), exc)
-
-    def _forget_old(self, now: float) -> None:
-        for address, source in list(self._sources.items()):
-            if now - source.written_at >= self.window_s:
-                del self._sources[address]
-        while len(self._sources) >= self.max_sources:
-            self._sources.pop(next(iter(self._sources)))
 
 
 def _address(client: str | None) -> str:

@@ -8,7 +8,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import timedelta
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from service.store.models import Run, SecretGrant, utcnow
@@ -69,3 +69,8 @@ def redeem(session: Session, token: str) -> Redemption:
         grant.redeemed_at = now
         return Redemption(run, grant.submission_id, None, grant.run_id)
     return Redemption(None, None, why, grant.run_id)
+
+
+def purge(session: Session, run_id: str) -> None:
+    """Forget the run's grants: its run is over, so none can be redeemed again."""
+    session.execute(delete(SecretGrant).where(SecretGrant.run_id == run_id))

@@ -14,6 +14,7 @@ from service.clock import utcnow
 from service.errors import Conflict
 from service.notify import outbox
 from service.recovery import explain
+from service.store import grants
 from service.store.models import Run, RunEvent
 from service.store.status import ACTIVE, TERMINAL, Health, RunStatus, is_allowed
 
@@ -71,6 +72,7 @@ def transition(session: Session, run: Run, dst: RunStatus, reason: str) -> RunEv
         run.claim_owner = None
         run.claim_expires_at = None
         usage.accrue(session, run, now)
+        grants.purge(session, run.id)
     event = _event(session, run, src, dst, reason, now)
     if dst in TERMINAL and run.submitted_at is None:
         explain.settle(session, run)  # never on Ray: no log to wait for
