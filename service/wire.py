@@ -391,7 +391,9 @@ class AttemptOut(BaseModel):
 class WebhookOut(BaseModel):
     id: str
     team: str | None
-    url: str
+    url: str = Field(
+        description="in full for its maker and admins; others see its host and a masked path"
+    )
     format: str
     events: list[str]
     statuses: list[str]

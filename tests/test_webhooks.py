@@ -9,6 +9,7 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from fastapi.testclient import TestClient
@@ -46,10 +47,20 @@ def _resolver(table: dict[str, str]) -> Any:
         ("http://mapped.example/", "::ffff:127.0.0.1"),
         ("http://v6.example/", "::1"),
         ("http://zero.example/", "0.0.0.0"),
+        # IPv6 forms that carry a loopback or private IPv4 address, and site-local IPv6.
+        ("http://[64:ff9b::7f00:1]:9/", "64:ff9b::7f00:1"),  # NAT64
+        ("http://nat64.example/", "64:ff9b::a00:5"),
+        ("http://local-nat64.example/", "64:ff9b:1::a00:5"),  # local-use NAT64
+        ("http://6to4.example/", "2002:7f00:1::1"),
+        ("http://6to4-private.example/", "2002:c0a8:101::1"),
+        ("http://compatible.example/", "::127.0.0.1"),
+        ("http://translated.example/", "::ffff:0:127.0.0.1"),
+        ("http://teredo.example/", "2001:0:4136:e378:8000:63bf:f5ff:fffe"),  # client 10.0.0.1
+        ("http://site-local.example/", "fec0::1"),
     ],
 )
 def test_urls_into_the_service_s_own_networks_are_refused(url: str, resolves_to: str) -> None:
-    host = url.split("/")[2].split(":")[0]
+    host = urlsplit(url).hostname or ""
     with pytest.raises(UnsafeUrl, match="RLRUN_WEBHOOK_ALLOW"):
         check(url, AllowList.parse([]), _resolver({host: resolves_to}))
 
@@ -57,6 +68,9 @@ def test_urls_into_the_service_s_own_networks_are_refused(url: str, resolves_to:
 def test_only_http_urls_without_credentials_and_allowed_hosts_pass() -> None:
     public = _resolver({"hooks.example": "93.184.216.34", "internal.example": "10.0.0.5"})
     assert check("https://hooks.example/x", AllowList.parse([]), public).address == "93.184.216.34"
+    # A NAT64 address of a public IPv4 address is public.
+    nat64 = _resolver({"v6.hooks.example": "64:ff9b::5db8:d822"})
+    assert check("https://v6.hooks.example/", AllowList.parse([]), nat64)
     for bad in ("ftp://hooks.example/", "https://user:pw@hooks.example/", "http:///nohost"):
         with pytest.raises(UnsafeUrl):
             check(bad, AllowList.parse([]), public)
@@ -300,6 +314,7 @@ def test_subscriptions_are_a_team_s_own(db_url: str) -> None:
                     ("ann", "vision", "member"),
                     ("bob", "speech", "member"),
                     ("val", "vision", "viewer"),
+                    ("cat", "vision", "member"),
                     ("root", "ops", "admin"),
                 ]
             }
@@ -318,6 +333,15 @@ def test_subscriptions_are_a_team_s_own(db_url: str) -> None:
         assert api.delete(f"/webhooks/{hook_id}", headers=as_("bob")).status_code == 404
         assert api.get("/webhooks", headers=as_("bob")).json() == []
         assert [h["id"] for h in api.get("/webhooks", headers=as_("val")).json()] == [hook_id]
+        # A Slack URL's path is the key to its channel: only the maker and admins read it.
+        assert api.get(f"/webhooks/{hook_id}", headers=as_("ann")).json()["url"] == body["url"]
+        assert api.get(f"/webhooks/{hook_id}", headers=as_("root")).json()["url"] == body["url"]
+        for seen in (
+            api.get(f"/webhooks/{hook_id}", headers=as_("val")).json(),
+            api.get(f"/webhooks/{hook_id}", headers=as_("cat")).json(),
+            api.get("/webhooks", headers=as_("val")).json()[0],
+        ):
+            assert seen["url"] == "http://127.0.0.1:9/…"
         everyone = api.post("/webhooks", json=body, headers=as_("root")).json()
         assert everyone["team"] is None  # an admin's: every team's runs
         unsafe = api.post(

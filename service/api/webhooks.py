@@ -12,6 +12,7 @@ import secrets
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator
@@ -89,13 +90,23 @@ class Rotate(BaseModel):
     overlap_s: int = Field(default=86400, ge=0, le=7 * 86400)
 
 
-def _out(hook: Webhook, standing: Standing | None = None) -> WebhookOut:
+def shown_url(url: str) -> str:
+    """A webhook's URL with its path and query masked: a Slack URL's path is its channel's key."""
+    parts = urlsplit(url)
+    hidden = parts.path not in ("", "/") or parts.query or parts.fragment
+    return f"{parts.scheme}://{parts.netloc}/" + ("…" if hidden else "")
+
+
+def _out(hook: Webhook, principal: Principal, standing: Standing | None = None) -> WebhookOut:
+    """A subscription as ``principal`` may read it: the full URL for its maker and admins,
+    the host and a masked path for everyone else."""
     rules = hook.rules
     last = standing.last if standing else None
+    maker = principal.at_least("member") and principal.user == hook.created_by
     return WebhookOut(
         id=hook.id,
         team=hook.team,
-        url=hook.url,
+        url=hook.url if maker or principal.at_least("admin") else shown_url(hook.url),
         format=hook.format,
         events=rules.get("events", []),
         statuses=rules.get("statuses", []),
@@ -158,7 +169,7 @@ def create_webhook(
         session.add(hook)
         session.flush()
         audited(session, request, principal, "webhook.create", target=hook.id)
-        return NewWebhook(**_out(hook).model_dump(), secret=hook.secret)
+        return NewWebhook(**_out(hook, principal).model_dump(), secret=hook.secret)
 
 
 @router.get("/webhooks", response_model=list[WebhookOut])
@@ -171,14 +182,14 @@ def list_webhooks(services: ServicesDep, principal: Viewer) -> list[WebhookOut]:
             query = query.where(Webhook.team == principal.team)
         hooks = session.scalars(query.limit(500)).all()
         stood = standing(session, [h.id for h in hooks])
-        return [_out(h, stood[h.id]) for h in hooks]
+        return [_out(h, principal, stood[h.id]) for h in hooks]
 
 
 @router.get("/webhooks/{hook_id}", response_model=WebhookOut)
 def get_webhook(services: ServicesDep, principal: Viewer, hook_id: str) -> WebhookOut:
     with services.db.read() as session:
         hook = _visible(session, principal, hook_id)
-        return _out(hook, standing(session, [hook.id])[hook.id])
+        return _out(hook, principal, standing(session, [hook.id])[hook.id])
 
 
 @router.patch("/webhooks/{hook_id}", response_model=WebhookOut)
@@ -210,7 +221,7 @@ def update_webhook(
             hook.paused_at, hook.paused_reason = utcnow(), f"paused by {principal.user}"
         audited(session, request, principal, "webhook.update", target=hook.id)
         session.flush()
-        return _out(hook, standing(session, [hook.id])[hook.id])
+        return _out(hook, principal, standing(session, [hook.id])[hook.id])
 
 
 def _merged_rules(rules: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:

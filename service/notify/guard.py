@@ -60,9 +60,33 @@ class AllowList:
         return host in self.hosts or any(address in net for net in self.networks)
 
 
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")  # RFC 6052: the IPv4 address in the last 32 bits
+_LOCAL_NAT64 = ipaddress.ip_network("64:ff9b:1::/48")  # RFC 8215: local use only
+_TRANSLATED = ipaddress.ip_network("::ffff:0:0:0/96")  # RFC 2765: IPv4-translated
+_COMPATIBLE = ipaddress.ip_network("::/96")  # RFC 4291 (deprecated): IPv4-compatible
+
+
+def _embedded(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 one carries (mapped, 6to4, Teredo's client, NAT64,
+    IPv4-translated, IPv4-compatible), which is where a packet to it may end up."""
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if address.teredo is not None:
+        return address.teredo[1]
+    if any(address in net for net in (_NAT64, _TRANSLATED, _COMPATIBLE)):
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return None
+
+
 def _public(address: Address) -> bool:
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return _public(address.ipv4_mapped)
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.is_site_local or address in _LOCAL_NAT64:
+            return False
+        inner = _embedded(address)
+        if inner is not None:
+            return _public(inner)
     return address.is_global and not address.is_multicast
 
 
