@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 from service.recipes.env_names import refusal as env_refusal
 from service.recipes.verl import hydra_check
 from service.recipes.verl.guard import override_refusal, pip_refusal
+from service.recipes.verl.overrides import compose
 from service.settings import Settings
 from tests.test_verl_recipe import PRESET, SETTINGS, build, refused
 
@@ -60,7 +61,7 @@ def test_hydra_composition_errors_are_a_fixed_message_even_past_the_guard(
 ) -> None:
     """Malformed YAML reached by composition is a refusal naming the override, not a 500."""
     with pytest.raises(hydra_check.OverrideError) as info:
-        hydra_check.compose("fully_async_ppo_trainer", [f"data={planted['broken']}"])
+        compose("fully_async_ppo_trainer", [f"data={planted['broken']}"])
     [(index, message)] = info.value.problems
     assert message.startswith(hydra_check.COMPOSE_REFUSED) and index in (0, -1)
     assert PASSWORD not in str(info.value) and PASSWORD not in message

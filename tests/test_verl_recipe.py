@@ -18,6 +18,7 @@ from service.recipes.base import Launch, LaunchContext
 from service.recipes.registry import default_registry
 from service.recipes.verl import hydra_check
 from service.recipes.verl.command import hydra_value, spec_keys
+from service.recipes.verl.overrides import compose
 from service.settings import Settings
 
 DATA = Path(__file__).parent / "data"
@@ -110,7 +111,7 @@ def test_request_fields_replace_the_presets() -> None:
 
 def test_preset_argv_composes_in_verls_config_exactly_as_hydra_composes_it() -> None:
     argv = verl_argv(build(PRESET))
-    ours = hydra_check.compose("fully_async_ppo_trainer", argv[5:])
+    ours = compose("fully_async_ppo_trainer", argv[5:])
     assert ours == hydra_check._compose("fully_async_ppo_trainer", tuple(argv[5:]))
     assert ours["trainer"]["n_gpus_per_node"] == 16
     assert ours["algorithm"]["rollout_correction"]["rollout_rs"] == "token_k1"
@@ -151,7 +152,7 @@ def test_verls_other_fully_async_examples_are_expressible_and_compose(path: Path
     example = json.loads(path.read_text())
     launch = build(example["spec"], Settings())  # the examples' paths: the default data roots
     name = verl_argv(launch)[4].removeprefix("--config-name=").removesuffix(".yaml")
-    assert hydra_check.compose(name, verl_argv(launch)[5:]) == hydra_check._compose(
+    assert compose(name, verl_argv(launch)[5:]) == hydra_check._compose(
         name, tuple(verl_argv(launch)[5:])
     )
     expect = example["expect"]
@@ -536,7 +537,7 @@ def test_composition_agrees_with_hydra_on_edge_cases(overrides: list[str]) -> No
     except hydra_check.OverrideError:
         hydra = "refused"
     try:
-        ours: Any = hydra_check.compose(name, overrides)
+        ours: Any = compose(name, overrides)
     except hydra_check.OverrideError:
         ours = "refused"
     assert ours == hydra

@@ -1,16 +1,15 @@
 """verl's own Hydra config, without importing verl: compose once, apply overrides per spec.
 
-The YAML trees ship in the ``verl`` wheel; ``importlib.util.find_spec`` finds them without
-running verl's ``__init__`` (which needs torch). The base config of each entry config is composed
-once with hydra-core and kept as a plain container. A spec's overrides are parsed with Hydra's
-own override parser (``parse``, cached per string; ``overrides.read`` is its one caller on
-the accept path) and applied to a copy of that container with the rules
-Hydra applies in struct mode: a plain ``key=value`` must name an existing key, ``+key`` must not
-(unless it is null), ``++key`` may, ``~key`` deletes. Overrides that change the defaults list
-(config groups such as ``model_engine=megatron``) cannot be applied that way; those lists, and
-any list this shortcut refuses, are composed with Hydra in full (cached per override tuple), so
-Hydra decides every refusal.
-"""
+The YAML trees ship in the ``verl`` wheel; ``importlib.util.find_spec`` finds them without running
+verl's ``__init__`` (which needs torch). The base config of each entry config is composed once with
+hydra-core and kept as a plain container. A spec's overrides are parsed with Hydra's own override
+parser (``parse``, cached per string; ``overrides.read`` is its one caller on the accept path, and
+this module knows an override only by its ``Composable`` shape) and applied to a copy of that
+container with the rules Hydra applies in struct mode: a plain ``key=value`` must name an existing
+key, ``+key`` must not (unless it is null), ``++key`` may, ``~key`` deletes. Overrides that change
+the defaults list (config groups such as ``model_engine=megatron``) cannot be applied that way;
+those lists, and any list this shortcut refuses, are composed with Hydra in full (cached per
+override tuple), so Hydra decides every refusal."""
 
 from __future__ import annotations
 
@@ -21,12 +20,9 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from service.errors import Unavailable
-
-if TYPE_CHECKING:
-    from service.recipes.verl.overrides import Override
 
 FULLY_ASYNC_CONFIG = "experimental/fully_async_policy/config"
 TRAINER_CONFIG = "trainer/config"
@@ -65,6 +61,20 @@ class Parsed:
     def op(self) -> str:
         """``=``, ``+``, ``++`` or ``~``."""
         return self.kind or "="
+
+
+class Composable(Protocol):
+    """What composing reads of an override (``overrides.Override`` is one): its text, and what
+    it says or why Hydra's parser refuses it."""
+
+    @property
+    def text(self) -> str: ...
+
+    @property
+    def parsed(self) -> Parsed | None: ...
+
+    @property
+    def error(self) -> str | None: ...
 
 
 def verl_root() -> Path:
@@ -175,28 +185,11 @@ def _parser() -> Any:
     return OverridesParser.create()
 
 
-def compose(
-    config_name: str,
-    overrides: list[str],
-    root: Path | None = None,
-    then: tuple[str, ...] = (),
-) -> dict[str, Any]:
-    """``compose_typed`` of override strings (parsed here)."""
-    from service.recipes.verl.overrides import read  # the typed form is built on this module
-
-    return compose_typed(
-        config_name,
-        [read(text, ("overrides", i)) for i, text in enumerate(overrides)],
-        root,
-        [read(text, ("overrides", i)) for i, text in enumerate(then, start=len(overrides))],
-    )
-
-
 def compose_typed(
     config_name: str,
-    overrides: Sequence[Override],
+    overrides: Sequence[Composable],
     root: Path | None = None,
-    then: Sequence[Override] = (),
+    then: Sequence[Composable] = (),
 ) -> dict[str, Any]:
     """verl's config with ``overrides`` applied, as Hydra would compose it (a fresh container),
     for the verl at ``root`` (default: the installed one), and then the plain overrides ``then``
@@ -223,8 +216,10 @@ _kept: OrderedDict[tuple[str, tuple[str, ...], Path | None], dict[str, Any]] = O
 _kept_lock = threading.Lock()
 
 
-def _composed(config_name: str, overrides: Sequence[Override], root: Path | None) -> dict[str, Any]:
-    # Kept by the override texts (what Hydra would be given); never handed out, ``compose``
+def _composed(
+    config_name: str, overrides: Sequence[Composable], root: Path | None
+) -> dict[str, Any]:
+    # Kept by the override texts (what Hydra would be given); never handed out, ``compose_typed``
     # copies it. A refusal is not kept.
     key = (config_name, tuple(o.text for o in overrides), root)
     with _kept_lock:
@@ -240,7 +235,7 @@ def _composed(config_name: str, overrides: Sequence[Override], root: Path | None
 
 
 def _compose_overrides(
-    config_name: str, overrides: Sequence[Override], root: Path | None
+    config_name: str, overrides: Sequence[Composable], root: Path | None
 ) -> dict[str, Any]:
     problems = [(i, o.error or COMPOSE_REFUSED) for i, o in enumerate(overrides) if not o.parsed]
     if problems:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from service.recipes.verl import hydra_check
@@ -67,3 +68,18 @@ def read(text: str, loc: Loc) -> Override:
 
 def parse_all(items: Iterable[Item]) -> list[Override]:
     return [read(item.text, item.loc) for item in items]
+
+
+def compose(
+    config_name: str,
+    overrides: list[str],
+    root: Path | None = None,
+    then: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """``hydra_check.compose_typed`` of override strings (read here)."""
+    return hydra_check.compose_typed(
+        config_name,
+        [read(text, ("overrides", i)) for i, text in enumerate(overrides)],
+        root,
+        [read(text, ("overrides", i)) for i, text in enumerate(then, start=len(overrides))],
+    )
