@@ -173,7 +173,7 @@ def settings_page() -> str:
         "",
         "# Settings",
         "",
-        f"Environment variables, prefix `{prefix}`, read once at start (`service/settings.py`),",
+        f"Environment variables, prefix `{prefix}`, read once at start (`service/settings/`),",
         'one table per section. A list is given as a JSON list (`["a", "b"]`) or as items',
         "between commas (`a,b`); a secret is never shown (logs, dumps, answers).",
     ]

@@ -58,7 +58,9 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
         for target in targets:
             parts = target.split(".")
             out |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)} & known.keys()
-    out.discard(name)
+    # A module's own packages are loaded before it, whatever it imports: no edge of the graph.
+    parts = name.split(".")
+    out -= {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
     return out
 
 

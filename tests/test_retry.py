@@ -197,7 +197,7 @@ def test_the_operator_s_default_policy_applies_to_a_spec_without_one(
     api: TestClient, db_url: str
 ) -> None:
     db = Database(db_url)
-    from service.recovery.policy import RetryPolicy
+    from service.retry_policy import RetryPolicy
 
     loops = Loops(db, RetryConfig(default=RetryPolicy(max_attempts=2, backoff_s=0)))
     _queued(db, {})

@@ -13,11 +13,12 @@ import pytest
 from service.errors import NotFound
 from service.metrics import store
 from service.metrics.parse import MetricLine
+from service.operations.run_docs import run_doc
 from service.store.db import Database
 from service.store.lifecycle import note
 from service.store.models import Run
 from service.store.runs import events_of, run_page, run_row
-from service.wire import encode, run_doc
+from service.wire import encode
 from tests.factories import add_run
 from tests.test_read_cache_scope import statements
 

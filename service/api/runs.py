@@ -24,9 +24,10 @@ from service.api.read_cache import Answer, OneRun, Page, respond
 from service.metrics import store
 from service.operations import accept, cancel, over_budget, retry
 from service.operations.idempotency import Accepted
+from service.operations.run_docs import SUMMARY_KEYS, run_doc, summary_doc
 from service.store.runs import ended_attempts, page_query, run_page
 from service.store.status import RunStatus
-from service.wire import SUMMARY_KEYS, RunOut, RunPage, encode, run_doc, summary_doc
+from service.wire import RunOut, RunPage, encode
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 

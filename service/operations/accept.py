@@ -26,6 +26,7 @@ from service.errors import Forbidden, InvalidSpec, TooManyRequests, field_error
 from service.ids import new_run_id
 from service.operations.idempotency import Accepted, replay, request_hash, scoped_key
 from service.operations.parts import Parts
+from service.operations.run_docs import run_doc
 from service.principal import Principal, call_entry
 from service.recipes.base import Launch, LaunchContext, RunSpec
 from service.recipes.verl import versions
@@ -46,7 +47,6 @@ from service.store.models import Run, RunEvent, utcnow
 from service.store.status import RunStatus
 from service.store.team_lock import lock_team
 from service.team_secrets import SecretStore, masked_runtime_env, masked_spec, missing_message
-from service.wire import run_doc
 
 
 def accept_run(

@@ -7,11 +7,11 @@ from typing import Any
 
 from service.errors import Conflict
 from service.operations.parts import Parts
+from service.operations.run_docs import run_doc
 from service.principal import Principal, record_call, visible_run
 from service.store.lifecycle import request_stop, transition
 from service.store.runs import events_of
 from service.store.status import TERMINAL, RunStatus
-from service.wire import run_doc
 
 
 def cancel_run(

@@ -12,10 +12,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.errors import Conflict
+from service.operations.run_docs import run_doc
 from service.principal import Principal
 from service.store.models import Run
 from service.store.runs import RUN_COLUMNS, events_of
-from service.wire import run_doc
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,10 @@ from typing import Any
 
 from service.errors import Conflict
 from service.operations.parts import Parts
+from service.operations.run_docs import run_doc
 from service.principal import Principal, record_call, visible_run
 from service.store.runs import events_of
 from service.store.status import RunStatus
-from service.wire import run_doc
 
 
 def admit_over_budget(

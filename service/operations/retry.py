@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from service.operations.parts import Parts
+from service.operations.run_docs import run_doc
 from service.principal import Principal, record_call, visible_run
 from service.recovery.retry import ResumeFrom, by_hand
 from service.store import attempts
 from service.store.runs import events_of
-from service.wire import run_doc
 
 
 def retry_run(

@@ -9,7 +9,7 @@ from typing import Any, ClassVar, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from service.recipes import env_names
-from service.recovery.policy import RetryPolicy
+from service.retry_policy import RetryPolicy
 from service.scheduling.shape import ResourceShape
 
 

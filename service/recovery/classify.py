@@ -12,29 +12,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import get_args
 
 from service.metrics.ansi import strip_ansi
+from service.retry_policy import RetryClass
 
-# The classes a run's failure can have; those from ``ended_early`` on are decided from the
-# run's state, not its log. A retry policy may name every class but ``cancelled``.
-RetryClass = Literal[
-    "npu_oom",
-    "host_oom",
-    "collective_timeout",
-    "actor_died",
-    "node_lost",
-    "unschedulable",
-    "import_error",
-    "config_error",
-    "missing_path",
-    "async_pipeline_error",
-    "nan",
-    "ended_early",
-    "stopped_outside",
-    "cluster_down",
-    "unknown",
-]
+# The classes a run's failure can have (``RetryClass``), and ``cancelled``.
 FAILURE_CLASSES: tuple[str, ...] = (*get_args(RetryClass), "cancelled")
 MAX_EVIDENCE = 3
 MAX_LINE = 300

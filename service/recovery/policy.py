@@ -1,38 +1,12 @@
-"""A run's retry policy: what a spec may ask (``retry``), the operator's default and per-team
-limits, and the policy in force for a run."""
+"""A run's retry policy in force: the spec's own (``retry``) or the operator's default, within
+the team's limit (the policy's shape: ``service.retry_policy``)."""
 
 from __future__ import annotations
 
-from typing import Any, get_args
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
 
 from service.errors import InvalidSpec, field_error
-from service.recovery.classify import RetryClass
-
-# Attempts a policy may ask for, the first included, whatever the operator allows.
-MAX_ATTEMPTS = 20
-RETRY_CLASSES: tuple[str, ...] = get_args(RetryClass)
-TRANSIENT: tuple[RetryClass, ...] = ("actor_died", "node_lost", "collective_timeout")
-
-
-class RetryPolicy(BaseModel):
-    """Retry a run that ends FAILED or LOST with one of these failure classes, as a new
-    attempt of the same run that resumes from its checkpoint."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    max_attempts: int = Field(
-        2, ge=1, le=MAX_ATTEMPTS, description="attempts in all, the first included"
-    )
-    on: list[RetryClass] = Field(
-        default_factory=lambda: list(TRANSIENT),
-        max_length=len(RETRY_CLASSES),
-        description="failure classes that start a next attempt",
-    )
-    backoff_s: float = Field(
-        30.0, ge=0, le=86_400, description="seconds between an attempt's end and the next"
-    )
+from service.retry_policy import RetryPolicy
 
 
 def team_limit(team: str, per_team: dict[str, int], default: int) -> int:

@@ -19,7 +19,8 @@ from sqlalchemy.orm import Session
 
 from service.clock import utcnow
 from service.errors import Conflict
-from service.recovery.policy import RetryPolicy, in_force
+from service.recovery.policy import in_force
+from service.retry_policy import RetryPolicy
 from service.store import attempts
 from service.store.lifecycle import requeue
 from service.store.models import Run, RunLog

@@ -21,7 +21,8 @@ from service.store.prepared import Prepared, fetch
 
 AnyRow: TypeAlias = Row[*tuple[Any, ...]]
 
-# What a run's page shows (``wire.run_doc``), without the claim and idempotency columns.
+# What a run's page shows (``operations.run_docs.run_doc``), without the claim and idempotency
+# columns.
 SUMMARY_COLUMNS = (
     Run.id,
     Run.name,

@@ -26,10 +26,10 @@ from sqlalchemy import create_engine, insert, text
 from service.app import create_app
 from service.metrics import store
 from service.metrics.parse import MetricLine
+from service.operations.run_docs import SUMMARY_KEYS
 from service.settings import Settings
 from service.store.db import Database, upgrade
 from service.store.models import Run, utcnow
-from service.wire import SUMMARY_KEYS
 from tests.benchmarks.report import Report
 
 LAUNCH = {"argv": [], "entrypoint": "", "runtime_env": {}, "shape": {}, "total_steps": 20}

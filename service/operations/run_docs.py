@@ -1,0 +1,100 @@
+"""A run's documents (``wire.RunSummary``, ``wire.RunOut``), built from its row, events and
+latest metrics: what they show of the run's attempts, priority and spec (secrets masked) is
+decided by the domain modules they read, which is why they are built here and not in
+``wire``."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from service.metrics.keys import REWARD_KEY, STEP_KEY, TRAINER_STEP_KEY
+from service.recovery.attempts import history, job_id
+from service.scheduling.priority import PRIORITY_NAMES
+from service.team_secrets import masked_runtime_env, masked_spec
+from service.wire import event_doc
+
+# What a run's summary shows of its metrics: progress and the latest mean reward.
+SUMMARY_KEYS = (STEP_KEY, TRAINER_STEP_KEY, REWARD_KEY)
+
+Latest = dict[str, tuple[int, float]]
+
+
+def summary_doc(run: Any, latest: Latest | None = None) -> dict[str, Any]:
+    """A ``RunSummary``."""
+    latest = latest or {}
+    reward = latest.get(REWARD_KEY)
+    total = run.total_steps if hasattr(run, "total_steps") else run.launch.get("total_steps")
+    return {
+        "id": run.id,
+        "name": run.name,
+        "recipe": run.recipe,
+        "team": run.team,
+        "priority": PRIORITY_NAMES.get(run.priority, str(run.priority)),
+        "status": run.status,
+        "health": {"status": run.health, "reason": run.health_reason},
+        "queue_reason": run.queue_reason if run.status == "QUEUED" else None,
+        "cluster": run.cluster,
+        "progress": progress_doc(total, latest),
+        "reward": reward[1] if reward else None,
+        "created_at": run.created_at,
+        "submitted_at": run.submitted_at,
+        "started_at": run.started_at,
+        "ended_at": run.ended_at,
+        "links": {
+            "self": f"/runs/{run.id}",
+            "cancel": f"/runs/{run.id}/cancel",
+        },
+    }
+
+
+def run_doc(
+    run: Any, events: Sequence[Any], latest: Latest | None = None, ended: Sequence[Any] = ()
+) -> dict[str, Any]:
+    """A ``RunOut``; ``events`` are rows or RunEvents, ``ended`` its ended attempts. Secrets
+    and key-like values masked."""
+    launch = run.launch
+    latest = latest or {}
+    return summary_doc(run, latest) | {
+        "spec": masked_spec(run.spec),
+        "command": launch["argv"],
+        "entrypoint": launch["entrypoint"],
+        "runtime_env": masked_runtime_env(launch["runtime_env"]),
+        "shape": launch["shape"],
+        "warnings": launch.get("warnings", []),
+        "ray": {
+            "submission_id": job_id(run.id, run.attempt or 1),
+            "status": run.ray_status,
+            "message": run.ray_message,
+            "error_type": run.ray_error_type,
+            "exit_code": run.ray_exit_code,
+        },
+        "stop_requested": run.stop_requested_at is not None,
+        "preflight": run.preflight,
+        "failure": run.failure,
+        "attempt": run.attempt or 1,
+        "retry_at": run.retry_at,
+        "attempts": history(run, ended),
+        "budget_wait": run.budget_wait if run.status == "QUEUED" else None,
+        "over_budget_by": run.over_budget_by,
+        "metrics": {
+            "step": max((s for s, _ in latest.values()), default=None),
+            "latest": {k: v for k, (_, v) in sorted(latest.items())},
+        },
+        "events": [event_doc(e) for e in events],
+    }
+
+
+def progress_doc(total_steps: int | None, latest: Latest) -> dict[str, int | None]:
+    """``step`` is the parameter version (weight syncs) of ``total_steps`` planned syncs."""
+
+    def count(key: str) -> int | None:
+        value = latest.get(key, (0, math.nan))[1]
+        return int(value) if math.isfinite(value) else None
+
+    return {
+        "step": count(STEP_KEY),
+        "total_steps": total_steps,
+        "trainer_step": count(TRAINER_STEP_KEY),
+    }

@@ -1,0 +1,67 @@
+"""Sections of the Ray clusters runs go to: the clusters, and the embedded local head."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import ClassVar
+
+from pydantic import Field, SecretStr
+
+from service.settings.base import Counts, Section
+
+
+class RaySettings(Section):
+    """The Ray cluster runs go to."""
+
+    heading: ClassVar[str] = "Ray"
+
+    ray_address: str = "local"
+    """"local": start an embedded Ray head; otherwise the dashboard address of a cluster."""
+    ray_token: SecretStr | None = None
+    """Bearer token for a token-auth head."""
+    ray_timeout_s: float = 10.0
+    """The longest one call to Ray's Jobs API may take."""
+    inventory_ttl_s: float = 3.0
+    """How long the cluster inventory read from Ray is reused by the API."""
+    clusters_file: str | None = None
+    """A YAML file declaring several Ray clusters (see the clusters page); unset: one cluster,
+    ``default``, at RLRUN_RAY_ADDRESS."""
+    cluster_down_after_s: float = Field(default=6.0, gt=0)
+    """With a clusters file: a cluster is marked down once every probe of its head failed for
+    this long (two at least), and its active runs end LOST or are retried elsewhere. Shorter
+    than this, a Ray timeout or a blip downs nothing."""
+    cluster_probe_interval_s: float = Field(default=1.0, gt=0)
+    """With a clusters file: how often each cluster's head is probed (each probe waits at most
+    twice this)."""
+
+    @property
+    def uses_local_ray(self) -> bool:
+        return self.ray_address == "local"
+
+
+class LocalClusterSettings(Section):
+    """The embedded Ray head ``RLRUN_RAY_ADDRESS=local`` starts, with virtual NPUs."""
+
+    heading: ClassVar[str] = "Local Ray cluster"
+
+    local_npus: Counts = Field(default=[16], min_length=1)
+    """Virtual NPUs per local node, e.g. "16" or "8,8" for two nodes."""
+    local_cpus_per_node: int = 16
+    """CPUs each local node offers."""
+    local_ray_dir: str | None = None
+    """Ray keeps sockets here: the path must stay short (default: a fresh dir under /tmp)."""
+    local_ray_port: int | None = None
+    """The head's GCS port. Unset: free ports chosen at start. Given but in use: the service
+    refuses to start."""
+    local_dashboard_port: int | None = None
+    """The head's dashboard (Jobs API) port; unset or in use as for ``local_ray_port``."""
+    local_ray_state_dir: str | None = None
+    """Where the local nodes' process groups are recorded, so that the next start clears nodes
+    a killed service left running (default: rlrun-<uid> in the system temp dir)."""
+
+    @property
+    def local_ray_state_path(self) -> Path:
+        default = Path(tempfile.gettempdir()) / f"rlrun-{os.getuid()}"
+        return Path(self.local_ray_state_dir) if self.local_ray_state_dir else default
