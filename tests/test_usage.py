@@ -131,6 +131,22 @@ def test_get_usage_shows_a_team_its_own_hours_as_json_or_csv(db_url: str, db: Da
         )
 
 
+@pytest.mark.parametrize(
+    ("window", "field"),
+    [
+        ({"to": "0001-01-01"}, "query.to"),  # the default from would be before the first day
+        ({"from": "9999-12-02", "to": "9999-12-31"}, "query.from"),  # months past the last
+        ({"from": "1969-12-31"}, "query.from"),
+    ],
+)
+def test_days_out_of_the_calendar_s_reach_are_a_422_naming_the_field(
+    api: TestClient, window: dict[str, str], field: str
+) -> None:
+    answer = api.get("/usage", params=window)
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["errors"][0]["field"] == field
+
+
 def test_rlrun_usage_prints_hours_by_team(db_url: str, db: Database) -> None:
     from typer.testing import CliRunner
 

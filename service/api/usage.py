@@ -25,6 +25,8 @@ from service.wire import UsageOut
 router = APIRouter(tags=["usage"])
 
 MAX_DAYS = 3 * 366
+# The days a report may name: the calendar's ends are out of reach of its month arithmetic.
+FIRST_DAY, LAST_DAY = date(1970, 1, 1), date(9999, 1, 1)
 # Rows per page: a dashboard's month of a hundred teams by day in a few pages, at most.
 LIMIT = 500
 MAX_LIMIT = 10_000
@@ -46,13 +48,18 @@ def read_usage(
     accept: Annotated[str, Header()] = "application/json",
 ) -> Any:
     """Accelerator-seconds allocated (submitted to ended; running runs up to now) in the UTC
-    days [from, to), default the last 30 days by team. A viewer or member sees its own team's.
+    days [from, to) (days from 1970-01-01 to 9999-01-01), default the last 30 days by team. A
+    viewer or member sees its own team's.
 
     JSON comes in pages of ``limit`` rows (pass ``next_cursor`` back as ``cursor`` for the
     next), with the whole report's ``total_rows`` (as the first page counted them) and
     ``total_accelerator_hours`` on each:
     largest first, or by day (then the other groups) when grouped by day. CSV is the whole
     report, largest first."""
+    for name, day in (("from", start), ("to", end)):
+        if day is not None and not FIRST_DAY <= day <= LAST_DAY:
+            msg = f"{name} must be a day from {FIRST_DAY} to {LAST_DAY}"
+            raise InvalidSpec(msg, [field_error(["query", name], msg)])
     today = utcnow().date()
     end = end or today + timedelta(days=1)
     start = start or end - timedelta(days=30)
