@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import select
 
+from service import usage
 from service.recipes.base import Launch
 from service.scheduling.shape import Group, ResourceShape
 from service.store.db import Database
-from service.store.models import Run, RunEvent, utcnow
-from service.store.status import RunStatus
+from service.store.models import Run, RunAttempt, RunEvent, utcnow
+from service.store.status import TERMINAL, RunStatus
 
 _NOT_ON_RAY = {RunStatus.QUEUED, RunStatus.CANCELLED}
 
@@ -64,3 +66,35 @@ def read_run(db: Database, run_id: str = "r1") -> tuple[Run, list[str]]:
         reasons = list(s.scalars(select(RunEvent.reason).where(RunEvent.run_id == run_id)))
         s.expunge(run)
     return run, reasons
+
+
+def fill_for_fuzzing(db: Database) -> list[str]:
+    """Runs of two teams in every status (with their events, an archived attempt, kept usage)
+    for a fuzzer's reads to find; their ids."""
+    ids = []
+    with db.transaction() as s:
+        for i, status in enumerate(RunStatus):
+            for team in ("vision", "speech"):
+                run = new_run(f"fuzz-{team}-{status.lower()}", status, team=team, npus=8, attempt=2)
+                s.add(run)
+                s.flush()
+                s.add(
+                    RunEvent(
+                        run_id=run.id,
+                        at=run.created_at,
+                        from_status=None,
+                        to_status=status,
+                        reason="filled",
+                        attempt=2,
+                    )
+                )
+                s.add(
+                    RunAttempt(
+                        run_id=run.id, n=1, ray_job_id=run.id, status="FAILED", ended_at=utcnow()
+                    )
+                )
+                if status in TERMINAL and run.submitted_at is not None:
+                    run.ended_at = utcnow()
+                    usage.accrue(s, run, run.ended_at + timedelta(hours=i))
+                ids.append(run.id)
+    return ids
