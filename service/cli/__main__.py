@@ -1,0 +1,5 @@
+"""``python -m service.cli``: the ``rlrun`` command."""
+
+from service.cli import app
+
+app()

@@ -1,0 +1,118 @@
+"""The cluster side: the script that submits a run's job by hand, the cluster's view, and the
+verl versions specs may name (``rlrun verl add``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.text import Text
+
+from service.cli.common import (
+    Output,
+    OutputOpt,
+    ServerOpt,
+    TokenOpt,
+    clean,
+    connect,
+    console,
+    emit_json,
+    errors,
+    say,
+)
+from service.cli_tables import Column, print_table
+
+verl_app = typer.Typer(help="verl versions specs may name (verl_version).", no_args_is_help=True)
+
+
+@verl_app.command("add")
+def verl_add(
+    version: Annotated[str, typer.Argument(help="a verl release, e.g. 0.9.0")],
+    output: OutputOpt = Output.table,
+) -> None:
+    """Download verl VERSION's wheel (no dependencies) into RLRUN_VERL_CACHE_DIR
+    (--output json: {"version", "path"})."""
+    from service.recipes.verl import versions
+    from service.settings import Settings
+
+    try:
+        settings = Settings()
+        root = versions.add(version, Path(settings.verl_cache_dir), settings.verl_index_json_url)
+    except (ValueError, OSError) as exc:
+        say(str(exc), style="red", to=errors)
+        raise typer.Exit(1) from exc
+    if output == Output.json:
+        emit_json({"version": version, "path": str(root)})
+    else:
+        say(f"verl {version} is available at {root}")
+
+
+def script(
+    run_id: str, server: ServerOpt = None, token: TokenOpt = None, output: OutputOpt = Output.table
+) -> None:
+    """The bash script that submits the run's job by hand with `ray job submit`
+    (--output json: {"run_id", "script"})."""
+    with connect(server, token) as client:
+        text = client.script(run_id)
+    if output == Output.json:
+        emit_json({"run_id": run_id, "script": text})
+    else:
+        sys.stdout.write(clean(text, keep="\n\t"))
+
+
+def cluster(
+    server: ServerOpt = None, token: TokenOpt = None, output: OutputOpt = Output.table
+) -> None:
+    """Nodes, what each active run holds, teams against quotas, the queue with reasons."""
+    with connect(server, token) as client:
+        view = client.cluster()
+    if output == Output.json:
+        emit_json(view)
+        return
+    nodes = [[Text(clean(c)) for c in node_cells(n)] for n in view["nodes"]]
+    unreachable = "" if view.get("ray", {}).get("ok") else ": Ray is not reachable"
+    print_table(console, NODE_COLUMNS, nodes, f"no nodes{unreachable}")
+    print_table(console, ACTIVE_COLUMNS, cells(view["active"], ACTIVE_KEYS), "nothing running")
+    for team, use in view["teams"].items():
+        say(f"team {team}: {use['accelerators']} held, quota {use['quota'] or 'none'}")
+    print_table(console, QUEUE_COLUMNS, cells(view["queue"], QUEUE_KEYS), "nothing queued")
+
+
+NODE_COLUMNS = (
+    Column("node"),
+    Column("accelerators free/total"),
+    Column("CPUs free/total", drop=1),
+)
+ACTIVE_KEYS = ("id", "name", "team", "status", "accelerators")
+ACTIVE_COLUMNS = (
+    Column("running"),
+    Column("name", drop=1),
+    Column("team", drop=2),
+    Column("status"),
+    Column("accelerators"),
+)
+QUEUE_KEYS = ("position", "id", "name", "team", "accelerators", "reason")
+QUEUE_COLUMNS = (
+    Column("#"),
+    Column("queued"),
+    Column("name", drop=1),
+    Column("team", drop=2),
+    Column("accelerators", drop=3),
+    Column("reason", sentence=True),
+)
+
+
+def cells(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> list[list[Text]]:
+    return [[Text(clean("" if r.get(k) is None else r[k])) for k in keys] for r in rows]
+
+
+def node_cells(node: dict[str, Any]) -> tuple[str, str, str]:
+    total, free = node.get("total", {}), node.get("available", {})
+    kind = "NPU" if total.get("NPU") else "GPU"
+    return (
+        str(node["id"]),
+        f"{free.get(kind, 0):g}/{total.get(kind, 0):g} {kind}",
+        f"{free.get('CPU', 0):g}/{total.get('CPU', 0):g}",
+    )
