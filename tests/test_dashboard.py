@@ -4,8 +4,6 @@ running real tiny-grpo runs. Each view's screenshot is kept in ``docs/``."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -19,17 +17,13 @@ from playwright.sync_api import sync_playwright
 
 from service.app import create_app
 from service.cluster.local_ray import LocalRayCluster
+from tests.browser import CHROMIUM, needs_chromium, skip_without_chromium
 from tests.conftest import TERMINAL, make_settings, wait_for, wait_status
 from tests.live import ServerThread
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 DOCS = Path(__file__).resolve().parents[1] / "docs"
-# Outside CI a machine without Chromium skips these; CI installs it, so there they must run.
 pytestmark = [
-    pytest.mark.skipif(
-        not Path(CHROMIUM).exists() and not os.environ.get("CI"),
-        reason="needs Debian's chromium (apt-get install -y chromium)",
-    ),
+    needs_chromium,
     pytest.mark.ray,
     pytest.mark.slow,
 ]
@@ -80,6 +74,7 @@ def live(ray_cluster: LocalRayCluster, tmp_path_factory: pytest.TempPathFactory)
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    skip_without_chromium()
     with sync_playwright() as pw:
         browser = pw.chromium.launch(
             executable_path=CHROMIUM,

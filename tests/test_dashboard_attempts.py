@@ -18,13 +18,14 @@ from service.metrics.parse import MetricLine
 from service.store.db import Database, upgrade
 from service.store.models import RunAttempt, RunLog, utcnow
 from service.store.status import RunStatus
+from tests.browser import needs_chromium
 from tests.conftest import make_settings
 from tests.factories import new_run
 from tests.live import ServerThread
-from tests.test_dashboard import CHROMIUM, browser, page, until  # noqa: F401
+from tests.test_dashboard import browser, page, until  # noqa: F401
 
 pytestmark = [
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium"),
+    needs_chromium,
     pytest.mark.slow,
 ]
 STEPS = 20

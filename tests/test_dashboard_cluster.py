@@ -14,12 +14,13 @@ import pytest
 from service.app import create_app
 from service.cluster.local_ray import LocalRayCluster
 from service.cluster.ray_jobs import RayJobs
+from tests.browser import needs_chromium
 from tests.conftest import RAY_PORT, TERMINAL, make_settings, wait_status
 from tests.live import ServerThread
-from tests.test_dashboard import CHROMIUM, browser, page, shot  # noqa: F401
+from tests.test_dashboard import browser, page, shot  # noqa: F401
 
 pytestmark = [
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium"),
+    needs_chromium,
     pytest.mark.ray,
     pytest.mark.slow,
 ]

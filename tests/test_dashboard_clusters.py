@@ -11,14 +11,15 @@ import pytest
 from service.app import create_app
 from service.cluster.registry import Health
 from service.scheduling.inventory import InventoryCache
+from tests.browser import needs_chromium
 from tests.conftest import make_settings
 from tests.fake_ray import FakeRay
 from tests.live import ServerThread
 from tests.test_clusters import CLUSTERS_YAML, TWO_NODES
-from tests.test_dashboard import CHROMIUM, browser, page, until  # noqa: F401
+from tests.test_dashboard import browser, page, until  # noqa: F401
 
 pytestmark = [
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium"),
+    needs_chromium,
     pytest.mark.slow,
 ]
 

@@ -16,13 +16,14 @@ from service import usage
 from service.app import create_app
 from service.store.db import Database, upgrade
 from service.store.status import RunStatus
+from tests.browser import needs_chromium
 from tests.conftest import make_settings
 from tests.factories import new_run
 from tests.live import ServerThread
-from tests.test_dashboard import CHROMIUM, browser, page, shot, until  # noqa: F401
+from tests.test_dashboard import browser, page, shot, until  # noqa: F401
 
 pytestmark = [
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium"),
+    needs_chromium,
     pytest.mark.slow,
 ]
 TEAMS = {"vision": 16, "nlp": 8, "speech": 4, "rl": 2, "infra": 1}

@@ -19,14 +19,15 @@ from service.store.db import Database, upgrade
 from service.store.models import WebhookDelivery, utcnow
 from service.store.status import RunStatus
 from service.store.tokens import create as create_token
+from tests.browser import needs_chromium
 from tests.conftest import make_settings
 from tests.factories import add_run
 from tests.live import ServerThread
-from tests.test_dashboard import CHROMIUM, browser, page, shot, until  # noqa: F401
+from tests.test_dashboard import browser, page, shot, until  # noqa: F401
 from tests.test_webhooks import LOCAL, Receiver, _fail
 
 pytestmark = [
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium"),
+    needs_chromium,
     pytest.mark.slow,
 ]
 
