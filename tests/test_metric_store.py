@@ -14,6 +14,7 @@ from service.metrics import logcopy, store
 from service.metrics.health import HealthRules
 from service.metrics.log_readers import WholeLogReader
 from service.metrics.parse import MetricLine
+from service.metrics.store import writes
 from service.store.db import Database
 from service.store.models import MetricBucket, MetricKey, MetricPoint, Run, RunLog, utcnow
 from service.store.status import RunStatus
@@ -239,7 +240,7 @@ def test_a_key_another_writer_added_meanwhile_is_looked_up_and_not_counted(db: D
         store.add_lines(s, run_id, [(1, MetricLine(1, {"a": 1.0}))])
         held = s.scalar(select(MetricKey.id).where(MetricKey.key == "a"))
         # As if "a" had been looked up as missing just before the other writer added it.
-        ids, created = store._add_keys(s, run_id, {"a", "b"})
+        ids, created = writes._add_keys(s, run_id, {"a", "b"})
     assert ids["a"] == held and set(ids) == {"a", "b"} and created == 1
 
 
