@@ -13,7 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field
 RetryClass = Literal[
     "npu_oom",
     "host_oom",
+    "device_error",
     "collective_timeout",
+    "collective_error",
     "actor_died",
     "node_lost",
     "unschedulable",

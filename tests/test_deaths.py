@@ -7,6 +7,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import pytest
+
 from service.cluster.ray_jobs import RayUnavailable
 from service.loops.follower import Follower
 from service.metrics.health import HealthRules
@@ -138,3 +140,16 @@ def test_an_unreachable_actor_whose_node_ray_never_finds_dead_is_an_actor_that_d
     follower.tick()
     failure = read_run(db)[0].failure
     assert failure is not None and failure["class"] == "actor_died", failure
+
+
+# The state API gives Ray's enum as its name or its number (3: NODE_DIED).
+@pytest.mark.parametrize("reason", ["NODE_DIED", 3])
+def test_ray_s_reason_that_the_actor_s_node_died_is_a_lost_node_though_no_node_is_listed(
+    db: Database, reason: str | int
+) -> None:
+    ray = FakeRay()
+    context = {"error_message": "The actor died because its node has died.", "reason": reason}
+    _dead_trainer(ray, "n1", {"actor_died_error_context": context})
+    failure = _failed(db, ray, "step:1 - a:1\n" + DIED)
+    assert failure["class"] == "node_lost", failure
+    assert "(actor_died_error_context, NODE_DIED)" in failure["evidence"][0]["line"]

@@ -41,5 +41,8 @@ def test_an_actor_death_only_ray_s_state_api_knows_of_is_the_failure_s_class(
     # Ray prints the worker's death into the driver's log too (the evidence above); its state
     # API, which the classifier reads after the log, says it with the cause.
     (line,) = deaths.read(ray, run_id).lines
-    assert line.startswith("Ray's state API: actor Dying died: "), line
+    # Ray's word on why: the death cause's context and reason, then its messages.
+    assert line.startswith(
+        "Ray's state API: actor Dying died (actor_died_error_context, WORKER_DIED): "
+    ), line
     assert "worker process has died" in line or "exit" in line.lower(), line

@@ -1,60 +1,42 @@
-"""Failure classes from real logs: every excerpt in tests/data/failures (each from a public
-report, named in its header) through the classifier."""
+"""Failure classes from real logs: every excerpt of the rule set in tests/data/failures (each
+from a public report, named in its header) through the classifier. The held-out excerpts it
+was not written on are ``tests/test_diagnosis.py``'s."""
 
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
 from service.recovery.classify import FAILURE_CLASSES, classify
+from tests.failure_corpus import RULE_SET, Excerpt, load, score
 
-CORPUS = sorted((Path(__file__).parent / "data" / "failures").glob("*.log"))
-
-
-def _excerpt(path: Path) -> tuple[str, str]:
-    """(expected class, the log lines) of a corpus file; its header says both."""
-    header = [line for line in path.read_text().splitlines() if line.startswith("# ")]
-    meta = dict(line[2:].split(": ", 1) for line in header if ": " in line[2:])
-    assert meta["source"].startswith("https://github.com/"), path.name
-    body = "".join(
-        line for line in path.read_text().splitlines(keepends=True) if not line.startswith("# ")
-    )
-    return meta["class"], body
+CORPUS = load(RULE_SET)
 
 
-def test_the_corpus_is_large_and_wide_enough() -> None:
-    classes = Counter(_excerpt(path)[0] for path in CORPUS)
-    assert sum(classes.values()) >= 25
-    assert len(classes) >= 10
+def test_the_rule_set_is_large_and_wide_enough() -> None:
+    classes = Counter(e.cls for e in CORPUS)
+    assert sum(classes.values()) >= 60
+    assert len(classes) >= 12
     assert set(classes) <= set(FAILURE_CLASSES)
 
 
-def test_the_corpus_is_classified_right_and_never_wrongly_when_unsure() -> None:
-    right, wrong = 0, []
-    for path in CORPUS:
-        expected, body = _excerpt(path)
-        got = classify(body).cls
-        if got == expected:
-            right += 1
-        elif got != "unknown":
-            wrong.append(f"{path.name}: {got}")
-    print(f"\n{right}/{len(CORPUS)} right; wrong: {wrong}")
-    assert right >= 0.9 * len(CORPUS)
-    assert not wrong  # a class the service is not sure of is "unknown", never another
+def test_the_rule_set_is_classified_right_and_never_wrongly_when_unsure() -> None:
+    result = score(CORPUS)
+    print(f"\n{result.right.total()}/{result.total} right; misses: {result.misses}")
+    assert result.share(result.right) >= 0.9
+    assert not result.wrong  # a class the service is not sure of is "unknown", never another
 
 
-@pytest.mark.parametrize("path", CORPUS, ids=lambda p: p.stem)
-def test_each_excerpt_has_its_class_and_its_decisive_lines(path: Path) -> None:
-    expected, body = _excerpt(path)
-    failure = classify(body, offset=1000)
-    assert failure.cls == expected
+@pytest.mark.parametrize("excerpt", CORPUS, ids=lambda e: e.path.stem)
+def test_each_excerpt_has_its_class_and_its_decisive_lines(excerpt: Excerpt) -> None:
+    failure = classify(excerpt.body, offset=1000)
+    assert failure.cls == excerpt.cls
     assert failure.evidence and failure.summary and failure.hint
     for evidence in failure.evidence:
         # Offsets point into the kept log: the line is there.
         assert evidence.offset is not None
-        assert body[evidence.offset - 1000 :].startswith(evidence.line[:50])
+        assert excerpt.body[evidence.offset - 1000 :].startswith(evidence.line[:50])
 
 
 def test_a_cause_outranks_the_actor_deaths_it_causes() -> None:

@@ -23,6 +23,18 @@ UNAVAILABLE = "ActorUnavailableError"
 # How long after the job ended an undecided word is waited for: Ray's health checks call a node
 # dead after 5 missed checks 3 s apart (its defaults), well within this.
 VERDICT_WAIT = timedelta(seconds=45)
+# Ray's ``ActorDiedErrorContext.Reason``, by number.
+DEATH_REASONS = (
+    "UNSPECIFIED",
+    "WORKER_DIED",
+    "OWNER_DIED",
+    "NODE_DIED",
+    "RAY_KILL",
+    "OUT_OF_SCOPE",
+    "REF_DELETED",
+)
+# The texts of a death cause: its message, the dead node's, the creation task's exception.
+_MESSAGES = ("error_message", "reason_message", "formatted_exception_string")
 
 
 @dataclass(frozen=True)
@@ -47,19 +59,35 @@ def read(ray: RayJobs, run_id: str) -> Word:
         for n in nodes
     ]
     for actor in actors:
-        why = "; ".join(dict.fromkeys(_messages(actor.get("death_cause"))))
+        cause = actor.get("death_cause")
+        why = "; ".join(dict.fromkeys(_messages(cause)))
         if why:
-            lines.append(f"{PREFIX}actor {actor.get('class_name') or 'actor'} died: {why}")
+            kind = _kind(cause)
+            said = f" ({kind})" if kind else ""
+            lines.append(f"{PREFIX}actor {actor.get('class_name') or 'actor'} died{said}: {why}")
     undecided = UNAVAILABLE in (info.message or "") and not nodes
     return Word([line[:1000] for line in lines[:MAX_LINES]], undecided)
 
 
+def _kind(cause: Any) -> str:
+    """Ray's word on why the actor died: the death cause's context (``oom_context``,
+    ``actor_died_error_context``, ...) and, for an actor that died, the reason (``NODE_DIED``,
+    ``WORKER_DIED``, ...; a number where the state API gives Ray's enum as one)."""
+    if not isinstance(cause, dict) or len(cause) != 1:
+        return ""
+    ((context, detail),) = cause.items()
+    reason = detail.get("reason") if isinstance(detail, dict) else None
+    if isinstance(reason, int) and 0 <= reason < len(DEATH_REASONS):
+        reason = DEATH_REASONS[reason]
+    return f"{context}, {reason}" if isinstance(reason, str) and reason else str(context)
+
+
 def _messages(cause: Any) -> Iterator[str]:
-    """Every ``error_message`` in a death cause, however Ray nests it (creation task failure,
-    the actor died, out of memory, runtime env, unschedulable)."""
+    """Every message in a death cause, however Ray nests it (creation task failure, the actor
+    died, out of memory, runtime env, unschedulable)."""
     if isinstance(cause, dict):
         for key, value in cause.items():
-            if key == "error_message" and isinstance(value, str) and value.strip():
+            if key in _MESSAGES and isinstance(value, str) and value.strip():
                 yield " ".join(value.split())
             else:
                 yield from _messages(value)

@@ -48,6 +48,7 @@ def failure_of(session: Session, run: Run, ray_state: Sequence[str] = ()) -> Fai
             "node_lost",
             "Ray no longer knows the job (its head restarted, or the job was removed)",
             "retry the run; a head that restarts should keep its jobs (GCS fault tolerance)",
+            found.evidence,  # the log's last error lines, if any
         )
     return found
 

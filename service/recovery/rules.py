@@ -1,0 +1,214 @@
+"""The classifier's rules: for each failure class the lines that show it, as reporters' logs
+and Ray word them, with a one-line summary and what to change.
+
+Each pattern was written from the excerpts in ``tests/data/failures`` (the rule set), never
+from ``tests/data/failures/held_out``, which measures how the rules carry to logs they were
+not written on (``tests/benchmarks/bench_diagnosis.py``). Lines Ray's state API gives on a
+job's dead actors read ``Ray's state API: actor <class> died (<death context>[, <reason>]):
+<messages>`` (``recovery.deaths``); the rules read the context and reason there as Ray's own
+word on why the actor died.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A class and the lines that show it (a pattern searched in the whole text, so made to
+    match within a line: ``^`` is a line's start, nothing spans a newline)."""
+
+    cls: str
+    pattern: re.Pattern[str]
+    summary: str
+    hint: str
+
+
+TRAINER_MEMORY = (
+    "the trainer group: lower actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu or "
+    "ppo_max_token_len_per_gpu, or turn on actor.fsdp_config.param_offload / "
+    "optimizer_offload and model.enable_gradient_checkpointing"
+)
+ROLLOUT_MEMORY = (
+    "the rollout group: lower actor_rollout_ref.rollout.gpu_memory_utilization or "
+    "max_num_batched_tokens, or raise rollout.tensor_model_parallel_size"
+)
+
+# Causes: of these, the one whose first line comes earliest in the log wins (a tie goes to the
+# rule listed first).
+CAUSES = [
+    Rule(
+        "npu_oom",
+        re.compile(r"(NPU|CUDA) out of memory|OutOfMemoryError: (NPU|CUDA)"),
+        "an accelerator ran out of memory",
+        "",  # chosen by the group the line came from (classify's memory hint)
+    ),
+    Rule(
+        "host_oom",
+        re.compile(
+            r"killed due to the node running low on memory|killed due to memory pressure"
+            r"|RayOutOfMemoryError|Out of memory: Killed process"
+            r"|exceeds the memory usage threshold|Worker exit type: NODE_OUT_OF_MEMORY"
+            r"|^Ray's state API: actor \S+ died \(oom_context",
+            re.M,
+        ),
+        "a node ran out of host memory and Ray (or the kernel) killed a worker",
+        "give the driver and workers fewer processes or less data in memory per node "
+        "(data.dataloader_num_workers, rollout agent workers), or spread the run over more nodes",
+    ),
+    Rule(
+        "device_error",
+        # "CUDA error: out of memory" is an accelerator out of memory, not a fault.
+        re.compile(
+            r"CUDA error: (?!out of memory)|AcceleratorError\b|NPU function error"
+            r"|EZ9999\b|(aicore|vector core) execution is abnormal"
+        ),
+        "an accelerator or one of its kernels failed (an illegal access, a device fault)",
+        "retry once (a device can fault once); if it comes back, on the same node or the same "
+        "step, check the driver / CANN and torch_npu versions, the attention backend "
+        "(VLLM_ATTENTION_BACKEND) and the device's health (npu-smi, nvidia-smi)",
+    ),
+    Rule(
+        "collective_timeout",
+        re.compile(
+            r"Watchdog caught collective operation timeout|EI000[26]\b"
+            r"|Notify register times out|Getting socket times out"
+            r"|HCCL.{0,80}(?i:time[sd]? ?out)|NCCL.{0,80}(?i:timeout)|client socket has timed out"
+        ),
+        "a collective operation (HCCL/NCCL) timed out",
+        "look for an earlier error on another rank first; a rank that is only slow needs a "
+        "longer HCCL_EXEC_TIMEOUT / HCCL_CONNECT_TIMEOUT (NCCL: the process group timeout)",
+    ),
+    Rule(
+        "collective_error",
+        re.compile(
+            r"NCCL error|nccl(UnhandledCudaError|SystemError|InternalError|RemoteError"
+            r"|InvalidUsage)\b|NCCL WARN (Net|NET/)|HCCL function error|hccl api failed"
+            r"|\bEI0009\b|Transport init error"
+        ),
+        "a collective operation (HCCL/NCCL) failed: a peer, the network or the library",
+        "check the network between the nodes (NCCL_SOCKET_IFNAME / HCCL_IF_IP, InfiniBand / "
+        "RoCE links), that every node runs the same NCCL / CANN, and whether another rank "
+        "crashed first (its log)",
+    ),
+    Rule(
+        "node_lost",
+        re.compile(
+            r"has been marked dead because the (detector|monitor) has missed too many heartbeats"
+            r"|mistakenly been marked (as )?dead|NodeDiedError|node (\S+ )?(died|was removed)"
+            r"|^Ray's state API: actor \S+ died \(\w+, NODE_DIED\)",
+            re.I | re.M,
+        ),
+        "a node of the run left the cluster",
+        "retry the run; if the same node keeps leaving, take it out of the cluster",
+    ),
+    Rule(
+        "missing_path",
+        re.compile(
+            r"FileNotFoundError|No such file or directory|does not appear to have a file named"
+            r"|Unable to find '|HFValidationError|is not a local folder and is not a valid model"
+            r"|Incorrect path_or_model_id"
+        ),
+        "a file or directory the run needs is not there",
+        "check data.train_files, data.val_files, the model path and the checkpoint dir on every "
+        "node of the run (the preflight line names the node)",
+    ),
+    Rule(
+        "import_error",
+        re.compile(
+            r"ModuleNotFoundError|ImportError|No module named"
+            r"|^Ray's state API: actor \S+ died \(runtime_env_failed_context",
+            re.M,
+        ),
+        "a Python module or name could not be imported",
+        "the worker image's packages do not match what the run needs: compare verl, vllm, "
+        "vllm-ascend and torch_npu versions with the image's constraints",
+    ),
+    Rule(
+        "config_error",
+        re.compile(
+            r"Could not override '|Error merging override|is not in struct|Key '[^'\n]+' not in '"
+            r"|ConfigCompositionException|omegaconf\.errors\.\w+"
+        ),
+        "verl's configuration refused an override",
+        "fix the named key (a dry run composes the config and names the field)",
+    ),
+    Rule(
+        "unschedulable",
+        re.compile(
+            r"cannot be scheduled right now|pending and cannot currently be scheduled"
+            r"|pending placement groups|No available node types can fulfill"
+            r"|Waiting for creating a placement group|required GPUs exceeds the total number"
+            r"|no nodes have the necessary resources|cannot satisfy its resource requirements"
+            r"|^Ray's state API: actor \S+ died \(actor_unschedulable_context",
+            re.M,
+        ),
+        "an actor or placement group of the run could not be scheduled",
+        "a group needs more accelerators on one node than any node has free: lower the "
+        "group's accelerators per node (resources.*) or wait for the holder to end",
+    ),
+    Rule(
+        "nan",
+        # And a metric line whose loss is NaN (classify reads those with metrics.parse).
+        re.compile(r"returned nan values in its \w+ output"),
+        "training produced NaN",
+        "resume from a checkpoint before the NaN with a lower learning rate or a tighter "
+        "actor_rollout_ref.actor.grad_clip; check the reward for NaN/inf and the KL estimator "
+        "(actor.kl_loss_type)",
+    ),
+]
+
+# Effects: named only when no cause is; the first rule that matches wins. A death Ray reports
+# outranks the rollout frames it surfaced in (a rollout server's sleep or wake-up calls every
+# worker, so a worker's death shows there), but not the async pipeline's own actors dying.
+_ASYNC_SUMMARY = "the asynchronous rollout pipeline failed"
+_ASYNC_HINT = (
+    "the rollouter's traceback above names the failing call; partial rollouts and the "
+    "message queue stop with it"
+)
+EFFECTS = [
+    Rule(
+        "async_pipeline_error",
+        re.compile(
+            r"ray::(AgentLoopWorker|FullyAsyncRollouter|ParameterSynchronizer|MessageQueue)\b"
+            r"|EngineDeadError|Engine background task failed"
+            r"|HTTPStatusError: Server error '5\d\d"
+        ),
+        _ASYNC_SUMMARY,
+        _ASYNC_HINT,
+    ),
+    Rule(
+        "actor_died",
+        re.compile(
+            r"ActorDiedError|RayActorError|The actor died unexpectedly|A worker died or was killed"
+            r"|Worker unexpectedly exits|^Ray's state API: actor \S+ died\b",
+            re.M,
+        ),
+        "an actor of the run died",
+        "the actor's own log holds the reason (a crash, SIGKILL, or an error before this line)",
+    ),
+    Rule(
+        "async_pipeline_error",
+        re.compile(
+            r'File "[^"\n]*(fully_async_policy|agent_loop|/rollout/)[^"\n]*"'
+            r"|Rollouter.*(error|failed)"
+        ),
+        _ASYNC_SUMMARY,
+        _ASYNC_HINT,
+    ),
+]
+
+# Ray's error types that say what happened without a log.
+RAY_ERRORS = {
+    "JOB_SUPERVISOR_ACTOR_START_TIMEOUT": "unschedulable",
+    "RUNTIME_ENV_SETUP_FAILURE": "import_error",
+}
+
+# A line that shows an error, for the evidence of a failure no rule names.
+ERROR_LINE = re.compile(r"Traceback \(most recent|E(rror|xception)\b|FATAL\b|ERROR\b|[Ff]ailed\b")
+
+
+def rule(cls: str) -> Rule:
+    return next(r for r in CAUSES + EFFECTS if r.cls == cls)
