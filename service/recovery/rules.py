@@ -85,8 +85,8 @@ CAUSES = [
         "collective_error",
         re.compile(
             r"NCCL error|nccl(UnhandledCudaError|SystemError|InternalError|RemoteError"
-            r"|InvalidUsage)\b|NCCL WARN (Net|NET/)|HCCL function error|hccl api failed"
-            r"|\bEI0009\b|Transport init error"
+            r"|InvalidUsage)\b|NCCL WARN (Net|NET/|Cuda failure)|DistBackendError"
+            r"|HCCL function error|hccl api failed|\bEI0009\b|Transport init error"
         ),
         "a collective operation (HCCL/NCCL) failed: a peer, the network or the library",
         "check the network between the nodes (NCCL_SOCKET_IFNAME / HCCL_IF_IP, InfiniBand / "
@@ -142,6 +142,7 @@ CAUSES = [
             r"|pending placement groups|No available node types can fulfill"
             r"|Waiting for creating a placement group|required GPUs exceeds the total number"
             r"|no nodes have the necessary resources|cannot satisfy its resource requirements"
+            r"|Failed to (schedule|create) placement group"
             r"|^Ray's state API: actor \S+ died \(actor_unschedulable_context",
             re.M,
         ),
