@@ -11,10 +11,10 @@ from sqlalchemy import select
 
 from service import usage
 from service.app import create_app
+from service.cluster.inventory_cache import InventoryCache
 from service.loops.submitter import Submitter
 from service.scheduling.admission import Quotas
 from service.scheduling.budgets import Budgets
-from service.scheduling.inventory import InventoryCache
 from service.store.db import Database
 from service.store.models import AuditEntry, utcnow
 from service.store.status import RunStatus

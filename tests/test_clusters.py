@@ -14,6 +14,7 @@ from sqlalchemy import select
 
 from service.app import create_app
 from service.clock import utcnow
+from service.cluster.inventory_cache import InventoryCache
 from service.cluster.ray_jobs import RayUnavailable
 from service.cluster.registry import ClusterHandle, Clusters, Health
 from service.cluster.spec import ClustersFileError, ClusterSpec, LocalShape, declared, load
@@ -25,7 +26,6 @@ from service.loops.submitter import Submitter
 from service.metrics.health import HealthRules
 from service.recovery.retry import RetryConfig
 from service.scheduling.admission import Quotas
-from service.scheduling.inventory import InventoryCache
 from service.settings import Settings
 from service.store.db import Database
 from service.store.models import AuditEntry, MetricKey, Run, RunLog

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from service.app import create_app
+from service.cluster.inventory_cache import InventoryCache
 from service.cluster.registry import Health
-from service.scheduling.inventory import InventoryCache
 from tests.browser import needs_chromium
 from tests.conftest import make_settings
 from tests.fake_ray import FakeRay

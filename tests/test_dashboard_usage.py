@@ -94,10 +94,10 @@ def test_a_run_waiting_for_its_team_s_budget_says_by_how_much_on_its_page(
     tmp_path: Path,
     page: Any,  # noqa: F811
 ) -> None:
+    from service.cluster.inventory_cache import InventoryCache
     from service.loops.submitter import Submitter
     from service.scheduling.admission import Quotas
     from service.scheduling.budgets import Budgets
-    from service.scheduling.inventory import InventoryCache
     from tests.fake_ray import FakeRay
     from tests.test_budgets import used_this_month
 

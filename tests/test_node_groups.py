@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
+from service.cluster.inventory_cache import InventoryCache
 from service.cluster.registry import Clusters
 from service.loops.submitter import Submitter
 from service.scheduling.admission import HeldRun, Quotas
-from service.scheduling.inventory import Inventory, InventoryCache, Node
+from service.scheduling.inventory import Inventory, Node
 from service.scheduling.node_groups import NodeGroups, decide_grouped
 from service.scheduling.outside import ClusterJob
 from service.scheduling.shape import Group, ResourceShape

@@ -16,6 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
+from service.cluster.inventory_cache import InventoryCache
 from service.loops.follower import Follower
 from service.loops.reconciler import Reconciler
 from service.loops.submitter import Submitter
@@ -26,7 +27,6 @@ from service.notify.guard import AllowList
 from service.notify.sender import Notifier
 from service.recovery.retry import RetryConfig
 from service.scheduling.admission import Quotas
-from service.scheduling.inventory import InventoryCache
 from service.scheduling.outside import ClusterJob, unmanaged
 from service.store.db import Database
 from service.store.models import Run, RunAttempt, Webhook, WebhookDelivery, utcnow

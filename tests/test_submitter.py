@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
+from service.cluster.inventory_cache import InventoryCache
 from service.cluster.ray_jobs import RayRejected, RayUnavailable
 from service.loops.submitter import Submitter
 from service.scheduling.admission import Quotas
-from service.scheduling.inventory import InventoryCache
 from service.store.db import Database
 from service.store.lifecycle import transition
 from service.store.models import Run

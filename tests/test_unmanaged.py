@@ -10,12 +10,12 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from service.app import create_app
+from service.cluster.inventory_cache import InventoryCache
 from service.cluster.ray_jobs import RayUnavailable
 from service.cluster.registry import Clusters
 from service.loops.submitter import Submitter
 from service.loops.unmanaged import UnmanagedJobs
 from service.scheduling.admission import Quotas, decide
-from service.scheduling.inventory import InventoryCache
 from service.scheduling.outside import entrypoint_head, from_state, held_outside, unmanaged
 from service.store.db import Database
 from service.store.models import AuditEntry

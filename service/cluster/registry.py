@@ -15,12 +15,12 @@ from datetime import datetime
 from typing import Any, Literal
 
 from service.clock import utcnow
+from service.cluster.inventory_cache import InventoryCache
 from service.cluster.local_ray import LocalRayCluster
 from service.cluster.ray_jobs import RayJobs
 from service.cluster.spec import DEFAULT, ClustersFileError, ClusterSpec
 from service.errors import InvalidSpec, field_error
 from service.scheduling.admission import Quotas
-from service.scheduling.inventory import InventoryCache
 from service.settings import Settings
 from service.team_secrets import SecretStore
 

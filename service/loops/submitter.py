@@ -26,6 +26,7 @@ import jobs
 from jobs import grant as job_grant
 from jobs import resume
 from service.client import DEFAULT_URL
+from service.cluster.inventory_cache import InventoryCache
 from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable, stop_job, zip_files
 from service.cluster.registry import ClusterHandle, Clusters, cluster_quotas
 from service.recipes.base import RUN_FILES_DIR
@@ -34,7 +35,7 @@ from service.scheduling import backlog
 from service.scheduling.across import decide_across
 from service.scheduling.admission import Quotas
 from service.scheduling.budgets import Budgets
-from service.scheduling.inventory import Inventory, InventoryCache
+from service.scheduling.inventory import Inventory
 from service.scheduling.node_groups import NodeGroups
 from service.store import grants
 from service.store.db import Database

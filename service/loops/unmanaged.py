@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from service.cluster.inventory_cache import InventoryCache
 from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable
 from service.cluster.registry import ClusterHandle, Clusters
-from service.scheduling.inventory import InventoryCache
 from service.scheduling.outside import ClusterJob, unmanaged
 from service.store import audit
 from service.store.db import Database

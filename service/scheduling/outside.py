@@ -7,7 +7,8 @@ groups (a submission's driver runs in a supervisor actor that holds its entrypoi
 Tasks are not counted here; their resources are in Ray's "available" figures all the same.
 
 Which of these jobs are runs of the service is for the caller to say (``unmanaged``): the
-database knows, not Ray (a job may carry any metadata).
+database knows, not Ray (a job may carry any metadata). Ray's answers are handed in
+(``from_state``); ``cluster/inventory_cache.py`` asks for them.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.cluster.ray_jobs import RayJobs
 from service.recovery.attempts import runs_of_jobs
 from service.store.models import Run
 
@@ -146,25 +146,6 @@ def held_outside(jobs: Iterable[ClusterJob], nodes: set[str] | None = None) -> d
                 for name, amount in resources.items():
                     out[name] += amount
     return dict(out)
-
-
-def read(ray: RayJobs) -> list[ClusterJob]:
-    """The alive jobs on the cluster now, with what they hold (three calls to Ray)."""
-    return from_state(
-        ray.all_jobs(), ray.state("actors", "ALIVE"), ray.state("placement_groups", "CREATED")
-    )
-
-
-def addresses(ray: RayJobs) -> dict[str, dict[str, str]]:
-    """Node id -> its ``address`` (IP) and ``hostname``, from Ray's list of alive nodes."""
-    return {
-        str(n["node_id"]): {
-            "address": str(n.get("node_ip") or ""),
-            "hostname": str(n.get("node_name") or ""),
-        }
-        for n in ray.state("nodes", "ALIVE")
-        if n.get("node_id")
-    }
 
 
 def holders(

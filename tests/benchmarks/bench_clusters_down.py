@@ -21,6 +21,7 @@ import tempfile
 import time
 from typing import Any
 
+from service.cluster.inventory_cache import InventoryCache
 from service.cluster.ray_jobs import RayUnavailable
 from service.cluster.registry import ClusterHandle, Clusters
 from service.cluster.spec import ClusterSpec
@@ -33,7 +34,6 @@ from service.metrics.health import HealthRules
 from service.recipes.base import Launch
 from service.recovery.retry import RetryConfig
 from service.scheduling.admission import Quotas
-from service.scheduling.inventory import InventoryCache
 from service.scheduling.shape import Group, ResourceShape
 from service.store.db import Database, upgrade
 from service.store.models import Run
