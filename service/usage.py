@@ -24,7 +24,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Mapper, Session
 
 from service.clock import utcnow
-from service.metrics.store import dialect_insert
+from service.store.dialect import dialect_insert
 from service.store.models import Run, UsageTeamTotal, UsageTotal
 from service.store.status import ACTIVE
 

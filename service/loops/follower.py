@@ -35,6 +35,7 @@ from service.notify import thresholds
 from service.recovery import attempts, deaths, ending, retry
 from service.recovery.retry import RetryConfig
 from service.store.db import Database
+from service.store.dialect import dialect_insert
 from service.store.lifecycle import note
 from service.store.models import Run, RunEvent, RunLog, Webhook, utcnow
 from service.store.status import TERMINAL, RunStatus
@@ -191,7 +192,7 @@ class Follower:
             if untracked:
                 # Another replica may add the same rows at the same time: the first one wins.
                 session.execute(
-                    store.dialect_insert(session)(RunLog).on_conflict_do_nothing(),
+                    dialect_insert(session)(RunLog).on_conflict_do_nothing(),
                     [{"run_id": run_id, "log_offset": 0} for run_id in untracked],
                 )
             # Runs this replica holds or whose holder's lease lapsed are all taken at once (a

@@ -13,9 +13,9 @@ from sqlalchemy.dialects.postgresql import ARRAY, aggregate_order_by
 from sqlalchemy.orm import Session
 
 from service.errors import NotFound
-from service.metrics import store
 from service.store import attempts
 from service.store.db import Database
+from service.store.latest import LATEST_OF_RUN, latest_of
 from service.store.models import MetricKey, Run, RunEvent
 from service.store.prepared import Prepared, fetch
 
@@ -161,7 +161,7 @@ def _at_once() -> Select[Any]:
     )
     latest = (
         select(func.json_agg(func.json_build_array(MetricKey.key, MetricKey.step, MetricKey.value)))
-        .where(store.latest_of(Run.id))
+        .where(latest_of(Run.id))
         .scalar_subquery()
     )
     return select(*RUN_COLUMNS, events.label("events_json"), latest.label("latest_json")).where(
@@ -173,7 +173,7 @@ def _at_once() -> Select[Any]:
 # A run's page on a miss, read on the driver's cursor (``prepared``).
 _PAGES_AT_ONCE = Prepared(_at_once())
 _PAGE_RUN, _PAGE_EVENTS = Prepared(_RUN), Prepared(_EVENTS)
-_PAGE_LATEST = Prepared(store.LATEST_OF_RUN)
+_PAGE_LATEST = Prepared(LATEST_OF_RUN)
 
 
 @lru_cache(maxsize=8)

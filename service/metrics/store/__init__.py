@@ -16,8 +16,6 @@ the service calls, so callers say ``store.add_lines``, ``store.series``.
 from __future__ import annotations
 
 from service.metrics.store.reads import (
-    LATEST_KEYS,
-    LATEST_OF_RUN,
     LINES_AFTER,
     LINES_LIMIT,
     as_lines,
@@ -25,7 +23,6 @@ from service.metrics.store.reads import (
     keys_of,
     latest,
     latest_every,
-    latest_of,
     latest_of_runs,
     lines_after,
     recent,
@@ -33,7 +30,6 @@ from service.metrics.store.reads import (
 )
 from service.metrics.store.rows import (
     Point,
-    dialect_insert,
 )
 from service.metrics.store.tiers import (
     LEVELS,
@@ -53,6 +49,7 @@ from service.metrics.store.writes import (
     superseded,
     within,
 )
+from service.store.latest import LATEST_KEYS, LATEST_OF_RUN, latest_of
 
 __all__ = [
     "BIG_STEP",
@@ -69,7 +66,6 @@ __all__ = [
     "Point",
     "add_lines",
     "as_lines",
-    "dialect_insert",
     "first",
     "ingest",
     "keys_of",

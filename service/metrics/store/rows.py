@@ -1,14 +1,13 @@
 """What the metric store's parts share: its tables as Core tables, the columns' bounds, how a
-value is stored (NaN as NULL) and read back, and the backend's INSERT."""
+value is stored (NaN as NULL) and read back."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 from sqlalchemy import Table
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from service.store.models import MetricBucket, MetricKey, MetricPoint
@@ -40,12 +39,6 @@ def stored(value: float) -> float | None:
 
 def read_value(value: float | None) -> float:
     return math.nan if value is None else value
-
-
-def dialect_insert(session: Session) -> Any:
-    """The backend's INSERT (it has ``on_conflict_do_nothing`` on SQLite and PostgreSQL)."""
-    dialect = session.get_bind().dialect.name
-    return postgresql.insert if dialect == "postgresql" else sqlite.insert
 
 
 def on_postgres(session: Session) -> bool:

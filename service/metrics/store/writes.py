@@ -29,11 +29,11 @@ from service.metrics.store.rows import (
     KEYS_PER_QUERY,
     POINTS,
     STEP_MAX,
-    dialect_insert,
     on_postgres,
     stored,
 )
 from service.metrics.store.tiers import LEVELS, keep_buckets, rebuild
+from service.store.dialect import dialect_insert
 from service.store.models import MetricKey, MetricPoint, RunLog
 
 LONG_KEY = "metric points dropped: a key is longer than"
