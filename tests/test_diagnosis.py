@@ -63,7 +63,8 @@ def test_the_corpus_is_real_wide_and_from_many_threads() -> None:
     assert len(every) >= 80
     assert len({e.cls for e in every}) >= 12
     assert len({e.cls for e in load(HELD_OUT)}) >= 12  # every class is measured
-    assert all(e.source.startswith("https://github.com/") and e.body.strip() for e in every)
+    # A public report's address, or the recipe of a run made for this project.
+    assert all(e.source.startswith(("https://", "tests/")) and e.body.strip() for e in every)
 
 
 def test_the_benchmark_s_quick_mode_prints_the_held_out_table() -> None:
@@ -140,3 +141,12 @@ def test_an_actor_death_in_a_rollout_server_s_sleep_is_an_actor_that_died() -> N
     # The async pipeline's own actor failing is the pipeline's failure.
     engine = "ray.exceptions.RayTaskError(EngineDeadError): ray::AgentLoopWorker.generate()\n"
     assert classify(engine + log).cls == "async_pipeline_error"
+
+
+def test_a_warning_nccl_prints_at_start_is_no_cause() -> None:
+    # Causes are taken earliest first: a start-up warning must not hide the failure after it.
+    start = "n1:7:7 [0] NCCL WARN NET/Plugin : No plugin found (libnccl-net.so), using internal\n"
+    oom = "(WorkerDict pid=8) torch.OutOfMemoryError: CUDA out of memory.\n"
+    assert classify(start + oom).cls == "npu_oom"
+    failed = "n1:7:9 [0] misc/socket.cc:538 NCCL WARN Net : Connection closed by remote peer\n"
+    assert classify(start + failed).cls == "collective_error"

@@ -83,9 +83,11 @@ CAUSES = [
     ),
     Rule(
         "collective_error",
+        # NCCL's warnings of a failure only: others (a plugin not found) are printed at start.
         re.compile(
             r"NCCL error|nccl(UnhandledCudaError|SystemError|InternalError|RemoteError"
-            r"|InvalidUsage)\b|NCCL WARN (Net|NET/|Cuda failure)|DistBackendError"
+            r"|InvalidUsage)\b|NCCL WARN (Net : (Call to|Connection closed)"
+            r"|NET/\w+ : Got completion|Cuda failure)|DistBackendError"
             r"|HCCL function error|hccl api failed|\bEI0009\b|Transport init error"
         ),
         "a collective operation (HCCL/NCCL) failed: a peer, the network or the library",
