@@ -150,3 +150,12 @@ def test_a_warning_nccl_prints_at_start_is_no_cause() -> None:
     assert classify(start + oom).cls == "npu_oom"
     failed = "n1:7:9 [0] misc/socket.cc:538 NCCL WARN Net : Connection closed by remote peer\n"
     assert classify(start + failed).cls == "collective_error"
+
+
+def test_a_wait_to_be_placed_that_ended_is_no_cause_of_a_later_failure() -> None:
+    waited = "INFO ray_utils.py:214] Waiting for creating a placement group of specs for 10 s\n"
+    oom = "(WorkerDict pid=8) torch.OutOfMemoryError: CUDA out of memory.\n"
+    assert classify(waited + oom).cls == "npu_oom"
+    assert classify(waited + "ray.exceptions.ActorDiedError: The actor died\n").cls == (
+        "unschedulable"
+    )

@@ -121,16 +121,17 @@ _NEWLINE = re.compile(r"\r\n|\n|\r")
 
 def _first_cause(text: _Text) -> tuple[Rule, list[Evidence]] | None:
     """The cause whose first line comes earliest (a loss turning NaN included; a tie goes to
-    the rule listed first)."""
-    best: tuple[int, Rule, list[int]] | None = None
+    the rule listed first), a wait to be placed only when no other cause shows."""
+    best: tuple[bool, int, Rule, list[int]] | None = None
     for rule in rules.CAUSES:
         found = text.matching(rule.pattern, MAX_EVIDENCE)
-        if found and (best is None or found[0] < best[0]):
-            best = (found[0], rule, found)
+        candidate = (rule.cls in rules.WAITS, found[0] if found else 0, rule, found)
+        if found and (best is None or candidate[:2] < best[:2]):
+            best = candidate
     nan = _nan_loss(text)
-    if nan is not None and (best is None or nan < best[0]):
-        best = (nan, _NAN, [nan])
-    return None if best is None else (best[1], [text.evidence(i) for i in best[2]])
+    if nan is not None and (best is None or (False, nan) < best[:2]):
+        best = (False, nan, _NAN, [nan])
+    return None if best is None else (best[2], [text.evidence(i) for i in best[3]])
 
 
 def _effect(text: _Text) -> tuple[Rule, list[Evidence]] | None:

@@ -37,7 +37,9 @@ ROLLOUT_MEMORY = (
 )
 
 # Causes: of these, the one whose first line comes earliest in the log wins (a tie goes to the
-# rule listed first).
+# rule listed first); a wait to be placed (``WAITS``) only when no other cause shows, since
+# Ray and vLLM say so while they wait, and the wait may end before the run fails otherwise.
+WAITS = ("unschedulable",)
 CAUSES = [
     Rule(
         "npu_oom",
