@@ -96,6 +96,24 @@ def test_a_job_that_exits_0_after_3_of_30_steps_ends_failed_ended_early_never_su
     assert read_run(db)[0].status == RunStatus.FAILED and "SUCCEEDED" not in _statuses(db)
 
 
+def test_a_run_ended_early_keeps_the_error_lines_no_rule_names_beside_its_last_step(
+    db: Database,
+) -> None:
+    ray, ended = FakeRay(), []
+    reconciler, follower = _loops(db, ray, ended)
+    add_run(db, "r1", RunStatus.RUNNING, launch=_planned(30))
+    crash = "Traceback (most recent call last):\nValueError: reward returned a string\n"
+    ray.log["r1"] = _steps(3) + crash
+    ray.set_status("r1", "SUCCEEDED", exit_code=0)
+    reconciler.tick()
+    _seen_long_enough_ago(db)
+    follower.tick()
+    run, _ = read_run(db)
+    assert run.failure is not None and run.failure["class"] == "ended_early"
+    lines = [e["line"] for e in run.failure["evidence"]]
+    assert "step:3 - " in lines[0] and lines[-1] == "ValueError: reward returned a string"
+
+
 def test_a_job_that_trained_every_planned_step_succeeds_once_its_log_is_read(
     db: Database,
 ) -> None:

@@ -55,17 +55,19 @@ def verdict(session: Session, run: Run) -> Failure | None:
     # A traceback in the log of a run that trained every planned step was survived (a caught
     # error, a retried actor): it ends the run only short of its plan, or with no plan known.
     fatal = _fatal(text, start) if short or total is None else None
-    if fatal is not None:
+    if fatal is not None and fatal.cls != "unknown":
         also = f"; {steps}" if short else ""
         summary = f"{fatal.summary} (the job exited 0{also})"
         return Failure(fatal.cls, summary, fatal.hint, fatal.evidence)
     if not short:
         return None
+    # The last step, then the last error lines of a traceback no rule names (the rollouter's).
+    unnamed = fatal.evidence if fatal is not None else []
     return Failure(
         "ended_early",
         f"{steps}: the job exited 0 before the end of the run",
         _EARLY_HINT,
-        _last_step_line(text, start),
+        _last_step_line(text, start) + unnamed,
     )
 
 
@@ -121,14 +123,14 @@ def _reached(session: Session, run_id: str) -> int:
 
 
 def _fatal(text: str, start: int) -> Failure | None:
-    """The class of a fatal error in the log: what the classifier finds from the first
-    traceback (or Ray error) on; None without one, or when it names no known class."""
+    """A fatal error in the log: what the classifier finds from the first traceback (or Ray
+    error) on (``unknown`` with its last error lines when no rule names it); None without
+    one."""
     match = _FATAL.search(text)
     if match is None:
         return None
     at = text.rfind("\n", 0, match.start()) + 1
-    found = classify(text[at:], start + at)
-    return None if found.cls == "unknown" else found
+    return classify(text[at:], start + at)
 
 
 def _last_step_line(text: str, start: int) -> list[Evidence]:
