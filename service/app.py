@@ -18,7 +18,7 @@ import anyio.to_thread
 from fastapi import FastAPI
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from service import dashboard
+from service import dashboard, listeners
 from service.api import (
     admin,
     browser,
@@ -81,6 +81,7 @@ log = logging.getLogger(__name__)
 def create_app(settings: Settings | None = None, registry: RecipeRegistry | None = None) -> FastAPI:
     settings = settings or Settings()
     registry = registry or default_registry(settings.recipe_plugins, settings)
+    listeners.register()  # before any run changes: the outbox, usage and failures hear them
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

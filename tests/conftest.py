@@ -15,6 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
+from service import listeners
 from service.app import create_app
 from service.cluster.local_ray import LocalRayCluster
 from service.cluster.ray_jobs import RayJobs
@@ -23,6 +24,9 @@ from service.store.db import Database, upgrade
 from service.store.models import Base
 from service.store.status import TERMINAL as TERMINAL
 from tests import postgres
+
+# Tests change runs through the lifecycle without an app as well: its listeners, as at start.
+listeners.register()
 
 # The name TestClient sends as Host: answered in open mode as a loopback name is.
 os.environ.setdefault("RLRUN_OPEN_MODE_HOSTS", '["testserver"]')

@@ -1,5 +1,6 @@
 """The one writer of a run's status, health and events: every change appends a ``RunEvent``, and
-writes the webhook deliveries it owes in the same transaction (the outbox)."""
+is announced in the same transaction (``store/announce.py``) to the listeners the upper floors
+registered, the webhook outbox among them (its deliveries commit with the change)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,9 @@ from datetime import datetime
 from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
-from service import usage
 from service.clock import utcnow
 from service.errors import Conflict
-from service.notify import outbox
-from service.recovery import explain
-from service.store import grants
+from service.store import announce, grants
 from service.store.models import Run, RunEvent
 from service.store.status import ACTIVE, TERMINAL, Health, RunStatus, is_allowed
 
@@ -71,12 +69,12 @@ def transition(session: Session, run: Run, dst: RunStatus, reason: str) -> RunEv
         run.ended_at = now
         run.claim_owner = None
         run.claim_expires_at = None
-        usage.accrue(session, run, now)
+        announce.ended(session, run, now)
         grants.purge(session, run.id)
     event = _event(session, run, src, dst, reason, now)
     if dst in TERMINAL and run.submitted_at is None:
-        explain.settle(session, run)  # never on Ray: no log to wait for
-    outbox.enqueue(session, run, event, "run.status")
+        announce.ended_off_ray(session, run)  # never on Ray: no log to wait for
+    announce.event(session, run, event, "run.status")
     # run.failed goes out once the failure is known: when the log is read (recovery.explain).
     return event
 
@@ -100,8 +98,8 @@ def requeue(session: Session, run: Run, reason: str) -> RunEvent:
     run.resumed_from_step = None
     run.health, run.health_reason = "ok", None
     event = _event(session, run, src, RunStatus.QUEUED, reason, now)
-    outbox.enqueue(session, run, event, "run.status")
-    outbox.enqueue(session, run, event, "run.retrying", attempt=run.attempt)
+    announce.event(session, run, event, "run.status")
+    announce.event(session, run, event, "run.retrying", attempt=run.attempt)
     return event
 
 
@@ -128,7 +126,7 @@ def set_health(session: Session, run: Run, health: Health, reason: str | None) -
     run.health = health
     run.health_reason = reason
     event = note(session, run, f"health {health}: {reason or 'recovered'}")
-    outbox.enqueue(session, run, event, "run.health")
+    announce.event(session, run, event, "run.health")
     return True
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import httpx
 
+from service import listeners
 from service.store.db import Database, upgrade
 from service.store.lifecycle import transition
 from service.store.status import RunStatus
@@ -95,6 +96,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="SQLite only (what CI runs)")
     parser.add_argument("--keep", action="store_true", help="keep the service's log and database")
     args = parser.parse_args()
+    listeners.register()  # the lifecycle's listeners, as the service registers them at start
     report = Report("Webhook delivery latency")
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tempfile.mkdtemp()) if args.keep else Path(tmp)
