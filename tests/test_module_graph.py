@@ -1,108 +1,100 @@
-"""The service's modules import each other without a cycle (a static graph of module-level
-imports: what runs when a module is first imported; imports inside functions are deferred)."""
+"""The service's modules import each other without a circle, each from its floor or below
+(``tests/module_graph.py``: the floors, and the graph read from the code), and the rules of the
+architecture hold: settings and answers know no domain module, scheduling no cluster client, the
+store nothing above it, the web framework only the HTTP layer."""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 
-ROOTS = ("service", "jobs")
-HERE = Path(__file__).resolve().parent.parent
-
-
-def modules() -> dict[str, Path]:
-    found = {}
-    for root in ROOTS:
-        for path in (HERE / root).rglob("*.py"):
-            parts = path.relative_to(HERE).with_suffix("").parts
-            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-            found[name] = path
-    return found
-
-
-def _top_level(tree: ast.Module) -> Iterator[ast.stmt]:
-    """Statements run at import: the module body, into ``if``/``try`` but not ``TYPE_CHECKING``."""
-    todo = list(tree.body)
-    while todo:
-        node = todo.pop()
-        if isinstance(node, ast.If):
-            if "TYPE_CHECKING" not in ast.unparse(node.test):
-                todo += node.body + node.orelse
-        elif isinstance(node, ast.Try):
-            todo += node.body + node.orelse + node.finalbody
-            todo += [s for h in node.handlers for s in h.body]
-        else:
-            yield node
-
-
-def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
-    """The project modules ``name`` runs when first imported (packages of each included)."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    out: set[str] = set()
-    for node in _top_level(ast.parse(path.read_text())):
-        targets: list[str] = []
-        if isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                base = ".".join(
-                    [*package.split(".")[: len(package.split(".")) - node.level + 1], base]
-                ).strip(".")
-            targets = [
-                f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names
-            ]
-        for target in targets:
-            parts = target.split(".")
-            out |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)} & known.keys()
-    # A module's own packages are loaded before it, whatever it imports: no edge of the graph.
-    parts = name.split(".")
-    out -= {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
-    return out
-
-
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        for w in sorted(graph[v]):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return found
-
-
-def graph() -> dict[str, set[str]]:
-    known = modules()
-    return {name: imports(name, path, known) for name, path in known.items()}
+from tests.module_graph import (
+    FLOORS,
+    HERE,
+    ROOTS,
+    Import,
+    _top_level,
+    all_imports,
+    back_up,
+    cycles,
+    diagram,
+    floor_of,
+    graph,
+    modules,
+)
 
 
 def test_no_module_imports_itself_back() -> None:
     assert cycles(graph()) == []
+
+
+def test_no_circle_even_through_imports_made_later_or_for_types() -> None:
+    assert cycles(graph(at_load_only=False)) == []
+
+
+def test_every_module_stands_on_a_floor() -> None:
+    assert {m for m in modules() if m not in ROOTS and floor_of(m) is None} == set()
+
+
+def test_no_module_imports_one_on_a_higher_floor_unless_it_says_why() -> None:
+    ups = back_up(all_imports())
+    assert [f"{i.module}:{i.line} -> {i.target}" for i in ups] == []
+
+
+def test_the_floor_check_finds_an_import_back_up_and_reads_its_reason() -> None:
+    up = Import("service.store.runs", "service.api.deps", 3, at_load=False, said_why=False)
+    said = Import("service.store.runs", "service.api.deps", 3, at_load=False, said_why=True)
+    down = Import("service.api.deps", "service.store.runs", 3, at_load=True, said_why=False)
+    assert back_up([up, said, down]) == [up]
+
+
+def _reach(start: str, at_load_only: bool = False) -> set[str]:
+    """Every module ``start`` (a module or a package prefix) imports, directly or not."""
+    g = graph(at_load_only)
+    todo = [m for m in g if m == start or m.startswith(start + ".")]
+    seen: set[str] = set()
+    while todo:
+        for dep in g[todo.pop()] - seen:
+            seen.add(dep)
+            todo.append(dep)
+    return seen
+
+
+def _floor(name: str) -> int:
+    return next(i for i, (n, _, _) in enumerate(FLOORS) if n == name)
+
+
+def test_settings_and_the_answers_models_know_no_domain_module() -> None:
+    for start in ("service.settings", "service.wire", "service.client"):
+        reached = {m for m in _reach(start) if m not in ROOTS}
+        assert {m for m in reached if (floor_of(m) or 0) > _floor("shapes")} == set(), start
+
+
+def test_scheduling_imports_no_cluster_client() -> None:
+    reached = _reach("service.scheduling")
+    assert {
+        m for m in reached if m == "service.cluster" or m.startswith("service.cluster.")
+    } == set()
+
+
+def test_the_store_imports_nothing_above_it() -> None:
+    reached = {m for m in _reach("service.store") if m not in ROOTS}
+    assert {m for m in reached if (floor_of(m) or 0) > _floor("store")} == set()
+
+
+def test_the_lifecycle_announces_to_listeners_it_does_not_import() -> None:
+    assert "service.store.announce" in graph()["service.store.lifecycle"]
+    listened = {"service.notify.outbox", "service.usage", "service.recovery.explain"}
+    assert listened <= graph()["service.listeners"]
+
+
+def test_the_docs_show_the_floors_as_the_code_has_them() -> None:
+    page = (HERE / "docs" / "design" / "how-it-works.md").read_text()
+    shown = re.search(r"<!-- floors -->\n```text\n(.*?)\n```", page, re.S)
+    assert shown is not None, "how-it-works.md has no floors diagram"
+    assert shown.group(1) == diagram(), "run python -m tests.module_graph --diagram"
 
 
 def test_the_check_finds_a_cycle() -> None:
