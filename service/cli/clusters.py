@@ -10,18 +10,8 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
-from service.cli.common import (
-    Output,
-    OutputOpt,
-    ServerOpt,
-    TokenOpt,
-    clean,
-    connect,
-    console,
-    emit_json,
-    errors,
-    say,
-)
+from service.cli.common import clean, connect, console, emit_json, errors, say
+from service.cli.options import Output, OutputOpt, ServerOpt, TokenOpt
 from service.cli_tables import Column, print_table
 
 verl_app = typer.Typer(help="verl versions specs may name (verl_version).", no_args_is_help=True)

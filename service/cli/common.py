@@ -1,6 +1,6 @@
-"""What every command group shares: the output (consoles, ``say``,
-``emit_json``), the options every command takes, and ``connect`` (a client whose errors become a
-printed problem and an exit code)."""
+"""What every command group shares: the output (consoles, ``say``, ``emit_json``), the exit
+codes, and ``connect`` (a client whose errors become a printed problem and an exit code); the
+options the commands share are in ``options``."""
 
 from __future__ import annotations
 
@@ -9,22 +9,14 @@ import sys
 import unicodedata
 from collections.abc import Iterator
 from contextlib import contextmanager
-from enum import StrEnum
-from typing import Annotated, Any, NoReturn
+from typing import Any, NoReturn
 
 import typer
 from pydantic import BaseModel
 from rich.console import Console
 from rich.text import Text
 
-from service.client import (
-    DEFAULT_URL,
-    TOKEN_ENV,
-    URL_ENV,
-    ApiError,
-    Client,
-    Unreachable,
-)
+from service.client import ApiError, Client, Unreachable
 
 console = Console(highlight=False)
 errors = Console(stderr=True, highlight=False)
@@ -40,23 +32,6 @@ STATUS_STYLE = {
     "STOPPED": "magenta",
     "CANCELLED": "dim",
 }
-
-
-class Output(StrEnum):
-    table = "table"
-    json = "json"
-
-
-ServerOpt = Annotated[
-    str | None,
-    typer.Option("--server", envvar=URL_ENV, help=f"Service URL [default: {DEFAULT_URL}]"),
-]
-TokenOpt = Annotated[
-    str | None,
-    typer.Option("--token", envvar=TOKEN_ENV, help="Bearer token", show_default=False),
-]
-OutputOpt = Annotated[Output, typer.Option("--output", "-o", help="table or json")]
-FollowOpt = Annotated[bool, typer.Option("--follow", "-f", help="Follow until the run ends")]
 
 
 def clean(value: object, keep: str = "") -> str:

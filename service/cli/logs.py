@@ -11,19 +11,8 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from service.cli.common import (
-    FollowOpt,
-    Output,
-    OutputOpt,
-    ServerOpt,
-    TokenOpt,
-    clean,
-    connect,
-    console,
-    emit_json,
-    number,
-    say,
-)
+from service.cli.common import clean, connect, console, emit_json, number, say
+from service.cli.options import FollowOpt, Output, OutputOpt, ServerOpt, TokenOpt
 from service.cli_tables import Column, print_table
 
 

@@ -19,11 +19,6 @@ from rich.text import Text
 from service.cli.common import (
     EXIT_RUN_FAILED,
     STATUS_STYLE,
-    FollowOpt,
-    Output,
-    OutputOpt,
-    ServerOpt,
-    TokenOpt,
     clean,
     connect,
     console,
@@ -33,12 +28,9 @@ from service.cli.common import (
     say,
     usage_error,
 )
+from service.cli.options import FollowOpt, Output, OutputOpt, ServerOpt, TokenOpt
 from service.cli_tables import Column, print_table
-from service.client import (
-    Client,
-    Event,
-    Unreachable,
-)
+from service.client import Client, Event, Unreachable
 from service.clock import utcnow
 from service.metrics.keys import REWARD_KEY, STEP_KEY
 from service.wire import RunOut

@@ -11,16 +11,8 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
-from service.cli.common import (
-    console,
-    errors,
-    say,
-    usage_error,
-)
-from service.client import (
-    DEFAULT_HOST,
-    DEFAULT_PORT,
-)
+from service.cli.common import console, errors, say, usage_error
+from service.client import DEFAULT_HOST, DEFAULT_PORT
 
 
 def serve(

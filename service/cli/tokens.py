@@ -12,15 +12,8 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from service.cli.common import (
-    Output,
-    OutputOpt,
-    clean,
-    console,
-    emit_json,
-    errors,
-    say,
-)
+from service.cli.common import clean, console, emit_json, errors, say
+from service.cli.options import Output, OutputOpt
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session

@@ -8,17 +8,8 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from service.cli.common import (
-    Output,
-    OutputOpt,
-    ServerOpt,
-    TokenOpt,
-    clean,
-    connect,
-    console,
-    emit_json,
-    say,
-)
+from service.cli.common import clean, connect, console, emit_json, say
+from service.cli.options import Output, OutputOpt, ServerOpt, TokenOpt
 
 
 def usage_report(

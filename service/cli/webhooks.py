@@ -10,18 +10,8 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from service.cli.common import (
-    Output,
-    OutputOpt,
-    ServerOpt,
-    TokenOpt,
-    clean,
-    connect,
-    console,
-    emit_json,
-    errors,
-    say,
-)
+from service.cli.common import clean, connect, console, emit_json, errors, say
+from service.cli.options import Output, OutputOpt, ServerOpt, TokenOpt
 
 webhook_app = typer.Typer(help="Webhooks: run events to a URL, signed.", no_args_is_help=True)
 

@@ -28,13 +28,8 @@ from service.metrics.store.reads import (
     recent,
     series,
 )
-from service.metrics.store.rows import (
-    Point,
-)
-from service.metrics.store.tiers import (
-    LEVELS,
-    width,
-)
+from service.metrics.store.rows import Point
+from service.metrics.store.tiers import LEVELS, width
 from service.metrics.store.writes import (
     BIG_STEP,
     KEYS_FULL,

@@ -7,11 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import (
-    bindparam,
-    or_,
-    select,
-)
+from sqlalchemy import bindparam, or_, select
 from sqlalchemy.orm import Session
 
 from service.metrics.store.rows import Point, read_value

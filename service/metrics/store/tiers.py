@@ -6,13 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import (
-    case,
-    func,
-    insert,
-    select,
-    tuple_,
-)
+from sqlalchemy import case, func, insert, select, tuple_
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.orm import Session
 

@@ -9,15 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import (
-    bindparam,
-    case,
-    delete,
-    func,
-    select,
-    text,
-    update,
-)
+from sqlalchemy import bindparam, case, delete, func, select, text, update
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.orm import Session
 
