@@ -5,7 +5,9 @@ A log usually holds a cause and then its echoes (an actor that ran out of memory
 actor died"), so the classes come in two tiers: causes (out of memory, a collective timing out,
 a lost node, a missing file or module, a bad override, a shape that cannot be scheduled), of
 which the earliest in the log wins, and effects (the async pipeline failing, an actor dying),
-named only when no cause is found. A log with neither is ``unknown``, never a guess.
+named only when no cause is found. A loss that turns NaN is read from verl's metric lines
+(``metrics.parse``). A log with neither is ``unknown``, never a guess, its evidence the last
+lines that show an error. The rules are ``recovery.rules``.
 """
 
 from __future__ import annotations
@@ -91,7 +93,11 @@ class _Text:
         self.starts = [0, *(m.end() for m in _NEWLINE.finditer(text))]
         if self.starts[-1] == len(text):
             self.starts.pop()  # no line after the last newline
-        self.skipped = {i for i, at in enumerate(self.starts) if self._cluster_wide(at)}
+        self.skipped = (
+            {i for i, at in enumerate(self.starts) if self._cluster_wide(at)}
+            if _CLUSTER_WIDE in text
+            else set()
+        )
 
     def line(self, i: int) -> str:
         end = self.starts[i + 1] if i + 1 < len(self.starts) else len(self.text)
