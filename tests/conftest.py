@@ -143,6 +143,35 @@ def db(db_url: str) -> Iterator[Database]:
     database.dispose()
 
 
+@contextlib.contextmanager
+def group_a_cluster(
+    tmp_path: Path, offset: int, npus: list[int], db_name: str
+) -> Iterator[tuple[LocalRayCluster, Settings]]:
+    """A Ray head of its own (ports ``RAY_PORT + offset``) whose first node carries the node
+    group "group-a", mapped to team vision, and the settings of a service on it (SQLite file
+    ``db_name``); the cluster is started (slowly on a loaded machine) and cleaned up after."""
+    port = RAY_PORT + offset
+    cluster = LocalRayCluster(
+        npus,
+        cpus_per_node=4,
+        port=port,
+        dashboard_port=port + 2000,
+        custom_resources=[{"group-a": 1000.0}, {}],
+    )
+    settings = make_settings(
+        f"sqlite:///{tmp_path}/{db_name}",
+        cluster.address,
+        team_nodes={"vision": "group-a"},
+        inventory_ttl_s=0.5,
+        ray_token=cluster.token,
+    )
+    try:
+        cluster.start(timeout_s=240)
+        yield cluster, settings
+    finally:
+        cluster.cleanup()
+
+
 def make_settings(db_url: str, ray_address: str, **overrides: Any) -> Settings:
     defaults: dict[str, Any] = {
         "database_url": db_url,

@@ -11,7 +11,7 @@ from service import usage
 from service.recipes.base import Launch
 from service.scheduling.shape import Group, ResourceShape
 from service.store.db import Database
-from service.store.models import Run, RunAttempt, RunEvent, utcnow
+from service.store.models import Run, RunAttempt, RunEvent, Webhook, utcnow
 from service.store.status import TERMINAL, RunStatus
 
 _NOT_ON_RAY = {RunStatus.QUEUED, RunStatus.CANCELLED}
@@ -98,3 +98,28 @@ def fill_for_fuzzing(db: Database) -> list[str]:
                     usage.accrue(s, run, run.ended_at + timedelta(hours=i))
                 ids.append(run.id)
     return ids
+
+
+def add_webhook(
+    db: Database,
+    events: list[str],
+    *,
+    hook_id: str = "whk_1",
+    team: str | None = None,
+    url: str = "http://127.0.0.1:9/",
+    **columns: Any,
+) -> str:
+    """Store a subscription to ``events`` (of every team unless ``team``); returns its id."""
+    with db.transaction() as s:
+        s.add(
+            Webhook(
+                id=hook_id,
+                team=team,
+                created_by=columns.pop("created_by", "ann"),
+                url=url,
+                rules={"events": events},
+                secret=columns.pop("secret", "whsec_" + "A" * 44),
+                **columns,
+            )
+        )
+    return hook_id

@@ -261,3 +261,17 @@ def register_small_verl(registry: RecipeRegistry) -> None:
     verl = registry.get(VerlFullyAsyncRecipe.name)
     assert isinstance(verl, VerlFullyAsyncRecipe)
     registry.register(SmallClusterVerlRecipe(verl.settings))
+
+
+def retried_tiny_grpo(name: str, versions: int, on: str) -> dict[str, Any]:
+    """A tiny-grpo spec of ``versions`` parameter versions (two trainer steps of 8 rollout steps
+    each), a checkpoint every 2 trainer steps, and one more attempt at once after ``on``: the
+    run a killed trainer or a lost node interrupts."""
+    return {
+        "recipe": "tiny-grpo",
+        "name": name,
+        "total_rollout_steps": 16 * versions,
+        "gen_seconds": 0.3,
+        "save_every": 2,
+        "retry": {"max_attempts": 2, "on": [on], "backoff_s": 0},
+    }

@@ -11,24 +11,9 @@ from service import listeners
 from service.store import announce
 from service.store.db import Database
 from service.store.lifecycle import transition
-from service.store.models import Run, RunEvent, Webhook, WebhookDelivery
+from service.store.models import Run, RunEvent, WebhookDelivery
 from service.store.status import RunStatus
-from tests.factories import add_run
-
-
-def _hook(db: Database) -> None:
-    with db.transaction() as s:
-        s.add(
-            Webhook(
-                id="whk_1",
-                team="t",
-                created_by="ann",
-                url="http://127.0.0.1:9/",
-                rules={"events": ["run.status"]},
-                format="standard",
-                secret="whsec_" + "A" * 44,
-            )
-        )
+from tests.factories import add_run, add_webhook
 
 
 def _counts(db: Database) -> tuple[int, int]:
@@ -39,7 +24,7 @@ def _counts(db: Database) -> tuple[int, int]:
 
 
 def test_the_outbox_row_commits_and_rolls_back_with_the_status_change(db: Database) -> None:
-    _hook(db)
+    add_webhook(db, ["run.status"], team="t")
     add_run(db, "r1", RunStatus.RUNNING)
     with pytest.raises(ZeroDivisionError), db.transaction() as s:
         run = s.get(Run, "r1")

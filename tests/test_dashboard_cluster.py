@@ -12,10 +12,9 @@ import httpx
 import pytest
 
 from service.app import create_app
-from service.cluster.local_ray import LocalRayCluster
 from service.cluster.ray_jobs import RayJobs
 from tests.browser import needs_chromium
-from tests.conftest import RAY_PORT, TERMINAL, make_settings, wait_status
+from tests.conftest import TERMINAL, group_a_cluster, wait_status
 from tests.live import ServerThread
 from tests.test_dashboard import browser, page, shot  # noqa: F401
 
@@ -30,66 +29,51 @@ def test_the_cluster_view_shows_addresses_holders_jobs_outside_and_the_node_map(
     tmp_path: Path,
     page: Any,  # noqa: F811
 ) -> None:
-    port = RAY_PORT + 400
-    cluster = LocalRayCluster(
-        [8, 8],
-        cpus_per_node=4,
-        port=port,
-        dashboard_port=port + 2000,
-        custom_resources=[{"group-a": 1000.0}, {}],
-    )
-    settings = make_settings(
-        f"sqlite:///{tmp_path}/ui.db",
-        cluster.address,
-        team_nodes={"vision": "group-a"},
-        inventory_ttl_s=0.5,
-        ray_token=cluster.token,
-    )
-    try:
-        cluster.start(timeout_s=240)  # a loaded machine starts Ray slowly
-        with ServerThread(create_app(settings)) as url, httpx.Client(base_url=url) as http:
-            page.goto(f"{url}/ui/#/cluster")
-            page.locator("#nodes tbody tr[data-node]").nth(1).wait_for()
-            for table in ("active", "unmanaged", "queue"):
-                assert "nothing yet" in page.locator(f"#{table} tbody").inner_text()
+    with (
+        group_a_cluster(tmp_path, 400, [8, 8], "ui.db") as (cluster, settings),
+        ServerThread(create_app(settings)) as url,
+        httpx.Client(base_url=url) as http,
+    ):
+        page.goto(f"{url}/ui/#/cluster")
+        page.locator("#nodes tbody tr[data-node]").nth(1).wait_for()
+        for table in ("active", "unmanaged", "queue"):
+            assert "nothing yet" in page.locator(f"#{table} tbody").inner_text()
 
-            def post(body: dict[str, Any]) -> str:
-                resp = http.post("/runs", json={"recipe": "test-script", "seconds": 300} | body)
-                assert resp.status_code == 201, resp.text
-                run_id: str = resp.json()["id"]
-                return run_id
+        def post(body: dict[str, Any]) -> str:
+            resp = http.post("/runs", json={"recipe": "test-script", "seconds": 300} | body)
+            assert resp.status_code == 201, resp.text
+            run_id: str = resp.json()["id"]
+            return run_id
 
-            vision = post({"team": "vision", "name": "vision holder", "npus": 4})
-            nlp = post({"team": "nlp", "name": "nlp holder", "groups": [{"accelerators": 2}]})
-            for run_id in (vision, nlp):
-                wait_status(http, run_id, {"RUNNING"}, timeout=90)
-            ray = RayJobs(cluster.address, cluster.token)
-            entrypoint = "RAW_TOKEN=hunter2 python3 -c 'import time; time.sleep(300)'"
-            ray.submit("raw-job", entrypoint, {}, {}, entrypoint_resources={"NPU": 2.0})
-            waiting = post({"team": "nlp", "name": "nlp waits", "npus": 8})
+        vision = post({"team": "vision", "name": "vision holder", "npus": 4})
+        nlp = post({"team": "nlp", "name": "nlp holder", "groups": [{"accelerators": 2}]})
+        for run_id in (vision, nlp):
+            wait_status(http, run_id, {"RUNNING"}, timeout=90)
+        ray = RayJobs(cluster.address, cluster.token)
+        entrypoint = "RAW_TOKEN=hunter2 python3 -c 'import time; time.sleep(300)'"
+        ray.submit("raw-job", entrypoint, {}, {}, entrypoint_resources={"NPU": 2.0})
+        waiting = post({"team": "nlp", "name": "nlp waits", "npus": 8})
 
-            page.locator("#unmanaged tr[data-id='raw-job']").wait_for(timeout=60_000)
-            for holder in (nlp, vision, "raw-job"):
-                page.locator(f"#nodes [data-holder='{holder}']").first.wait_for(timeout=60_000)
-            page.locator(f"#queue tr[data-id='{waiting}'] .queue-reason").wait_for()
-            group_row = page.locator("#nodes tr[data-node]", has_text="group-a")
-            assert group_row.locator(f"[data-holder='{vision}']").count() == 1
-            assert "vision holder" in group_row.inner_text() and "4 NPU" in group_row.inner_text()
-            addresses = page.locator("#nodes .node-address").all_inner_texts()
-            assert len(addresses) == 2 and all(a and a != "unknown" for a in addresses)
-            raw = page.locator("#unmanaged tr[data-id='raw-job']").inner_text()
-            assert "RAW_TOKEN=…" in raw and "hunter2" not in raw and "2 NPU" in raw
-            assert "group-a" in page.locator("#team-nodes tr[data-team='vision']").inner_text()
-            reason = page.locator(f"#queue tr[data-id='{waiting}'] .queue-reason").inner_text()
-            assert reason.startswith("capacity")
-            shot(page, "dashboard-cluster.png")
-            page.goto("about:blank")  # no more polling of a service about to stop
+        page.locator("#unmanaged tr[data-id='raw-job']").wait_for(timeout=60_000)
+        for holder in (nlp, vision, "raw-job"):
+            page.locator(f"#nodes [data-holder='{holder}']").first.wait_for(timeout=60_000)
+        page.locator(f"#queue tr[data-id='{waiting}'] .queue-reason").wait_for()
+        group_row = page.locator("#nodes tr[data-node]", has_text="group-a")
+        assert group_row.locator(f"[data-holder='{vision}']").count() == 1
+        assert "vision holder" in group_row.inner_text() and "4 NPU" in group_row.inner_text()
+        addresses = page.locator("#nodes .node-address").all_inner_texts()
+        assert len(addresses) == 2 and all(a and a != "unknown" for a in addresses)
+        raw = page.locator("#unmanaged tr[data-id='raw-job']").inner_text()
+        assert "RAW_TOKEN=…" in raw and "hunter2" not in raw and "2 NPU" in raw
+        assert "group-a" in page.locator("#team-nodes tr[data-team='vision']").inner_text()
+        reason = page.locator(f"#queue tr[data-id='{waiting}'] .queue-reason").inner_text()
+        assert reason.startswith("capacity")
+        shot(page, "dashboard-cluster.png")
+        page.goto("about:blank")  # no more polling of a service about to stop
 
-            ray.stop("raw-job")
-            ray.close()
-            for run_id in (vision, nlp, waiting):
-                http.post(f"/runs/{run_id}/cancel")
-            for run_id in (vision, nlp):
-                wait_status(http, run_id, TERMINAL, timeout=60)
-    finally:
-        cluster.cleanup()
+        ray.stop("raw-job")
+        ray.close()
+        for run_id in (vision, nlp, waiting):
+            http.post(f"/runs/{run_id}/cancel")
+        for run_id in (vision, nlp):
+            wait_status(http, run_id, TERMINAL, timeout=60)

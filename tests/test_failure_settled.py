@@ -16,9 +16,9 @@ from service.metrics.health import HealthRules
 from service.metrics.log_readers import WholeLogReader
 from service.store.db import Database
 from service.store.lifecycle import transition
-from service.store.models import Run, Webhook, WebhookDelivery, utcnow
+from service.store.models import Run, WebhookDelivery, utcnow
 from service.store.status import RunStatus
-from tests.factories import add_run
+from tests.factories import add_run, add_webhook
 from tests.test_limits import GrowingLog
 
 LOG = (
@@ -38,18 +38,7 @@ def _follow(db: Database, log: str) -> None:
 
 def test_a_failed_run_s_class_and_evidence_come_from_its_log(api: TestClient, db_url: str) -> None:
     db = Database(db_url)
-    with db.transaction() as s:
-        s.add(
-            Webhook(
-                id="whk_1",
-                team="t",
-                created_by="ann",
-                url="http://127.0.0.1:9/",
-                rules={"events": ["run.failed"]},
-                format="standard",
-                secret="whsec_" + "A" * 44,
-            )
-        )
+    add_webhook(db, ["run.failed"], team="t")
     add_run(db, "r1", RunStatus.RUNNING)
     with db.transaction() as s:
         run = s.get(Run, "r1")

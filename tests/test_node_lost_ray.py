@@ -18,17 +18,11 @@ from service.cluster.local_ray import LocalRayCluster
 from service.cluster.ray_jobs import RayJobs
 from service.recovery.deaths import PREFIX
 from tests.conftest import transitions, wait_for
+from tests.recipes import retried_tiny_grpo
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-SPEC = {
-    "recipe": "tiny-grpo",
-    "name": "lost-node",
-    "total_rollout_steps": 160,  # 20 trainer steps: 10 parameter versions
-    "gen_seconds": 0.3,
-    "save_every": 2,
-    "retry": {"max_attempts": 2, "on": ["node_lost"], "backoff_s": 0},
-}
+SPEC = retried_tiny_grpo("lost-node", 10, "node_lost")
 ACTORS = {"TinyGrpoTrainer", "TinyGrpoRollouter"}
 
 

@@ -29,9 +29,9 @@ from service.recovery.retry import RetryConfig
 from service.scheduling.admission import Quotas
 from service.scheduling.outside import ClusterJob, unmanaged
 from service.store.db import Database
-from service.store.models import Run, RunAttempt, Webhook, WebhookDelivery, utcnow
+from service.store.models import Run, RunAttempt, WebhookDelivery, utcnow
 from service.store.status import RunStatus
-from tests.factories import add_run, read_run
+from tests.factories import add_run, add_webhook, read_run
 from tests.fake_ray import FakeRay
 
 DIED = (
@@ -78,17 +78,29 @@ class Loops:
         self.follower.tick()
 
 
+# The subscriptions these tests make: an admin's, with a 32-character secret.
+_ADMIN_HOOK = {"created_by": "admin", "secret": "whsec_" + "A" * 32}
+
+
 def _queued(db: Database, spec: dict[str, Any] | None = None) -> str:
     return add_run(db, "r1", RunStatus.QUEUED, spec={"retry": POLICY} if spec is None else spec)
+
+
+def _submitted(
+    db_url: str, spec: dict[str, Any] | None = None, config: RetryConfig | None = None
+) -> tuple[Database, Loops]:
+    """Run r1 (with ``spec``, by default one that retries) queued and submitted as attempt 1."""
+    db = Database(db_url)
+    loops = Loops(db, config)
+    _queued(db, spec)
+    loops.submitter.tick()
+    return db, loops
 
 
 def test_a_failure_the_policy_names_starts_the_next_attempt_as_its_own_job(
     api: TestClient, db_url: str
 ) -> None:
-    db = Database(db_url)
-    loops = Loops(db)
-    _queued(db)
-    loops.submitter.tick()
+    db, loops = _submitted(db_url)
     assert [j["submission_id"] for j in loops.ray.submitted] == ["r1"]
     loops.end("r1", "FAILED", DIED)
     run, reasons = read_run(db)
@@ -133,20 +145,16 @@ def test_a_failure_the_policy_names_starts_the_next_attempt_as_its_own_job(
 def test_no_next_attempt_unless_the_policy_names_the_class(
     api: TestClient, db_url: str, spec: dict[str, Any], log: str, status: str
 ) -> None:
-    db = Database(db_url)
-    loops = Loops(db)
-    _queued(db, spec)
-    loops.submitter.tick()
+    db, loops = _submitted(db_url, spec)
     loops.end("r1", status, log)
     run, _ = read_run(db)
     assert (run.status, run.attempt) == (status, 1)
 
 
 def test_attempts_stop_at_the_policy_s_and_the_team_s_limit(api: TestClient, db_url: str) -> None:
-    db = Database(db_url)
-    loops = Loops(db, RetryConfig(per_team={"t": 2}, max_attempts=5))
-    _queued(db)  # the policy asks for 3; team t may make 2
-    loops.submitter.tick()
+    db, loops = _submitted(
+        db_url, config=RetryConfig(per_team={"t": 2}, max_attempts=5)
+    )  # the policy asks for 3; team t may make 2
     loops.end("r1", "FAILED", DIED)
     loops.submitter.tick()
     loops.end("r1-a2", "FAILED", DIED)
@@ -161,17 +169,9 @@ def test_a_next_attempt_is_told_to_run_retrying_subscribers(api: TestClient, db_
     db = Database(db_url)
     loops = Loops(db)
     _queued(db)
-    with db.transaction() as s:
-        s.add(
-            Webhook(
-                id="wh1",
-                team=None,
-                created_by="admin",
-                url="https://hooks.example.com/x",
-                rules={"events": ["run.retrying"]},
-                secret="whsec_" + "A" * 32,
-            )
-        )
+    add_webhook(
+        db, ["run.retrying"], hook_id="wh1", url="https://hooks.example.com/x", **_ADMIN_HOOK
+    )
     loops.submitter.tick()
     loops.end("r1", "FAILED", DIED)
     with db.read() as s:
@@ -181,10 +181,7 @@ def test_a_next_attempt_is_told_to_run_retrying_subscribers(api: TestClient, db_
 
 
 def test_a_later_attempt_is_judged_by_its_own_log(api: TestClient, db_url: str) -> None:
-    db = Database(db_url)
-    loops = Loops(db)
-    _queued(db)
-    loops.submitter.tick()
+    db, loops = _submitted(db_url)
     loops.end("r1", "FAILED", DIED)
     loops.submitter.tick()
     loops.end("r1-a2", "FAILED", "ModuleNotFoundError: No module named 'flash_attn'\n")
@@ -209,10 +206,7 @@ def test_the_operator_s_default_policy_applies_to_a_spec_without_one(
 def test_a_cancel_during_the_backoff_stops_every_later_attempt(
     api: TestClient, db_url: str
 ) -> None:
-    db = Database(db_url)
-    loops = Loops(db)
-    _queued(db, {"retry": {**POLICY, "backoff_s": 600}})
-    loops.submitter.tick()
+    db, loops = _submitted(db_url, {"retry": {**POLICY, "backoff_s": 600}})
     loops.end("r1", "FAILED", DIED)
     run, reasons = read_run(db)
     assert run.status == RunStatus.QUEUED and run.retry_at is not None
@@ -227,10 +221,7 @@ def test_a_cancel_during_the_backoff_stops_every_later_attempt(
 
 
 def test_a_cancel_of_a_running_attempt_is_not_retried(api: TestClient, db_url: str) -> None:
-    db = Database(db_url)
-    loops = Loops(db)
-    _queued(db)
-    loops.submitter.tick()
+    db, loops = _submitted(db_url)
     loops.ray.set_status("r1", "RUNNING")
     loops.reconciler.tick()
     api.post("/runs/r1/cancel")
@@ -241,10 +232,7 @@ def test_a_cancel_of_a_running_attempt_is_not_retried(api: TestClient, db_url: s
 
 
 def test_a_retry_by_hand_from_checkpoint_or_scratch(api: TestClient, db_url: str) -> None:
-    db = Database(db_url)
-    loops = Loops(db)
-    _queued(db, {})
-    loops.submitter.tick()
+    db, loops = _submitted(db_url, {})
     loops.ray.set_status("r1", "RUNNING")
     loops.reconciler.tick()
     refused = api.post("/runs/r1/retry", json={"from": "checkpoint"})
@@ -270,10 +258,7 @@ def test_a_retry_by_hand_from_checkpoint_or_scratch(api: TestClient, db_url: str
 def test_a_later_attempt_s_points_replace_the_earlier_ones_from_its_first_step(
     api: TestClient, db_url: str
 ) -> None:
-    db = Database(db_url)
-    loops = Loops(db)
-    _queued(db)
-    loops.submitter.tick()
+    _, loops = _submitted(db_url)
     first = "".join(f"step:{s} - critic/score/mean:{s / 10} - x/y:1\n" for s in range(1, 41))
     loops.end("r1", "FAILED", first + DIED.splitlines(keepends=True)[-1])
     loops.submitter.tick()
@@ -355,17 +340,7 @@ def test_a_subscriber_hears_an_attempt_failed_before_it_hears_of_the_retry(
     loops = Loops(db)
     _queued(db)
     receiver = _SlowToTakeFailures()
-    with db.transaction() as s:
-        s.add(
-            Webhook(
-                id="wh1",
-                team=None,
-                created_by="admin",
-                url=receiver.url,
-                rules={"events": ["run.failed", "run.retrying"]},
-                secret="whsec_" + "A" * 32,
-            )
-        )
+    add_webhook(db, ["run.failed", "run.retrying"], hook_id="wh1", url=receiver.url, **_ADMIN_HOOK)
     loops.submitter.tick()
     loops.end("r1", "FAILED", DIED)
     notifier = Notifier(db, "me", AllowList.parse(["127.0.0.1/32"]), "http://rlrun.example")

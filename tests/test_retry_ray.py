@@ -23,19 +23,13 @@ from service.cluster.ray_jobs import RayJobs
 from service.metrics.keys import REWARD_KEY
 from tests.conftest import make_settings, wait_for, wait_status
 from tests.live import ServerThread
+from tests.recipes import retried_tiny_grpo
 from tests.test_dashboard import DOCS, browser, page, until  # noqa: F401
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-SPEC = {
-    "recipe": "tiny-grpo",
-    "name": "killed",
-    "total_rollout_steps": 320,  # 40 trainer steps: 20 parameter versions
-    "gen_seconds": 0.3,
-    "save_every": 2,
-    "retry": {"max_attempts": 2, "on": ["actor_died"], "backoff_s": 0},
-}
 VERSIONS = 20
+SPEC = retried_tiny_grpo("killed", VERSIONS, "actor_died")
 _TRAINER_PID = re.compile(r"\(TinyGrpoTrainer pid=(\d+)")
 
 

@@ -17,9 +17,9 @@ from service.metrics.log_readers import WholeLogReader
 from service.recipes.base import Launch
 from service.scheduling.shape import Group, ResourceShape
 from service.store.db import Database
-from service.store.models import RunEvent, Webhook, WebhookDelivery
+from service.store.models import RunEvent, WebhookDelivery
 from service.store.status import RunStatus
-from tests.factories import add_run, read_run
+from tests.factories import add_run, add_webhook, read_run
 from tests.fake_ray import FakeRay
 
 WINDOW = 10
@@ -123,18 +123,7 @@ def test_a_steady_stale_count_is_no_drift(db: Database, series: Series) -> None:
 def test_a_signal_clears_when_its_series_recovers_and_each_change_is_an_event(
     db: Database,
 ) -> None:
-    with db.transaction() as s:
-        s.add(
-            Webhook(
-                id="whk_1",
-                team=None,
-                created_by="ann",
-                url="http://127.0.0.1:9/x",
-                rules={"events": ["run.health"]},
-                format="standard",
-                secret="whsec_x",
-            )
-        )
+    add_webhook(db, ["run.health"], url="http://127.0.0.1:9/x", secret="whsec_x")
     run_id, ray = add_run(db, "r1", RunStatus.RUNNING, launch=_pools(16, 16)), FakeRay()
     follower = Follower(db, ray, "one", 30, 10_000, HealthRules(), reader=WholeLogReader(ray))
     ray.log[run_id] = "".join(
