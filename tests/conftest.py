@@ -14,6 +14,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
+from typer.testing import CliRunner
 
 from service import listeners
 from service.app import create_app
@@ -23,6 +24,8 @@ from service.settings import Settings
 from service.store.db import Database, upgrade
 from service.store.models import Base
 from service.store.status import TERMINAL as TERMINAL
+from service.store.tokens import Role
+from service.store.tokens import create as create_token
 from tests import postgres
 
 # Tests change runs through the lifecycle without an app as well: its listeners, as at start.
@@ -170,6 +173,27 @@ def group_a_cluster(
         yield cluster, settings
     finally:
         cluster.cleanup()
+
+
+@contextlib.contextmanager
+def auth_on(db_url: str, *users: tuple[str, str, Role]) -> Iterator[tuple[TestClient, list[Any]]]:
+    """The API with authentication on (no loops, no Ray), and a token per ``(user, team,
+    role)``: each as ``(row, secret)``, in order."""
+    upgrade(db_url)
+    db = Database(db_url)
+    with db.transaction() as s:
+        made = [create_token(s, user, team, role) for user, team, role in users]
+    db.dispose()
+    settings = make_settings(db_url, "http://127.0.0.1:9", run_loops=False, auth="on")
+    with TestClient(create_app(settings)) as client:
+        yield client, made
+
+
+def cli_on(db_url: str, monkeypatch: pytest.MonkeyPatch) -> CliRunner:
+    """A runner of the ``rlrun`` command on the (migrated) database ``db_url``."""
+    upgrade(db_url)
+    monkeypatch.setenv("RLRUN_DATABASE_URL", db_url)
+    return CliRunner()
 
 
 def make_settings(db_url: str, ray_address: str, **overrides: Any) -> Settings:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
@@ -10,9 +11,11 @@ from sqlalchemy import select
 from service import usage
 from service.recipes.base import Launch
 from service.scheduling.shape import Group, ResourceShape
-from service.store.db import Database
+from service.store.db import Database, upgrade
 from service.store.models import Run, RunAttempt, RunEvent, Webhook, utcnow
 from service.store.status import TERMINAL, RunStatus
+from service.store.tokens import Role
+from service.store.tokens import create as create_token
 
 _NOT_ON_RAY = {RunStatus.QUEUED, RunStatus.CANCELLED}
 
@@ -123,3 +126,22 @@ def add_webhook(
             )
         )
     return hook_id
+
+
+def add_tokens(db: Database, *users: tuple[str, str, Role]) -> list[str]:
+    """An API token for each ``(user, team, role)``: their secrets, in order."""
+    with db.transaction() as s:
+        return [create_token(s, user, team, role)[1] for user, team, role in users]
+
+
+def sqlite_with_tokens(
+    tmp_path: Path, name: str, *users: tuple[str, str, Role]
+) -> tuple[str, list[str]]:
+    """A migrated SQLite database ``name`` in ``tmp_path`` with a token per ``(user, team,
+    role)``: its URL and the tokens' secrets, in order."""
+    url = f"sqlite:///{tmp_path}/{name}"
+    upgrade(url)
+    db = Database(url)
+    tokens = add_tokens(db, *users)
+    db.dispose()
+    return url, tokens

@@ -8,16 +8,13 @@ from typing import Any
 
 import httpx
 import pytest
-from fastapi.testclient import TestClient
-from typer.testing import CliRunner
 
 from service import cli
 from service.api import sign_in_audit
-from service.app import create_app
 from service.store import audit
 from service.store.db import Database, upgrade
-from service.store.tokens import create as create_token
-from tests.conftest import make_settings
+from tests.conftest import auth_on, cli_on
+from tests.factories import sqlite_with_tokens
 from tests.service_process import ServiceProcess
 
 
@@ -32,14 +29,8 @@ def rows(db_url: str, action: str | None = None) -> list[Any]:
 
 @pytest.fixture
 def secured(db_url: str) -> Any:
-    upgrade(db_url)
-    db = Database(db_url)
-    with db.transaction() as s:
-        row, secret = create_token(s, "gone", "vision", "member")
-        _, admin = create_token(s, "ops", "vision", "admin")
-    db.dispose()
-    settings = make_settings(db_url, "http://127.0.0.1:9", run_loops=False, auth="on")
-    with TestClient(create_app(settings)) as client:
+    users = ("gone", "vision", "member"), ("ops", "vision", "admin")
+    with auth_on(db_url, *users) as (client, [(row, secret), (_, admin)]):
         yield client, {"revoked": secret, "revoked_id": row.id, "admin": admin}
 
 
@@ -97,9 +88,7 @@ def test_the_next_rows_count_carries_the_failures_in_between(
 def test_tokens_made_and_revoked_with_the_cli_are_audited(
     db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    upgrade(db_url)
-    monkeypatch.setenv("RLRUN_DATABASE_URL", db_url)
-    runner = CliRunner()
+    runner = cli_on(db_url, monkeypatch)
     made = runner.invoke(cli.app, ["token", "create", "--user", "ops", "--team", "vision"])
     assert made.exit_code == 0, made.output
     token_id = made.output.split()[0]
@@ -114,12 +103,7 @@ def test_tokens_made_and_revoked_with_the_cli_are_audited(
 def test_the_client_address_comes_from_proxy_headers_only_from_a_named_proxy(
     tmp_path: Any, trusted: bool
 ) -> None:
-    url = f"sqlite:///{tmp_path}/db.sqlite"
-    upgrade(url)
-    db = Database(url)
-    with db.transaction() as s:
-        _, admin = create_token(s, "ops", "vision", "admin")
-    db.dispose()
+    url, (admin,) = sqlite_with_tokens(tmp_path, "db.sqlite", ("ops", "vision", "admin"))
     service = ServiceProcess(url, "http://127.0.0.1:9", tmp_path / "service.log")
     service.env |= {"RLRUN_AUTH": "on", "RLRUN_RUN_LOOPS": "false"}
     if trusted:

@@ -12,7 +12,6 @@ import anyio.to_thread
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from typer.testing import CliRunner
 
 from service.api.auth import ANONYMOUS
 from service.api.limits import StreamSlots
@@ -22,7 +21,7 @@ from service.errors import TooManyRequests
 from service.settings import Settings
 from service.store.db import Database, upgrade
 from service.store.tokens import create as create_token
-from tests.conftest import make_settings, wait_for
+from tests.conftest import cli_on, make_settings, wait_for
 from tests.live import ServerThread
 
 TEAM, OTHER = "vision", "speech"
@@ -215,9 +214,7 @@ def test_idempotency_keys_belong_to_their_caller(secured: dict[str, Any]) -> Non
 def test_cli_bootstraps_lists_and_revokes_tokens(
     db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    upgrade(db_url)
-    monkeypatch.setenv("RLRUN_DATABASE_URL", db_url)
-    runner = CliRunner()
+    runner = cli_on(db_url, monkeypatch)
     args = ["token", "create", "--user", "ops", "--team", TEAM, "--role", "admin"]
     made = runner.invoke(cli, args)
     assert made.exit_code == 0, made.output

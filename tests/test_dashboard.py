@@ -19,6 +19,7 @@ from service.app import create_app
 from service.cluster.local_ray import LocalRayCluster
 from tests.browser import CHROMIUM, needs_chromium, skip_without_chromium
 from tests.conftest import TERMINAL, make_settings, wait_for, wait_status
+from tests.factories import sqlite_with_tokens
 from tests.live import ServerThread
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -346,16 +347,8 @@ def test_compare_overlays_two_runs_and_lists_their_spec_differences(live: Live, 
 
 
 def test_with_auth_on_the_dashboard_shows_the_tokens_team_only(tmp_path: Path, page: Any) -> None:
-    from service.store.db import Database, upgrade
-    from service.store.tokens import create
-
-    url = f"sqlite:///{tmp_path}/ui.db"
-    upgrade(url)
-    db = Database(url)
-    with db.transaction() as s:
-        _, member = create(s, "ana", "vision", "member")
-        _, admin = create(s, "root", "ops", "admin")
-    db.dispose()
+    users = ("ana", "vision", "member"), ("root", "ops", "admin")
+    url, (member, admin) = sqlite_with_tokens(tmp_path, "ui.db", *users)
     settings = make_settings(url, "http://127.0.0.1:9", run_loops=False, auth="on")
     with ServerThread(create_app(settings)) as server:
         with httpx.Client(base_url=server) as http:

@@ -15,13 +15,12 @@ from sqlalchemy import update
 
 from service.app import create_app
 from service.notify.sender import Notifier
-from service.store.db import Database, upgrade
+from service.store.db import Database
 from service.store.models import WebhookDelivery, utcnow
 from service.store.status import RunStatus
-from service.store.tokens import create as create_token
 from tests.browser import needs_chromium
 from tests.conftest import make_settings
-from tests.factories import add_run
+from tests.factories import add_run, sqlite_with_tokens
 from tests.live import ServerThread
 from tests.test_dashboard import browser, page, shot, until  # noqa: F401
 from tests.test_webhooks import LOCAL, Receiver, _fail
@@ -42,13 +41,9 @@ def test_the_webhooks_view_shows_each_subscription_s_standing_and_a_member_s_act
     tmp_path: Path,
     page: Any,  # noqa: F811
 ) -> None:
-    url = f"sqlite:///{tmp_path}/hooks.db"
-    upgrade(url)
+    users = ("ann", "vision", "member"), ("vic", "vision", "viewer"), ("ola", "nlp", "member")
+    url, (member, viewer, other) = sqlite_with_tokens(tmp_path, "hooks.db", *users)
     db = Database(url)
-    with db.transaction() as s:
-        _, member = create_token(s, "ann", "vision", "member")
-        _, viewer = create_token(s, "vic", "vision", "viewer")
-        _, other = create_token(s, "ola", "nlp", "member")
     settings = make_settings(
         url, "http://127.0.0.1:9", run_loops=False, auth="on", webhook_allow="127.0.0.1/32"
     )

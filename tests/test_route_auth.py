@@ -10,10 +10,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from service.app import create_app
-from service.store.db import Database, upgrade
+from service.store.db import Database
 from service.store.tokens import create as create_token
-from tests.conftest import make_settings
+from tests.conftest import auth_on
 
 PUBLIC = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics")}
 # Outside the OpenAPI document: the browser's pages and their static files (no data; the page
@@ -23,14 +22,8 @@ PAGES = {"/", "/ui/", "/docs", "/docs/init.js", "/openapi.json"}
 
 @pytest.fixture
 def secured(db_url: str) -> Any:
-    upgrade(db_url)
-    db = Database(db_url)
-    with db.transaction() as s:
-        _, viewer = create_token(s, "v", "vision", "viewer")
-        _, admin = create_token(s, "a", "vision", "admin")
-    db.dispose()
-    settings = make_settings(db_url, "http://127.0.0.1:9", run_loops=False, auth="on")
-    with TestClient(create_app(settings)) as client:
+    users = ("v", "vision", "viewer"), ("a", "vision", "admin")
+    with auth_on(db_url, *users) as (client, [(_, viewer), (_, admin)]):
         yield client, {"Authorization": f"Bearer {viewer}"}, {"Authorization": f"Bearer {admin}"}
 
 

@@ -17,7 +17,6 @@ its figures then say nothing of the defaults).
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import statistics
 import tempfile
@@ -30,7 +29,7 @@ from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.cluster.ray_jobs import RayJobs
-from tests.benchmarks.report import Report, ray_head
+from tests.benchmarks.report import Report, ray_head, runs_from_args
 from tests.conftest import RAY_PORT, RAY_TOKENS, make_settings
 
 SLEEP = shlex.join(["python3", "-c", "import time; time.sleep(600)"])
@@ -85,16 +84,12 @@ def short_run(client: TestClient, ray: RayJobs) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="one run of each")
-    args = parser.parse_args()
-    runs = 1 if args.quick else args.runs
+    runs, quick = runs_from_args(__doc__, 3, "one run of each")
     report = Report("Hangs and short runs: how soon the service says so (embedded Ray)")
     with ray_head([8, 8], 8, RAY_PORT) as address, tempfile.TemporaryDirectory() as tmp:
         ray = RayJobs(address, RAY_TOKENS.get(address))
         # Quick: the hang is seen within seconds rather than the default's half minute.
-        watchdog = {"unschedulable_after_s": 2.0, "watchdog_interval_s": 1.0} if args.quick else {}
+        watchdog = {"unschedulable_after_s": 2.0, "watchdog_interval_s": 1.0} if quick else {}
         settings = make_settings(f"sqlite:///{tmp}/bench.db", address, **watchdog)
         with TestClient(create_app(settings)) as client:
             hangs = [hang(client, ray) for _ in range(runs)]

@@ -12,7 +12,6 @@ RUNNING as the service recorded it (what a user waits), and the service's own vi
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import tempfile
@@ -77,11 +76,7 @@ def measure(address: str, runs: int) -> tuple[list[float], list[float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--quick", action="store_true", help="one run")
-    args = parser.parse_args()
-    runs = 1 if args.quick else args.runs
+    runs, _ = report.runs_from_args(__doc__, 5, "one run")
     out = report.Report("Failure -> next attempt RUNNING (backoff 0, default loop intervals)")
     with report.ray_head([8], 4, RAY_PORT) as address:
         from_job, from_failed = measure(address, runs)

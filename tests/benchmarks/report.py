@@ -9,6 +9,7 @@ starting its own (a head takes seconds to start, more on a loaded machine).
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -18,6 +19,16 @@ from tests.conftest import RAY_TOKENS
 
 SHARED_RAY = "RLRUN_BENCH_RAY_ADDRESS"
 SHARED_RAY_TOKEN = "RLRUN_BENCH_RAY_TOKEN"
+
+
+def runs_from_args(doc: str, runs: int, quick: str) -> tuple[int, bool]:
+    """How many runs a benchmark of real runs makes: ``--runs`` (default ``runs``), or one with
+    ``--quick``; and whether it is quick."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=runs)
+    parser.add_argument("--quick", action="store_true", help=quick)
+    args = parser.parse_args()
+    return (1 if args.quick else int(args.runs)), bool(args.quick)
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
