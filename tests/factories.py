@@ -134,14 +134,20 @@ def add_tokens(db: Database, *users: tuple[str, str, Role]) -> list[str]:
         return [create_token(s, user, team, role)[1] for user, team, role in users]
 
 
+def migrated_with_tokens(url: str, *users: tuple[str, str, Role]) -> list[str]:
+    """Migrate the database ``url`` and add a token per ``(user, team, role)``: their secrets,
+    in order."""
+    upgrade(url)
+    db = Database(url)
+    tokens = add_tokens(db, *users)
+    db.dispose()
+    return tokens
+
+
 def sqlite_with_tokens(
     tmp_path: Path, name: str, *users: tuple[str, str, Role]
 ) -> tuple[str, list[str]]:
     """A migrated SQLite database ``name`` in ``tmp_path`` with a token per ``(user, team,
     role)``: its URL and the tokens' secrets, in order."""
     url = f"sqlite:///{tmp_path}/{name}"
-    upgrade(url)
-    db = Database(url)
-    tokens = add_tokens(db, *users)
-    db.dispose()
-    return url, tokens
+    return url, migrated_with_tokens(url, *users)

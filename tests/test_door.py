@@ -13,9 +13,9 @@ import httpx
 from fastapi.testclient import TestClient
 
 from service.app import create_app
-from service.store.db import Database, upgrade
-from service.store.tokens import create as create_token
+from service.store.db import upgrade
 from tests.conftest import make_settings
+from tests.factories import migrated_with_tokens
 from tests.live import ServerThread
 
 HEAD = (
@@ -52,12 +52,7 @@ def answer_of(sock: socket.socket) -> bytes:
 
 
 def member_token(db_url: str) -> str:
-    upgrade(db_url)
-    db = Database(db_url)
-    with db.transaction() as s:
-        _, secret = create_token(s, "flooder", "vision", "member")
-    db.dispose()
-    return secret
+    return migrated_with_tokens(db_url, ("flooder", "vision", "member"))[0]
 
 
 def reads_stay_fast(url: str, seconds: float, headers: dict[str, str]) -> list[float]:

@@ -11,9 +11,8 @@ from fastapi.testclient import TestClient
 from service.api.auth import Principal
 from service.app import create_app
 from service.operations.idempotency import scoped_key
-from service.store.db import Database, upgrade
-from service.store.tokens import create as create_token
 from tests.conftest import make_settings
+from tests.factories import migrated_with_tokens
 
 SPEC = {"recipe": "test-script"}
 
@@ -21,15 +20,9 @@ SPEC = {"recipe": "test-script"}
 @pytest.fixture
 def tokens(db_url: str) -> dict[str, str]:
     """Two tokens of the same user name and team, and a member of another team."""
-    upgrade(db_url)
-    db = Database(db_url)
-    with db.transaction() as s:
-        made = {
-            "first": create_token(s, "alice", "vision", "member")[1],
-            "second": create_token(s, "alice", "vision", "member")[1],
-        }
-    db.dispose()
-    return made
+    alice = ("alice", "vision", "member")
+    first, second = migrated_with_tokens(db_url, alice, alice)
+    return {"first": first, "second": second}
 
 
 def app_for(db_url: str, **overrides: Any) -> TestClient:

@@ -28,7 +28,7 @@ from service.store.models import Run, Webhook, WebhookDelivery
 from service.store.status import RunStatus
 from service.store.tokens import create as create_token
 from tests.conftest import make_settings
-from tests.factories import add_run
+from tests.factories import add_run, migrated_with_tokens
 
 LOCAL = AllowList.parse(["127.0.0.1/32"])
 
@@ -462,11 +462,7 @@ def test_a_subscription_shows_its_newest_attempt_and_the_failures_since_its_last
 
 
 def test_whoami_names_the_token_s_user_team_and_role(db_url: str) -> None:
-    upgrade(db_url)
-    db = Database(db_url)
-    with db.transaction() as s:
-        _, viewer = create_token(s, "vic", "vision", "viewer")
-    db.dispose()
+    [viewer] = migrated_with_tokens(db_url, ("vic", "vision", "viewer"))
     settings = make_settings(db_url, "http://127.0.0.1:9", run_loops=False, auth="on")
     with TestClient(create_app(settings)) as client:
         me = client.get("/whoami", headers={"Authorization": f"Bearer {viewer}"}).json()
