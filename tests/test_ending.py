@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 from sqlalchemy import select
 
 from service.loops.follower import Follower
@@ -215,3 +216,39 @@ def test_a_verl_job_whose_data_holds_fewer_samples_than_asked_is_held_to_what_it
     short, _ = read_run(db, "r2")
     assert short.status == RunStatus.FAILED and short.failure is not None
     assert short.failure["summary"].startswith("trained 2 of 3 steps")
+
+
+# As verl 0.9.1's fully async trainer prints a finished run of 3 syncs (seen in the cpu-smoke
+# run): its step lines carry the version a step trained with and stop one step early; only the
+# trainer's own lines name the last version synced.
+_VERL_3_OF_3 = "".join(
+    f"(FullyAsyncTrainer pid=7) [FullyAsyncTrainer] _fit_update_weights, timing_s/param_sync: "
+    f"0.12 seconds self.current_param_version: {v}\n"
+    + (
+        f"(FullyAsyncTrainer pid=7) step:{v + 1} - training/global_step:{v}.0 - "
+        f"fully_async/count/current_param_version:{v - 1}.0\n"
+        if v >= 2
+        else ""
+    )
+    for v in range(4)
+)
+
+
+@pytest.mark.parametrize(("planned", "end"), [(3, RunStatus.SUCCEEDED), (4, RunStatus.FAILED)])
+def test_a_verl_run_is_held_to_the_versions_its_trainer_synced_not_its_lagging_step_lines(
+    db: Database, planned: int, end: RunStatus
+) -> None:
+    ray, ended = FakeRay(), []
+    reconciler, follower = _loops(db, ray, ended)
+    add_run(db, "r1", RunStatus.RUNNING, launch=_planned(planned))
+    ray.log["r1"] = _VERL_3_OF_3
+    ray.set_status("r1", "SUCCEEDED", exit_code=0)
+    reconciler.tick()
+    _seen_long_enough_ago(db)
+    follower.tick()
+    run, _ = read_run(db)
+    # 3 synced: finished though its step lines print version 1; of 4, short however it exited.
+    assert run.status == end
+    if end == RunStatus.FAILED:
+        assert run.failure is not None
+        assert run.failure["summary"].startswith("trained 3 of 4 steps")

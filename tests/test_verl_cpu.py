@@ -136,3 +136,37 @@ def test_vllm_shims(monkeypatch: pytest.MonkeyPatch) -> None:
     pause = AsyncLLM.pause_generation(fake, wait_for_inflight_requests=False, clear_cache=False)
     asyncio.run(pause)
     assert calls == [{"mode": "abort", "clear_cache": False}]
+
+
+@pytest.mark.slow
+def test_make_smoke_assets_is_deterministic_and_scored_by_verls_rule(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+    from verl.utils.reward_score import default_compute_score
+
+    from service.cli import app
+
+    runs = [CliRunner().invoke(app, ["verl", "make-smoke-assets", str(tmp_path / d),
+                                     "--output", "json"]) for d in ("a", "b")]  # fmt: skip
+    assert [r.exit_code for r in runs] == [0, 0], runs[0].output
+    files = sorted(
+        p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*") if p.is_file()
+    )
+    assert Path("model/model.safetensors") in files and Path("data/train.parquet") in files
+    for f in files:
+        if f.name == "assets.json":  # names its own directory
+            continue
+        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes(), f
+
+    import pandas as pd
+    from transformers import AutoConfig, AutoTokenizer
+
+    rows = pd.read_parquet(tmp_path / "a" / "data" / "train.parquet")
+    assert len(rows) == 256
+    row = rows.iloc[0]
+    truth = row["reward_model"]["ground_truth"]
+    assert default_compute_score(row["data_source"], f"so #### {truth}", truth) == 1.0
+    assert default_compute_score(row["data_source"], "no answer", truth) == 0
+    tok = AutoTokenizer.from_pretrained(tmp_path / "a" / "model")
+    assert len(tok("\n")["input_ids"]) == 1  # verl's Qwen path needs newline as one token
+    config = AutoConfig.from_pretrained(tmp_path / "a" / "model")
+    assert (config.model_type, config.head_dim, config.vocab_size) == ("qwen2", 64, 400)

@@ -129,7 +129,7 @@ def warm_start(model: Any, tokenizer: Any, rows: list[dict[str, Any]], steps: in
         opt.zero_grad()
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     model.eval()
     return losses
 

@@ -14,7 +14,10 @@ from service.cli.common import clean, connect, console, emit_json, errors, say
 from service.cli.options import Output, OutputOpt, ServerOpt, TokenOpt
 from service.cli_tables import Column, print_table
 
-verl_app = typer.Typer(help="verl versions specs may name (verl_version).", no_args_is_help=True)
+verl_app = typer.Typer(
+    help="verl versions specs may name (verl_version), and the CPU smoke run's assets.",
+    no_args_is_help=True,
+)
 
 
 @verl_app.command("add")
@@ -37,6 +40,36 @@ def verl_add(
         emit_json({"version": version, "path": str(root)})
     else:
         say(f"verl {version} is available at {root}")
+
+
+@verl_app.command("make-smoke-assets")
+def make_smoke_assets(
+    directory: Annotated[Path, typer.Argument(help="where to write model/ and data/")],
+    warm_start_steps: Annotated[
+        int,
+        typer.Option(min=0, help="supervised steps on the answer format first (0: random weights)"),
+    ] = 0,
+    output: OutputOpt = Output.table,
+) -> None:
+    """Make the cpu-smoke preset's tiny Qwen2 model, tokenizer and gsm8k-style parquet data in
+    DIRECTORY, the same bytes each time; needs the verl-cpu extra (--output json: what was
+    written)."""
+    try:
+        from jobs.verl_cpu import assets
+    except ImportError as exc:  # the package itself is always there: a dependency is missing
+        say(f"the verl-cpu extra is not installed ({exc})", style="red", to=errors)
+        raise typer.Exit(1) from exc
+    try:
+        summary = assets.make(directory, warm_start_steps)
+    except (ImportError, OSError) as exc:
+        say(str(exc), style="red", to=errors)
+        raise typer.Exit(1) from exc
+    if output == Output.json:
+        emit_json(summary)
+    else:
+        total = sum(summary["bytes"].values())
+        say(f"model {summary['model']} ({summary['parameters']:,} parameters), data "
+            f"{summary['train_files']}, {summary['val_files']}: {total / 1e6:.1f} MB")  # fmt: skip
 
 
 def script(

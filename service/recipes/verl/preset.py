@@ -5,6 +5,8 @@ NPU (``geo3k_qwen3vl_8b_fsdp2_16_16_npu.sh``), override for override. Deliberate
 data and model paths come from settings (not ``$HOME``), the checkpoint dir is per run and
 absolute (the recipe sets it), ``trainer.device=npu`` (from ``resources``), and the logger list
 keeps ``console`` and only those credentialed backends the deployment has configured.
+
+``cpu-smoke`` runs verl's own trainer on CPU with a random tiny model (``cpu_smoke``).
 """
 
 from __future__ import annotations
@@ -126,7 +128,94 @@ def geo3k_qwen3vl_8b_npu(settings: Settings) -> dict[str, Any]:
     }
 
 
-PRESETS: dict[str, Preset] = {"geo3k-qwen3vl-8b-npu": geo3k_qwen3vl_8b_npu}
+SMOKE_DIR = "rlrun-smoke"  # under RLRUN_VERL_DATA_DIR: what `rlrun verl make-smoke-assets` writes
+# Overrides a CPU run needs that no spec field carries (docs/guide/verl.md#cpu): float32 (vLLM's
+# CPU worker dies with SIGILL on bfloat16 here), no CUDA graphs nor sleep mode (vLLM refuses it on
+# CPU; the key is a dataclass field verl's YAML lacks, hence +), SDPA attention, and weights
+# synced through a file (every built-in checkpoint engine needs CUDA, NCCL/HCCL or RDMA).
+CPU_OVERRIDES = [
+    "actor_rollout_ref.actor.fsdp_config.dtype=float32",
+    "actor_rollout_ref.rollout.dtype=float32",
+    "+actor_rollout_ref.rollout.enable_sleep_mode=False",
+    "+actor_rollout_ref.rollout.engine_kwargs.vllm.compilation_config.cudagraph_mode=NONE",
+    "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+    "actor_rollout_ref.rollout.checkpoint_engine.backend=file",
+    "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=jobs.verl_cpu.weights",
+]
+SMOKE_SYNCS = 3  # parameter syncs (= trainer steps here): each prompt group of 4 is one
+
+
+def cpu_smoke(settings: Settings) -> dict[str, Any]:
+    """A smoke run of verl's real fully async trainer on CPU: a random tiny Qwen2 (made by
+    `rlrun verl make-smoke-assets $RLRUN_VERL_DATA_DIR/rlrun-smoke`), one FSDP2 trainer worker
+    and one vLLM rollout replica, 3 GRPO steps with a weight sync and a checkpoint each. It
+    proves the path (launch, metrics, syncs, checkpoints, resume), not learning: with random
+    weights every reward is 0."""
+    root = PurePosixPath(settings.verl_data_dir) / SMOKE_DIR
+    return {
+        "data": {
+            "train_files": str(root / "data" / "train.parquet"),
+            "val_files": str(root / "data" / "test.parquet"),
+            "max_prompt_length": 64,
+            "max_response_length": 16,
+            "shuffle": False,
+        },
+        "model": {
+            "path": str(root / "model"),
+            "use_remove_padding": False,
+            "enable_gradient_checkpointing": False,
+        },
+        "actor": {
+            "strategy": "fsdp2",
+            "optim": {"lr": 1e-5},
+            "ppo_mini_batch_size": 4,
+            "ppo_micro_batch_size_per_gpu": 4,
+            "use_kl_loss": False,
+            "use_torch_compile": False,
+        },
+        "rollout": {
+            "n": 4,
+            "total_rollout_steps": 4 * SMOKE_SYNCS,
+            "tensor_model_parallel_size": 1,
+            "log_prob_micro_batch_size_per_gpu": 4,
+            "max_model_len": 128,
+            "max_num_batched_tokens": 1024,
+            "enforce_eager": True,
+            "free_cache_engine": False,
+            "enable_prefix_caching": False,
+        },
+        "algorithm": {"adv_estimator": "grpo"},
+        "trainer": {
+            "logger": ["console"],
+            "project_name": "rlrun_smoke",
+            "experiment_name": "cpu_smoke",
+            "resume_mode": "auto",
+            "val_before_train": False,
+            "save_freq": 1,
+            "test_freq": -1,
+            "total_epochs": 1,
+        },
+        "async_training": {
+            "staleness_threshold": 0.1,
+            "trigger_parameter_sync_step": 1,
+            "require_batches": 1,
+            "partial_rollout": True,
+        },
+        "resources": {
+            "accelerator": "cpu",
+            "n_gpus_training": 1,
+            "n_nodes_train": 1,
+            "n_gpus_rollout": 1,
+            "n_nodes_rollout": 1,
+        },
+        "overrides": list(CPU_OVERRIDES),
+    }
+
+
+PRESETS: dict[str, Preset] = {
+    "geo3k-qwen3vl-8b-npu": geo3k_qwen3vl_8b_npu,
+    "cpu-smoke": cpu_smoke,
+}
 
 
 def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:

@@ -22,7 +22,7 @@ RS_OPTIONS = {
     "token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
     "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3",
 }  # fmt: skip
-ROLLOUT_ENGINES = {"npu": {"vllm"}, "gpu": {"vllm", "sglang", "trtllm"}}
+ROLLOUT_ENGINES = {"npu": {"vllm"}, "gpu": {"vllm", "sglang", "trtllm"}, "cpu": {"vllm"}}
 RC = "algorithm.rollout_correction"
 
 

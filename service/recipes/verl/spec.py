@@ -274,7 +274,8 @@ class AsyncTrainingSpec(Block):
 class ResourcesSpec(OnlySet):
     """Accelerator groups: trainer and rollout each on ``n_nodes_*`` nodes x ``n_gpus_*``."""
 
-    accelerator: Literal["npu", "gpu"] = "npu"
+    # cpu: verl's own trainer on host CPUs (the cpu-smoke preset; docs/guide/verl.md#cpu).
+    accelerator: Literal["npu", "gpu", "cpu"] = "npu"
     n_gpus_training: int = Field(default=8, ge=1, le=128)
     n_nodes_train: int = Field(default=1, ge=1, le=1024)
     n_gpus_rollout: int = Field(default=8, ge=1, le=128)
