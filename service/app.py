@@ -12,6 +12,7 @@ import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
 from types import FrameType
 
 import anyio.to_thread
@@ -47,8 +48,11 @@ from service.api.problems import install_handlers
 from service.api.read_cache import ReadCache, shown_change
 from service.api.token_cache import TokenCache
 from service.backoff import Backoff
+from service.cluster import embedded_trust
 from service.cluster import registry as registry_of_clusters
 from service.cluster import spec as cluster_spec
+from service.cluster.embedded_trust import StartRefused
+from service.cluster.job_user import JobUserError
 from service.cluster.local_ray import LocalRayCluster, PortInUse
 from service.cluster.registry import Clusters
 from service.loops.base import Loop
@@ -65,6 +69,7 @@ from service.metrics.rl_signals import SignalRules
 from service.notify.guard import AllowList
 from service.notify.sender import Notifier
 from service.recipes.registry import RecipeRegistry, default_registry
+from service.recipes.tiny_grpo import default_checkpoint_root
 from service.recovery.retry import RetryConfig
 from service.scheduling import backlog
 from service.scheduling.budgets import Budgets
@@ -194,6 +199,14 @@ async def _start_local(
 ) -> dict[str, LocalRayCluster]:
     """Start the embedded Ray head of each cluster declared ``local``, at once; none is left
     running if one fails to start."""
+    if not any(spec.local is not None for spec in specs):
+        return {}
+    checkpoints = settings.tiny_grpo_checkpoint_root or default_checkpoint_root()
+    try:
+        trust = await asyncio.to_thread(embedded_trust.prepare, settings, [Path(checkpoints)])
+    except (StartRefused, JobUserError) as exc:
+        log.error("cannot start the local Ray cluster: %s", exc)
+        raise
     heads = {
         spec.name: LocalRayCluster(
             spec.local.npus,
@@ -203,6 +216,8 @@ async def _start_local(
             port=spec.local.port,
             dashboard_port=spec.local.dashboard_port,
             state_dir=settings.local_ray_state_path,
+            user=trust.user,
+            python=trust.python,
         )
         for spec in specs
         if spec.local is not None

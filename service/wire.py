@@ -255,6 +255,16 @@ class ClusterOut(BaseModel):
         description="team -> node group its runs are placed on ('*': every team not named); "
         "teams not mapped share the nodes of no mapped group"
     )
+    job_user: str | None = Field(
+        default=None,
+        description="the Unix user the embedded cluster's jobs run as, not the service's own",
+    )
+    jobs_act_as_service: bool = Field(
+        default=False,
+        description="the embedded cluster's jobs run as the service's own user "
+        "(RLRUN_LOCAL_SINGLE_TENANT): any job can read its environment, database and secrets, "
+        "and so act as the service",
+    )
 
 
 class ClusterHealthOut(BaseModel):

@@ -22,7 +22,7 @@ from service.scheduling.shape import ResourceShape
 from service.store import audit, grants
 from service.store.db import Database
 from service.store.lifecycle import transition
-from service.store.models import Run, SecretGrant
+from service.store.models import Run, RunEvent, SecretGrant, Webhook, WebhookDelivery
 from service.store.status import RunStatus
 from tests.conftest import make_settings
 from tests.factories import add_run
@@ -122,6 +122,32 @@ def test_a_flood_of_refused_redemptions_leaves_one_row_a_minute(
     services.grant_refusals.window_s = 0.0  # the minute is over: the next row counts the rest
     _redeem(client, token)
     assert _audited(db)[-1] == ("grant.refused", "r1", "grant already redeemed; refusals=200")
+
+
+def test_a_replayed_grant_is_an_event_of_its_run_and_a_webhook_message(
+    client: TestClient, db: Database
+) -> None:
+    token = _granted(db)
+    with db.transaction() as session:
+        session.add(
+            Webhook(
+                id="whk_1",
+                team=None,
+                created_by="ops",
+                url="https://hooks.example/x",
+                rules={"events": ["run.grant_replayed"]},
+                secret="whsec_x",
+            )
+        )
+    assert _redeem(client, token).status_code == 200
+    for _ in range(3):  # told once, as the refusals are audited: once a minute per address
+        assert _redeem(client, token).status_code == 401
+    with db.read() as session:
+        sent = session.scalars(select(WebhookDelivery)).all()
+        events = [e.reason for e in session.scalars(select(RunEvent)).all()]
+    assert [(d.event_type, d.payload["run"]["id"]) for d in sent] == [("run.grant_replayed", "r1")]
+    assert sum("presented again" in reason for reason in events) == 1
+    assert WANDB not in str([d.payload for d in sent])
 
 
 def test_a_run_s_grants_are_purged_when_it_ends(db: Database) -> None:

@@ -7,11 +7,15 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from sqlalchemy.orm import Session
 
 from service.api.auth import CredentialsDep, client_of
 from service.api.deps import ServicesDep
 from service.errors import Conflict, Unauthorized
+from service.notify import outbox
 from service.store import audit, grants
+from service.store.lifecycle import note
+from service.store.models import Run
 from service.team_secrets import SecretMissing
 
 router = APIRouter(tags=["grants"])
@@ -48,6 +52,8 @@ def redeem_grant(
             # One row a minute per grant and address, however many times it is tried.
             count = services.grant_refusals.count(client, about=grants.digest(token))
             target = f"{found.refused}; refusals={count}" if count else None
+            if count and found.refused == grants.REPLAYED:
+                _tell_replay(session, found.run_id, client)
         if run is not None or target is not None:
             audit.record(
                 session,
@@ -68,3 +74,18 @@ def redeem_grant(
         raise Conflict(missing)
     body = {"env": values, "submission_id": found.submission_id}
     return JSONResponse(body, headers={"Cache-Control": "no-store"})
+
+
+def _tell_replay(session: Session, run_id: str, client: str | None) -> None:
+    """A grant presented after it was redeemed: one of the two callers was not the run's job,
+    and whoever came first holds the values. An event of the run, and a webhook message."""
+    run = session.get(Run, run_id)
+    if run is None:
+        return
+    event = note(
+        session,
+        run,
+        f"its secrets grant was presented again after it was redeemed (from {client}); "
+        "whoever redeemed it first holds the run's secret values",
+    )
+    outbox.enqueue(session, run, event, "run.grant_replayed")

@@ -14,6 +14,12 @@ per handle (each start of the service) and kept in a file of mode 0600 (``token_
 the nodes run; the nodes get its path, never its value, and the service's client sends it
 (``token``).
 
+With a ``user`` (``job_user``: as root, never the service's own user), the nodes, and so every
+job, run as that user, from a working and temp dir of theirs (``base_dir``, given to it), with
+a Python it can run (``job_python``); the token file is then theirs too (every job can read it:
+Ray's token is the whole cluster's). The service's files, environment and memory are then out of
+any job's reach.
+
 With a ``state_dir``, the handle records its nodes' process groups there while they run. A
 process that dies without stopping them (SIGKILL) leaves that record behind, and the next handle
 started with the same ``state_dir`` kills those groups (only processes still running in that
@@ -40,6 +46,9 @@ from typing import Any
 
 import httpx
 
+from service.cluster.job_python import JobPython
+from service.cluster.job_user import JobUser
+
 log = logging.getLogger(__name__)
 RAY_WORKER_PORTS = range(10002, 20000)
 
@@ -63,6 +72,11 @@ _JOIN = (
 )
 
 
+# Ray's command line, as the ``ray`` script runs it (the script's own interpreter line may name
+# one the job user cannot run).
+_START = "import sys\nimport ray.scripts.scripts as scripts\nsys.argv[0] = 'ray'\nscripts.main()\n"
+
+
 class PortInUse(RuntimeError):
     """A port the local cluster was told to use is taken."""
 
@@ -77,7 +91,11 @@ class LocalRayCluster:
         dashboard_port: int | None = None,
         state_dir: str | Path | None = None,
         custom_resources: list[dict[str, float]] | None = None,
+        user: JobUser | None = None,
+        python: JobPython | None = None,
     ) -> None:
+        self.user = user
+        self.python = python or JobPython(Path(sys.executable).parent)
         self.npus_per_node = npus_per_node
         # More resources per node (e.g. a node group's, see scheduling.node_groups).
         self.custom_resources = custom_resources or [{} for _ in npus_per_node]
@@ -98,8 +116,9 @@ class LocalRayCluster:
 
     @property
     def token_path(self) -> Path:
-        """The file holding ``token`` (mode 0600): in the state dir, else in the base dir."""
-        if self._record_path is not None:
+        """The file holding ``token`` (mode 0600): the job user's, in the base dir, if there is
+        one; else in the state dir, else in the base dir."""
+        if self._record_path is not None and self.user is None:
             return self._record_path.with_suffix(".token")
         return self.base_dir / "ray-token"
 
@@ -120,6 +139,8 @@ class LocalRayCluster:
         again = self._starts.get(index, 0)
         temp_dir = (self.base_dir / (f"node{index}" + (f".{again}" if again else ""))).resolve()
         temp_dir.mkdir(parents=True, exist_ok=True)
+        if self.user is not None:
+            self.user.own(temp_dir)
         return [
             "--block",
             "--node-ip-address=127.0.0.1",
@@ -139,8 +160,11 @@ class LocalRayCluster:
         """The whole environment of a node's ``ray start``, inherited by all its processes."""
         env = {name: os.environ[name] for name in INHERITED_ENV if name in os.environ}
         # Job drivers inherit this PATH, so `python3` in an entrypoint is this environment's.
-        bin_dir = Path(sys.executable).parent
-        env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', os.defpath)}"
+        env["PATH"] = f"{self.python.bin_dir}{os.pathsep}{env.get('PATH', os.defpath)}"
+        if self.python.library_path:
+            env["LD_LIBRARY_PATH"] = self.python.library_path
+        if self.user is not None:
+            env |= {"USER": self.user.name, "LOGNAME": self.user.name, "HOME": str(self.home)}
         return env | {
             "RAY_DEDUP_LOGS": "0",
             # Per-node usage in /api/cluster_status (what admission reads) refreshes at this
@@ -151,20 +175,33 @@ class LocalRayCluster:
             "RAY_AUTH_TOKEN_PATH": str(self.token_path),
         }
 
+    @property
+    def home(self) -> Path:
+        """The job user's home while the nodes run (its caches: pip's, Hugging Face's...)."""
+        return (self.base_dir / "home").resolve()
+
     def _write_token(self) -> None:
-        """Put the token where the nodes read it and only this user can."""
+        """Put the token where the nodes read it and only their user can."""
         path = self.token_path
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         path.unlink(missing_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(self.token)
+        if self.user is not None:
+            self.user.own(path, 0o600)
+
+    def _give_dirs(self) -> None:
+        """The nodes' working dir, temp dirs and home: the job user's."""
+        if self.user is None:
+            return
+        self.user.own(self.base_dir)
+        self.home.mkdir(exist_ok=True)
+        self.user.own(self.home)
 
     def _spawn(self, args: list[str], index: int) -> None:
-        if index == 0:
-            argv = [str(Path(sys.executable).with_name("ray")), "start", *args]
-        else:
-            argv = [sys.executable, "-c", _JOIN, "start", *args]
+        python = str(self.python.executable)
+        argv = [python, "-c", _START if index == 0 else _JOIN, "start", *args]
         self._starts[index] = self._starts.get(index, 0) + 1
         log = open(self.base_dir / f"node{index}.log", "ab")  # noqa: SIM115 - owned by the child
         proc = subprocess.Popen(
@@ -173,6 +210,9 @@ class LocalRayCluster:
             stderr=subprocess.STDOUT,
             env=self.node_env(),
             start_new_session=True,
+            # Started elsewhere, Ray's dashboard fails; as the job user, from its own dir.
+            cwd=self.base_dir if self.user is not None else None,
+            **self._as_user(),
         )
         log.close()
         if index < len(self._procs):
@@ -180,6 +220,11 @@ class LocalRayCluster:
         else:
             self._procs.append(proc)
         self._record()
+
+    def _as_user(self) -> dict[str, Any]:
+        if self.user is None:
+            return {}
+        return {"user": self.user.uid, "group": self.user.gid, "extra_groups": []}
 
     @property
     def _record_path(self) -> Path | None:
@@ -225,6 +270,7 @@ class LocalRayCluster:
             clear_orphans(self.state_dir)
         self.resolve_ports()
         self.base_dir.mkdir(parents=True, exist_ok=True)
+        self._give_dirs()
         self._write_token()
         head = [
             "--head",

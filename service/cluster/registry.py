@@ -87,11 +87,14 @@ class Clusters:
     """Every cluster of the replica, in declared order (the first is the primary: runs that
     record no cluster, and the settings that have no per-cluster form, belong to it)."""
 
-    def __init__(self, handles: Sequence[ClusterHandle]) -> None:
+    def __init__(self, handles: Sequence[ClusterHandle], guard_secrets: bool = False) -> None:
         if not handles:
             raise ValueError("at least one cluster")
         self._handles = {h.name: h for h in handles}
         self.primary = handles[0]
+        # With authentication on: a run naming secrets goes only where no other team's runs
+        # go, unless the operator allowed secrets on that shared cluster.
+        self.guard_secrets = guard_secrets
 
     @classmethod
     def single(cls, ray: RayJobs, inventory: InventoryCache | None = None) -> Clusters:
@@ -138,9 +141,10 @@ class Clusters:
         labels: Mapping[str, str] | None = None,
         verl_version: str | None = None,
         reads: Sequence[str] = (),
+        secrets: bool = False,
     ) -> list[str]:
-        """The clusters a run of ``team`` may go to, in declared order; 422 at the field that
-        leaves none."""
+        """The clusters a run of ``team`` (naming ``secrets`` or not) may go to, in declared
+        order; 422 at the field that leaves none."""
         labels = labels or {}
         if cluster is not None:
             spec = self._handles[cluster].spec if cluster in self._handles else None
@@ -177,7 +181,32 @@ class Clusters:
             _refuse(
                 loc, f"no cluster the run may use has all its paths under its data roots: {missing}"
             )
+        if secrets and self.guard_secrets:
+            kept = [s for s in held if s.secrets_on_shared or s.other_teams(team) is None]
+            if not kept:
+                shared = "; ".join(f"cluster {s.name!r} takes {s.other_teams(team)}" for s in held)
+                _refuse(
+                    ["secrets"],
+                    f"the run names secrets, and other teams' jobs could read them: {shared} "
+                    "(another team's job runs as the same user, with the same Ray token); use a "
+                    "cluster of the team's own (the clusters file's `teams`, or "
+                    "RLRUN_CLUSTER_TEAMS), or an operator may allow secrets there "
+                    "(RLRUN_SECRETS_ON_SHARED_CLUSTER; in the clusters file, `secrets_on_shared`)",
+                )
+            held = kept
         return [s.name for s in held]
+
+    def secret_readers(self, team: str, names: Sequence[str]) -> list[str]:
+        """For a run of ``team`` naming secrets, allowed on shared clusters among ``names``:
+        which other teams' jobs could read its secrets, one sentence per such cluster."""
+        if not self.guard_secrets:
+            return []
+        return [
+            f"its secrets are readable by the jobs of {others} on cluster {name!r} "
+            "(secrets allowed there by the operator although the cluster is shared)"
+            for name in names
+            if (others := self._handles[name].spec.other_teams(team)) is not None
+        ]
 
     def for_queued(
         self, team: str, launch: Mapping[str, Any], previous: str | None = None
@@ -194,6 +223,7 @@ class Clusters:
                 where.get("labels"),
                 where.get("verl_version"),
                 launch.get("reads") or (),
+                bool(launch.get("secrets")),
             )
         except InvalidSpec:
             return []
@@ -240,7 +270,7 @@ def build(
         handles.append(
             ClusterHandle(spec, ray, InventoryCache(ray, settings.inventory_ttl_s), head)
         )
-    return Clusters(handles)
+    return Clusters(handles, guard_secrets=settings.auth_enabled)
 
 
 def cluster_quotas(spec: ClusterSpec) -> Quotas:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -55,6 +55,9 @@ class ClusterSpec(_Strict):
     image: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     teams: list[str] | None = None  # None: every team
+    # Runs naming secrets may come here although other teams' runs do too (whose jobs, as the
+    # same Unix user with the same Ray token, could read them): the operator's allowance.
+    secrets_on_shared: bool = False
     # Accelerators each team may hold on this cluster ("*": every team not named), besides the
     # service-wide quotas.
     quotas: dict[str, int] = Field(default_factory=dict)
@@ -91,6 +94,13 @@ class ClusterSpec(_Strict):
 
     def admits_team(self, team: str) -> bool:
         return self.teams is None or team in self.teams
+
+    def other_teams(self, team: str) -> str | None:
+        """The other teams whose runs this cluster takes, in words; None if none."""
+        if self.teams is None:
+            return "every team"
+        others = sorted(set(self.teams) - {team})
+        return ", ".join(others) if others else None
 
     def holds(self, paths: Sequence[str]) -> bool:
         """Whether its nodes hold every one of ``paths`` (no data roots declared: any)."""
@@ -133,6 +143,10 @@ def declared(settings: Settings) -> list[ClusterSpec]:
     """The service's clusters: the file's, or ``default`` from ``RLRUN_RAY_ADDRESS``."""
     if settings.clusters_file:
         return load(settings.clusters_file)
+    shared: dict[str, Any] = {
+        "teams": list(settings.cluster_teams) or None,
+        "secrets_on_shared": settings.secrets_on_shared_cluster,
+    }
     if settings.uses_local_ray:
         local = LocalShape(
             npus=list(settings.local_npus),
@@ -140,5 +154,5 @@ def declared(settings: Settings) -> list[ClusterSpec]:
             port=settings.local_ray_port,
             dashboard_port=settings.local_dashboard_port,
         )
-        return [ClusterSpec(name=DEFAULT, local=local)]
-    return [ClusterSpec(name=DEFAULT, address=settings.ray_address)]
+        return [ClusterSpec(name=DEFAULT, local=local, **shared)]
+    return [ClusterSpec(name=DEFAULT, address=settings.ray_address, **shared)]

@@ -34,6 +34,8 @@ def headline(event_type: str, payload: dict[str, Any]) -> str:
     event = payload["event"]
     if event_type == "run.health":
         return f"health {run['health']}: {event['reason']}"
+    if event_type == "run.grant_replayed":
+        return f"secrets grant presented again: {event['reason']}"
     if event_type == "run.retrying":
         return f"attempt {payload['attempt']}: {event['reason']}"
     if event_type == "run.failed" and payload.get("failure"):

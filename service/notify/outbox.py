@@ -14,7 +14,14 @@ from service.clock import utcnow
 from service.store.models import Run, RunEvent, Webhook, WebhookDelivery
 
 # What a subscription may ask for.
-EventType = Literal["run.status", "run.health", "run.failed", "run.retrying", "metric.threshold"]
+EventType = Literal[
+    "run.status",
+    "run.health",
+    "run.failed",
+    "run.retrying",
+    "metric.threshold",
+    "run.grant_replayed",
+]
 EVENT_TYPES: tuple[str, ...] = get_args(EventType)
 
 

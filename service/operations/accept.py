@@ -12,7 +12,7 @@ import math
 import threading
 from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 from weakref import WeakKeyDictionary
@@ -263,7 +263,10 @@ def _build(parts: Parts, principal: Principal, body: Any) -> _Built:
         where["labels"],
         where["verl_version"],
         launch.reads,
+        bool(spec.secrets),
     )
+    if spec.secrets and (readers := parts.clusters.secret_readers(spec.team, candidates)):
+        launch = replace(launch, warnings=[*launch.warnings, *readers])
     quotas = backlog.quotas(parts.settings)
     groups = backlog.node_groups(parts.settings)
     primary = parts.clusters.primary.name

@@ -49,7 +49,10 @@ def cluster_view(parts: Parts, principal: Principal, limit: int | None) -> dict[
         team: {"accelerators": used, "quota": quotas.of(team)}
         for team, used in sorted(held_by_team(held).items())
     }
+    local = parts.clusters.primary.local
     return {
+        "job_user": local.user.name if local is not None and local.user is not None else None,
+        "jobs_act_as_service": local is not None and local.user is None,
         "truncated": len(active) > bound or len(order) > bound or len(foreign) > bound,
         "ray": {"ok": inventory is not None},
         "nodes": _nodes(inventory, groups, held_on, principal) if inventory else [],

@@ -84,8 +84,8 @@ class TinyGrpoSpec(RunSpec):
 
 def default_checkpoint_root() -> str:
     """Where tiny-grpo runs keep checkpoints when nothing says: this machine's temp dir (the
-    embedded cluster's nodes are this machine)."""
-    return str(Path(tempfile.gettempdir()) / f"rlrun-{os.getuid()}" / "tiny-grpo-checkpoints")
+    embedded cluster's nodes are this machine), in a dir the embedded nodes' user is given."""
+    return str(Path(tempfile.gettempdir()) / f"rlrun-{os.getuid()}-runs" / "tiny-grpo-checkpoints")
 
 
 class TinyGrpoRecipe:

@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from pydantic import Field, SecretStr
 
-from service.settings.base import Counts, Section
+from service.settings.base import Counts, Names, Section
 
 
 class RaySettings(Section):
@@ -35,6 +35,14 @@ class RaySettings(Section):
     cluster_probe_interval_s: float = Field(default=1.0, gt=0)
     """With a clusters file: how often each cluster's head is probed (each probe waits at most
     twice this)."""
+    cluster_teams: Names = []
+    """The teams whose runs the cluster of RLRUN_RAY_ADDRESS takes (empty: every team); with a
+    clusters file, each cluster's `teams`."""
+    secrets_on_shared_cluster: bool = False
+    """With authentication on, a run naming secrets is refused on a cluster that other teams'
+    runs go to too (their jobs, as the same user with the same Ray token, could read them);
+    true allows it on the cluster of RLRUN_RAY_ADDRESS, its plan and page then naming those
+    teams. With a clusters file, each cluster's `secrets_on_shared`."""
 
     @property
     def uses_local_ray(self) -> bool:
@@ -60,6 +68,15 @@ class LocalClusterSettings(Section):
     local_ray_state_dir: str | None = None
     """Where the local nodes' process groups are recorded, so that the next start clears nodes
     a killed service left running (default: rlrun-<uid> in the system temp dir)."""
+
+    local_job_user: str | None = None
+    """The Unix user the embedded nodes, and so every job, run as (the service must run as
+    root to start them so). Unset: as root, the service makes and uses rlrun-job; not root,
+    the nodes run as the service's own user (see local_single_tenant)."""
+    local_single_tenant: bool = False
+    """Accept, with authentication on, an embedded cluster whose jobs run as the service's own
+    user (not root and no local_job_user): every job can then read the service's environment,
+    database and secrets, and so act as the service. Unset, such a start is refused."""
 
     @property
     def local_ray_state_path(self) -> Path:

@@ -129,5 +129,5 @@ class RetrySettings(Section):
     RLRUN_TEAM_RETRY_MAX_ATTEMPTS='{"vision": 5}'."""
     tiny_grpo_checkpoint_root: str = ""
     """Where tiny-grpo runs that checkpoint (``save_every``) keep them, each in
-    <root>/<run id>, on the nodes (empty: rlrun-<uid>/tiny-grpo-checkpoints in this machine's
+    <root>/<run id>, on the nodes (empty: rlrun-<uid>-runs/tiny-grpo-checkpoints in this machine's
     temp dir)."""

@@ -15,6 +15,7 @@ from service.store.models import Run, SecretGrant, utcnow
 from service.store.status import TERMINAL
 
 PREFIX = "rlgrant_"
+REPLAYED = "grant already redeemed"
 
 
 def digest(token: str) -> str:
@@ -60,7 +61,7 @@ def redeem(session: Session, token: str) -> Redemption:
     run = session.get(Run, grant.run_id, with_for_update=True)
     now = utcnow()
     if grant.redeemed_at is not None:
-        why = "grant already redeemed"
+        why = REPLAYED
     elif grant.expires_at <= now:
         why = "grant expired"
     elif run is None or run.status in TERMINAL:

@@ -1,0 +1,251 @@
+"""Trust inside the cluster: the embedded nodes run as a user of their own, out of reach of the
+service's environment, database and secrets; a team's secrets go only to a cluster no other
+team's runs go to, unless the operator allows it, and then the plan and the run say who could
+read them; a service that cannot separate its jobs refuses to start with auth on."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pwd
+import shlex
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.app import create_app
+from service.cluster import embedded_trust, job_user
+from service.cluster.embedded_trust import StartRefused
+from service.cluster.job_user import JobUser
+from service.cluster.local_ray import LocalRayCluster
+from service.store.db import Database
+from service.store.tokens import create as create_token
+from tests.conftest import RAY_PORT, make_settings
+
+SECRET = "vision-wandb-value-5f1e2d3c4b5a"
+BODY = {"recipe": "tiny-grpo", "total_rollout_steps": 8, "batch_prompts": 4}
+
+
+@pytest.fixture
+def secrets_dir(tmp_path: Path) -> str:
+    (tmp_path / "secrets" / "teams" / "vision").mkdir(parents=True)
+    (tmp_path / "secrets" / "teams" / "vision" / "wandb-key").write_text(SECRET)
+    os.chmod(tmp_path / "secrets", 0o700)
+    return str(tmp_path / "secrets")
+
+
+def _teams(db_url: str) -> dict[str, dict[str, str]]:
+    db = Database(db_url)
+    with db.transaction() as s:
+        tokens = {
+            who: create_token(s, who, team, role)[1]  # type: ignore[arg-type]
+            for who, team, role in [("ann", "vision", "member"), ("bob", "speech", "member")]
+        }
+    db.dispose()
+    return {who: {"Authorization": f"Bearer {token}"} for who, token in tokens.items()}
+
+
+def _api(db_url: str, secrets_dir: str, **overrides: Any) -> Iterator[TestClient]:
+    settings = make_settings(
+        db_url, "http://127.0.0.1:9", run_loops=False, auth="on", secrets_dir=secrets_dir
+    )
+    with TestClient(create_app(settings.model_copy(update=overrides))) as client:
+        yield client
+
+
+def test_a_run_naming_secrets_is_refused_on_a_cluster_other_teams_share(
+    db_url: str, secrets_dir: str
+) -> None:
+    with_secrets = BODY | {"secrets": {"WANDB_API_KEY": "wandb-key"}}
+    for api in _api(db_url, secrets_dir):
+        ann = _teams(db_url)["ann"]
+        refused = api.post("/runs", json=with_secrets, headers=ann)
+        assert refused.status_code == 422, refused.text
+        (error,) = refused.json()["errors"]
+        assert error["field"] == "secrets"
+        for named in ("'default'", "every team", "RLRUN_SECRETS_ON_SHARED_CLUSTER"):
+            assert named in error["msg"]
+        assert SECRET not in refused.text
+        # The same run without secrets is accepted there.
+        assert api.post("/runs", json=BODY, headers=ann).status_code == 201
+    # A cluster of vision's own takes them.
+    for api in _api(db_url, secrets_dir, cluster_teams=["vision"]):
+        ann = _teams(db_url)["ann"]
+        accepted = api.post("/runs", json=with_secrets, headers=ann)
+        assert accepted.status_code == 201, accepted.text
+        assert not [w for w in accepted.json()["warnings"] if "secrets" in w]
+
+
+def test_the_operator_s_allowance_names_who_could_read_them_in_the_plan_and_on_the_run(
+    db_url: str, secrets_dir: str
+) -> None:
+    with_secrets = BODY | {"secrets": {"WANDB_API_KEY": "wandb-key"}}
+    for api in _api(db_url, secrets_dir, cluster_teams=["vision", "speech"]):
+        ann = _teams(db_url)["ann"]
+        refused = api.post("/runs", json=with_secrets, headers=ann)
+        assert refused.status_code == 422 and "takes speech" in refused.text
+    for api in _api(db_url, secrets_dir, secrets_on_shared_cluster=True):
+        ann = _teams(db_url)["ann"]
+        plan = api.post("/runs", params={"dry_run": "true"}, json=with_secrets, headers=ann)
+        assert plan.status_code == 200, plan.text
+        said = [w for w in plan.json()["warnings"] if "secrets" in w]
+        assert said and "every team" in said[0] and "'default'" in said[0]
+        run = api.post("/runs", json=with_secrets, headers=ann).json()
+        page = api.get(f"/runs/{run['id']}", headers=ann).json()
+        assert [w for w in page["warnings"] if "secrets" in w] == said
+
+
+def test_without_root_or_a_job_user_auth_on_refuses_an_embedded_cluster(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(job_user.os, "geteuid", lambda: 1000)
+    settings = make_settings(f"sqlite:///{tmp_path}/db.sqlite", "local", auth="on")
+    with pytest.raises(StartRefused) as refused:
+        embedded_trust.prepare(settings)
+    assert "RLRUN_LOCAL_SINGLE_TENANT=true" in str(refused.value)
+    assert "\n" not in str(refused.value)
+    # A job user named, but no root to start the nodes as it: refused too, whatever auth says.
+    named = settings.model_copy(update={"local_job_user": "nobody", "auth": "off"})
+    with pytest.raises(job_user.JobUserError, match="RLRUN_LOCAL_JOB_USER=nobody"):
+        embedded_trust.prepare(named)
+    # The operator accepts a single-tenant cluster: said plainly at start.
+    single = settings.model_copy(update={"local_single_tenant": True})
+    with caplog.at_level(logging.WARNING):
+        assert embedded_trust.prepare(single).jobs_act_as_service
+    assert "can act as the service" in caplog.text
+    # Auth off: every caller is an admin already; nothing to refuse.
+    assert embedded_trust.prepare(settings.model_copy(update={"auth": "off"})).user is None
+
+
+def test_get_cluster_says_when_jobs_can_act_as_the_service(db_url: str, secrets_dir: str) -> None:
+    for api in _api(db_url, secrets_dir, auth="off"):
+        services = api.app.state.services  # type: ignore[attr-defined]
+        assert api.get("/cluster").json()["jobs_act_as_service"] is False  # a remote cluster
+        services.clusters.primary.local = LocalRayCluster([1])  # an embedded one, as the service
+        seen = api.get("/cluster").json()
+        assert seen["jobs_act_as_service"] is True and seen["job_user"] is None
+
+
+def test_the_job_user_s_reach_follows_modes_and_links() -> None:
+    nobody = pwd.getpwnam("nobody")
+    user = JobUser("nobody", nobody.pw_uid, nobody.pw_gid)
+    tmp_path = Path(tempfile.mkdtemp())  # in the system temp dir, which anyone may search
+    os.chmod(tmp_path, 0o755)
+    private = tmp_path / "private"
+    (private / "inner").mkdir(parents=True)
+    (private / "inner" / "file").write_text("x")
+    private.chmod(0o700)
+    assert user.blocker(private / "inner" / "file") == private
+    link = tmp_path / "link"
+    link.symlink_to(private / "inner")
+    assert user.blocker(link / "file") == private  # a link's target is checked
+    private.chmod(0o711)  # searchable, not listable
+    assert user.blocker(private / "inner" / "file") is None
+    assert user.blocker(private) == private
+    shutil.rmtree(tmp_path)
+
+
+# Run as a Ray job on the embedded cluster, as any job's code could: every read of the review.
+HOSTILE = r"""
+import glob, json, os, sys
+service_pid, database, secrets_dir, secret = sys.argv[1:5]
+
+def attempt(read):
+    try:
+        return read()
+    except OSError as exc:
+        return type(exc).__name__
+
+found = []
+for proc in glob.glob("/proc/[0-9]*"):
+    try:
+        if b"REACH" in open(f"{proc}/cmdline", "rb").read():
+            continue  # this job itself, whose command holds what it looks for
+    except OSError:
+        pass
+    for part in ("environ", "cmdline"):
+        try:
+            data = open(f"{proc}/{part}", "rb").read()
+        except OSError:
+            continue
+        for needle in (b"RLRUN_DATABASE_URL", b"RLRUN_SECRET", secret.encode()):
+            if needle in data:
+                found.append(f"{proc}/{part}: {needle.decode()}")
+print("REACH" "ED=" + json.dumps({
+    "uid": os.getuid(),
+    "service_environ": attempt(lambda: len(open(f"/proc/{service_pid}/environ").read())),
+    "service_mem": attempt(lambda: len(open(f"/proc/{service_pid}/mem", "rb").read(1))),
+    "database": attempt(lambda: len(open(database, "rb").read())),
+    "secrets_dir": attempt(lambda: os.listdir(secrets_dir)),
+    "found": found,
+}), flush=True)
+"""
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="starting the nodes as another user needs root")
+def test_a_job_on_the_embedded_cluster_reaches_nothing_of_the_service(
+    tmp_path: Path, secrets_dir: str
+) -> None:
+    """The embedded default with auth on and two teams: vision's secrets are refused on the
+    shared cluster (with the reason), and a job of speech's, submitted straight to Ray with the
+    node's token, reads none of the service's environment, memory, database or secrets."""
+    import httpx
+
+    from tests.conftest import wait_for, wait_status
+    from tests.live import ServerThread, free_port
+
+    database = tmp_path / "db.sqlite"
+    db_url = f"sqlite:///{database}"
+    port = free_port()
+    settings = make_settings(
+        db_url,
+        "local",
+        auth="on",
+        secrets_dir=secrets_dir,
+        public_url=f"http://127.0.0.1:{port}",
+        local_npus=[4],
+        local_cpus_per_node=4,
+        local_ray_port=RAY_PORT + 2200,
+        local_dashboard_port=RAY_PORT + 2300,
+        local_ray_state_dir=str(tmp_path / "state"),
+    )
+    with ServerThread(create_app(settings), port=port) as url:
+        people = _teams(db_url)
+        with httpx.Client(base_url=url, timeout=30, headers=people["ann"]) as api:
+            cluster = api.get("/cluster").json()
+            assert cluster["job_user"] == "rlrun-job" and not cluster["jobs_act_as_service"]
+            with_secrets = BODY | {"secrets": {"WANDB_API_KEY": "wandb-key"}}
+            refused = api.post("/runs", json=with_secrets)
+            assert refused.status_code == 422 and "every team" in refused.text
+            run = api.post("/runs", json=BODY | {"save_every": 1}).json()
+            done = wait_status(api, run["id"], {"SUCCEEDED", "FAILED"}, timeout=180)
+            logs = api.get(f"/runs/{run['id']}/logs").text
+            assert done["status"] == "SUCCEEDED", logs
+        head = f"http://127.0.0.1:{RAY_PORT + 2300}"
+        record = next(tmp_path.glob("state/local-ray-*.json"))
+        base_dir = Path(json.loads(record.read_text())["base_dir"])
+        headers = {"Authorization": f"Bearer {(base_dir / 'ray-token').read_text()}"}
+        argv = ["python3", "-c", HOSTILE, str(os.getpid()), str(database), secrets_dir, SECRET]
+        submitted = httpx.post(
+            f"{head}/api/jobs/", json={"entrypoint": shlex.join(argv)}, headers=headers
+        ).json()["submission_id"]
+        logs = wait_for(
+            lambda: httpx.get(f"{head}/api/jobs/{submitted}/logs", headers=headers).json()["logs"],
+            lambda text: "REACHED=" in text,
+            timeout=120,
+        )
+    seen = json.loads(logs.rsplit("REACHED=", 1)[1].splitlines()[0])
+    assert seen["uid"] == pwd.getpwnam("rlrun-job").pw_uid
+    assert seen["service_environ"] == "PermissionError"
+    assert seen["service_mem"] == "PermissionError"
+    assert seen["database"] == "PermissionError"
+    assert seen["secrets_dir"] == "PermissionError"
+    assert seen["found"] == []
