@@ -202,8 +202,18 @@ async def _start_local(
     if not any(spec.local is not None for spec in specs):
         return {}
     checkpoints = settings.tiny_grpo_checkpoint_root or default_checkpoint_root()
+    # Each embedded cluster of a clusters file runs as a user of its own: none reads another's.
+    trust = {}
     try:
-        trust = await asyncio.to_thread(embedded_trust.prepare, settings, [Path(checkpoints)])
+        for spec in specs:
+            if spec.local is not None:
+                trust[spec.name] = await asyncio.to_thread(
+                    embedded_trust.prepare,
+                    settings,
+                    [Path(checkpoints)],
+                    spec.local.user if settings.clusters_file else settings.local_job_user,
+                    f"rlrun-job-{spec.name}" if settings.clusters_file else "",
+                )
     except (StartRefused, JobUserError) as exc:
         log.error("cannot start the local Ray cluster: %s", exc)
         raise
@@ -216,8 +226,8 @@ async def _start_local(
             port=spec.local.port,
             dashboard_port=spec.local.dashboard_port,
             state_dir=settings.local_ray_state_path,
-            user=trust.user,
-            python=trust.python,
+            user=trust[spec.name].user,
+            python=trust[spec.name].python,
         )
         for spec in specs
         if spec.local is not None

@@ -111,9 +111,8 @@ def test_without_root_or_a_job_user_auth_on_refuses_an_embedded_cluster(
     assert "RLRUN_LOCAL_SINGLE_TENANT=true" in str(refused.value)
     assert "\n" not in str(refused.value)
     # A job user named, but no root to start the nodes as it: refused too, whatever auth says.
-    named = settings.model_copy(update={"local_job_user": "nobody", "auth": "off"})
     with pytest.raises(job_user.JobUserError, match="RLRUN_LOCAL_JOB_USER=nobody"):
-        embedded_trust.prepare(named)
+        embedded_trust.prepare(settings.model_copy(update={"auth": "off"}), named="nobody")
     # The operator accepts a single-tenant cluster: said plainly at start.
     single = settings.model_copy(update={"local_single_tenant": True})
     with caplog.at_level(logging.WARNING):

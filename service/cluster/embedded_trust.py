@@ -19,7 +19,7 @@ from pathlib import Path
 from sqlalchemy.engine import make_url
 
 from service.cluster.job_python import JobPython, for_user
-from service.cluster.job_user import JobUser, private_to_service, resolve
+from service.cluster.job_user import DEFAULT_NAME, JobUser, private_to_service, resolve
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -40,10 +40,13 @@ class EmbeddedTrust:
         return self.user is None
 
 
-def prepare(settings: Settings, run_dirs: Sequence[Path] = ()) -> EmbeddedTrust:
-    """The embedded nodes' user and Python, the service's files out of that user's reach and
-    ``run_dirs`` (made if missing) within it; ``StartRefused`` if that cannot be."""
-    user = resolve(settings.local_job_user)
+def prepare(
+    settings: Settings, run_dirs: Sequence[Path] = (), named: str | None = None, default: str = ""
+) -> EmbeddedTrust:
+    """An embedded cluster's user (``named``, else ``default``, as root) and Python, the
+    service's files out of that user's reach and ``run_dirs`` (made if missing) within it;
+    ``StartRefused`` if that cannot be."""
+    user = resolve(named, default or DEFAULT_NAME)
     if user is None:
         if settings.auth_enabled and not settings.local_single_tenant:
             raise StartRefused(
@@ -66,6 +69,9 @@ def prepare(settings: Settings, run_dirs: Sequence[Path] = ()) -> EmbeddedTrust:
         path.mkdir(parents=True, exist_ok=True)
         if path.stat().st_uid == os.geteuid():
             user.own(path)
+        elif path.stat().st_uid != user.uid:
+            # Another embedded cluster's user has it: each user's runs keep their own dirs in it.
+            path.chmod(0o1777)
     python = for_user(user)
     log.info("the embedded cluster's jobs run as %s (Python %s)", user.name, python.executable)
     return EmbeddedTrust(user, python)

@@ -1,12 +1,12 @@
 """A Python the job user can run, with the service's own packages.
 
 The service's virtual environment is used as it is when the job user can run its interpreter
-and read its packages. When it cannot, because the base interpreter lives in a home that only
-its owner may enter (pyenv under ``/root``, mode 700), the service makes, once per interpreter,
-an environment of its own under ``<temp dir>/rlrun-python``: the base interpreter and its
-standard library as hard links (no copy, and nothing of the private home opened to anyone), and
-a virtual environment whose ``site-packages`` is the service's. Nothing else of the private home
-becomes reachable; no mode outside the service's own directories changes.
+and read its packages. When it cannot, because the base interpreter or the environment lives in
+a directory only its owner may enter (pyenv under ``/root``, mode 700; a checkout in ``/root``),
+the service makes, once per interpreter and set of packages, an environment of its own under
+``<temp dir>/rlrun-python``: the base interpreter with its standard library, and a virtual
+environment with the service's ``site-packages``, as hard links (no copy). Nothing else of the
+private directories becomes reachable; no mode outside the service's own directories changes.
 """
 
 from __future__ import annotations
@@ -59,12 +59,15 @@ def for_user(user: JobUser | None, root: Path | None = None) -> JobPython:
         return own
     root = root or Path(tempfile.gettempdir()) / "rlrun-python"
     real = Path(sys.executable).resolve()
+    # Another interpreter, other packages, or another user's reach: another environment.
+    reach = user.blocker(_site_packages(), READ | SEARCH) is None
+    stamps = f"{real.stat().st_mtime_ns} {_site_packages().stat().st_mtime_ns} {user.uid} {reach}"
     key = hashlib.sha256(
-        f"{sys.base_prefix} {sys.prefix} {sys.version} {real.stat().st_mtime_ns}".encode()
+        f"{sys.base_prefix} {sys.prefix} {sys.version} {stamps}".encode()
     ).hexdigest()[:16]
     home = _shared_dir(root) / key
     if not (home / "done").exists():
-        _make(home, real)
+        _make(home, real, user)  # earlier ones stay: a running service may still use them
     linked = JobPython(home / "venv" / "bin", str(home / "base" / "lib"))
     if (blocked := user.blocker(linked.executable, READ | SEARCH)) is not None:
         raise PermissionError(f"the job user {user.name} cannot reach {blocked}")
@@ -80,7 +83,7 @@ def _shared_dir(root: Path) -> Path:
     return root
 
 
-def _make(home: Path, real: Path) -> None:
+def _make(home: Path, real: Path, user: JobUser) -> None:
     building = Path(tempfile.mkdtemp(prefix=".building-", dir=home.parent))
     try:
         base = Path(sys.base_prefix)
@@ -101,7 +104,11 @@ def _make(home: Path, real: Path) -> None:
         os.symlink(home / "base" / "bin" / real.name, venv / "bin" / real.name)
         for name in ("python", "python3"):
             os.symlink(real.name, venv / "bin" / name)
-        os.symlink(_site_packages(), venv / "lib" / VERSION / "site-packages")
+        packages = venv / "lib" / VERSION / "site-packages"
+        if user.blocker(_site_packages(), READ | SEARCH) is None:
+            os.symlink(_site_packages(), packages)
+        else:
+            _link_tree(_site_packages(), packages, keep=True)
         (building / "done").touch()
         for path in (building, *building.rglob("*")):
             if path.is_dir() and not path.is_symlink():
@@ -122,11 +129,12 @@ def _link(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst)
 
 
-def _link_tree(src: Path, dst: Path) -> None:
-    """``src`` as hard links under ``dst``, without its ``site-packages`` (the venv has its own)."""
+def _link_tree(src: Path, dst: Path, keep: bool = False) -> None:
+    """``src`` as hard links under ``dst``, without its ``site-packages`` (the venv has its own)
+    unless ``keep``."""
     for here, dirs, files in os.walk(src):
         rel = Path(here).relative_to(src)
-        if rel == Path("."):
+        if rel == Path(".") and not keep:
             dirs[:] = [d for d in dirs if d != "site-packages"]
         out = dst / rel
         out.mkdir(parents=True, exist_ok=True)

@@ -68,8 +68,8 @@ class JobUser:
         os.chmod(path, mode)
 
 
-def resolve(named: str | None) -> JobUser | None:
-    """The job user: the one named, else (as root) ``rlrun-job``, made if missing; None when
+def resolve(named: str | None, default: str = DEFAULT_NAME) -> JobUser | None:
+    """The job user: the one named, else (as root) ``default``, made if missing; None when
     the service is not root and none is named."""
     if os.geteuid() != 0:
         if named:
@@ -78,7 +78,7 @@ def resolve(named: str | None) -> JobUser | None:
                 "run as root"
             )
         return None
-    name = named or DEFAULT_NAME
+    name = named or default
     try:
         entry = pwd.getpwnam(name)
     except KeyError:

@@ -38,6 +38,9 @@ class LocalShape(_Strict):
     cpus_per_node: int = Field(16, ge=1)
     port: int | None = Field(None, ge=1, le=65535)
     dashboard_port: int | None = Field(None, ge=1, le=65535)
+    # The Unix user its nodes run as (as root); unset: rlrun-job-<cluster name>, made once, so
+    # that no two embedded clusters share one.
+    user: str | None = Field(None, pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
 
 
 class TokenRef(_Strict):
