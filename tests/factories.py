@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import event, select
 
 from service import usage
 from service.recipes.base import Launch
@@ -151,3 +153,31 @@ def sqlite_with_tokens(
     role)``: its URL and the tokens' secrets, in order."""
     url = f"sqlite:///{tmp_path}/{name}"
     return url, migrated_with_tokens(url, *users)
+
+
+@contextlib.contextmanager
+def statements(db: Database, kind: str = "", upper: bool = False) -> Iterator[list[str]]:
+    """The statements run on ``db``'s engines meanwhile (those starting with ``kind``, e.g.
+    "SELECT"), as run or (``upper``) each on one line in capitals."""
+    seen: list[str] = []
+
+    def record(_conn: object, _cursor: object, sql: str, *_: object) -> None:
+        line = " ".join(sql.split()).upper()
+        if line.startswith(kind):
+            seen.append(line if upper else sql)
+
+    for engine in db.engines:
+        event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        for engine in db.engines:
+            event.remove(engine, "before_cursor_execute", record)
+
+
+def rename_run(db: Database, run_id: str, name: str) -> None:
+    """A committed write to the run: its new name."""
+    with db.transaction() as s:
+        run = s.get(Run, run_id)
+        assert run is not None
+        run.name = name

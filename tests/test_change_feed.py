@@ -26,9 +26,9 @@ from service.store.change_feed import (
 from service.store.changes import Changes, RunChange
 from tests.conftest import _truncate as truncate
 from tests.conftest import make_settings
+from tests.factories import statements
 from tests.live import ServerThread, SseClient
 from tests.loadgen import SPEC
-from tests.test_read_cache_scope import statements
 
 KEPT_S = 60.0  # far longer than any wait below: only the feed can explain a fresh answer
 SEEN_WITHIN_S = 5.0
@@ -186,7 +186,7 @@ def test_another_replicas_write_is_seen_at_once_and_leaves_other_answers_kept(
     assert a.post(f"/runs/{changed}/cancel").json()["status"] == "CANCELLED"
     took = _until(lambda: b.get(f"/runs/{changed}").json()["status"] == "CANCELLED")
     # The other run's answer was not dropped: served without a query.
-    with statements(b.app.state.services.db) as queries:  # type: ignore[attr-defined]
+    with statements(b.app.state.services.db, "SELECT") as queries:  # type: ignore[attr-defined]
         assert b.get(f"/runs/{untouched}").status_code == 200
     assert not queries, queries
     new = a.post("/runs", json=SPEC).json()["id"]

@@ -5,12 +5,10 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime
 
 import pytest
-from sqlalchemy import event, func, select
+from sqlalchemy import func, select
 
 from service.loops.follower import Follower
 from service.metrics import logcopy, store
@@ -20,7 +18,7 @@ from service.metrics.log_readers import TailReader
 from service.metrics.parse import MetricLine
 from service.store.db import Database
 from service.store.models import MetricPoint, RunLog
-from tests.factories import add_run, read_run
+from tests.factories import add_run, read_run, statements
 from tests.fake_ray import FakeRay
 
 
@@ -36,29 +34,13 @@ def follower(db: Database, ray: FakeRay, owner: str, lease_s: float = 30, **kw: 
     return Follower(db, ray, owner, lease_s, 100_000, HealthRules(), **kw)  # type: ignore[arg-type]
 
 
-@contextmanager
-def statements(db: Database) -> Iterator[list[str]]:
-    seen: list[str] = []
-
-    def record(_conn: object, _cursor: object, sql: str, *_: object) -> None:
-        seen.append(" ".join(sql.split()).upper())
-
-    for engine in db.engines:
-        event.listen(engine, "before_cursor_execute", record)
-    try:
-        yield seen
-    finally:
-        for engine in db.engines:
-            event.remove(engine, "before_cursor_execute", record)
-
-
 def test_a_tick_stores_its_runs_in_one_transaction_per_batch_and_renews_leases_at_once(
     db: Database,
 ) -> None:
     ray = FakeRay()
     make_runs(db, ray, 120)
     f = follower(db, ray, "one", batch=50, claim_new=1000)
-    with statements(db) as seen:
+    with statements(db, upper=True) as seen:
         f.tick()
     begins = [s for s in seen if s.startswith("BEGIN")]
     lease_updates = [s for s in seen if s.startswith("UPDATE RUN_LOGS SET LEASE_OWNER")]
@@ -228,7 +210,7 @@ def test_idle_live_streams_cost_no_read_per_poll_and_a_write_without_notify_arri
 
 def test_a_log_within_the_kept_tail_is_appended_without_a_delete(db: Database) -> None:
     run_id = add_run(db)
-    with statements(db) as seen, db.transaction() as s:
+    with statements(db, upper=True) as seen, db.transaction() as s:
         logcopy.append(s, run_id, 0, "line\n" * 10, keep_chars=1000)
     assert not [q for q in seen if q.startswith("DELETE")]
     with db.transaction() as s:

@@ -24,8 +24,7 @@ from service.store.db import Database
 from service.store.models import Run
 from service.store.prepared import Prepared, fetch
 from service.store.status import RunStatus
-from tests.factories import new_run
-from tests.test_read_cache_scope import statements
+from tests.factories import new_run, statements
 
 
 def _same(a: Any, b: Any) -> None:
@@ -86,7 +85,7 @@ def test_the_rows_are_sqlalchemys_own(db: Database, stored: dict[str, str]) -> N
         assert {k for k, _s, _v in latest} >= {"critic/score/mean", "critic/score/max"}
     # Awaited on the loop (PostgreSQL's async driver; SQLite's loop connection), and seen by
     # the engines' statement listeners as any statement is.
-    with statements(db) as seen:
+    with statements(db, "SELECT") as seen:
         awaited = asyncio.run(db.rows(runs._PAGE_RUN, {"run_id": stored["run"]}))
     assert runs._PAGE_RUN.compiled(db.engine.dialect).sql in seen
     with db.read_rows() as conn:

@@ -21,18 +21,10 @@ from service.errors import NotFound
 from service.store import runs
 from service.store.changes import Changes
 from service.store.db import Database, upgrade
-from service.store.models import Run
 from service.store.prepared import fetch
 from service.store.runs import run_page
 from tests.conftest import make_settings, submit
-from tests.factories import add_run
-
-
-def _rename(db: Database, run_id: str, name: str) -> None:
-    with db.transaction() as s:
-        run = s.get(Run, run_id)
-        assert run is not None
-        run.name = name
+from tests.factories import add_run, rename_run
 
 
 def test_this_replicas_writes_are_seen_at_once(db_url: str) -> None:
@@ -43,7 +35,7 @@ def test_this_replicas_writes_are_seen_at_once(db_url: str) -> None:
         assert client.post(f"/runs/{run_id}/cancel").status_code == 200
         assert client.get(f"/runs/{run_id}").json()["status"] == "CANCELLED"
         # A write by anything else in this process (here: the app's own database) as well.
-        _rename(client.app.state.services.db, run_id, "renamed")  # type: ignore[attr-defined]
+        rename_run(client.app.state.services.db, run_id, "renamed")  # type: ignore[attr-defined]
         assert client.get(f"/runs/{run_id}").json()["name"] == "renamed"
 
 
@@ -58,7 +50,7 @@ def test_another_replicas_write_is_seen_within_the_bound(db_url: str, ttl: float
         with TestClient(create_app(settings)) as client:
             run_id = submit(client, name="before")
             assert client.get(f"/runs/{run_id}").json()["name"] == "before"
-            _rename(other, run_id, "after")
+            rename_run(other, run_id, "after")
             seen = client.get(f"/runs/{run_id}").json()["name"]
             # Kept: still the answer read before; not kept (0): read again.
             assert seen == ("before" if ttl else "after")
@@ -145,7 +137,7 @@ def test_a_request_after_a_write_does_not_join_a_read_that_began_before(
         read.gate.clear()
         before = asyncio.create_task(cache.answer("k", ONE, read))
         await asyncio.sleep(0.05)
-        _rename(database, "k", "new")  # a committed write: the read under way may not see it
+        rename_run(database, "k", "new")  # a committed write: the read under way may not see it
         after = asyncio.create_task(cache.answer("k", ONE, read))
         await asyncio.sleep(0.05)
         read.gate.set()
@@ -156,10 +148,10 @@ def test_a_request_after_a_write_does_not_join_a_read_that_began_before(
         assert read.calls == 2
         # A write to another run leaves a read under way good to join.
         read.gate.clear()
-        _rename(database, "k", "newer")
+        rename_run(database, "k", "newer")
         first = asyncio.create_task(cache.answer("k", ONE, read))
         await asyncio.sleep(0.05)
-        _rename(database, "other", "new")
+        rename_run(database, "other", "new")
         joined = asyncio.create_task(cache.answer("k", ONE, read))
         await asyncio.sleep(0.05)
         read.gate.set()
@@ -222,7 +214,7 @@ def test_an_answer_read_while_its_run_was_written_is_not_kept(database: Database
         read.gate.clear()
         under_way = asyncio.create_task(cache.answer("k", ONE, read))
         await asyncio.sleep(0.05)
-        _rename(database, "other", "new")  # another run: the answer under way stays good
+        rename_run(database, "other", "new")  # another run: the answer under way stays good
         read.gate.set()
         await under_way
         await cache.answer("k", ONE, read)
@@ -230,7 +222,7 @@ def test_an_answer_read_while_its_run_was_written_is_not_kept(database: Database
         read.gate.clear()
         under_way = asyncio.create_task(cache.answer("k again", ONE, read))
         await asyncio.sleep(0.05)
-        _rename(database, "k", "new")  # its own run: it may not have seen the write
+        rename_run(database, "k", "new")  # its own run: it may not have seen the write
         read.gate.set()
         await under_way
         await cache.answer("k again", ONE, read)
@@ -252,7 +244,7 @@ def test_a_read_that_outlived_the_writes_remembered_is_not_kept(
         under_way = asyncio.create_task(cache.answer("k", ONE, read))
         await asyncio.sleep(0.05)
         for run_id in ("a", "b", "c"):  # none is "k", but the first is forgotten
-            _rename(database, run_id, "new")
+            rename_run(database, run_id, "new")
         read.gate.set()
         await under_way
         await cache.answer("k", ONE, read)
@@ -285,7 +277,7 @@ def test_a_read_looks_only_at_the_writes_since_it_began(database: Database) -> N
         read.gate.clear()
         under_way = asyncio.create_task(cache.answer("k again", ONE, read))
         await asyncio.sleep(0.05)
-        _rename(database, "old-0", "new")
+        rename_run(database, "old-0", "new")
         read.gate.set()
         await under_way
         assert looked == [51, 50]  # the write since the read began, then where to stop

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from fastapi.testclient import TestClient
-from sqlalchemy import event
 
 from service.api.read_cache import Page
 from service.app import create_app
@@ -26,30 +25,12 @@ from service.store.db import Database
 from service.store.models import Run
 from service.store.status import RunStatus
 from tests.conftest import make_settings
-from tests.factories import add_run
+from tests.factories import add_run, rename_run, statements
 from tests.fake_ray import FakeRay
 
 ROOT = Path(__file__).resolve().parents[1]
 # Older than any id the service makes (``r`` + milliseconds in hex): new runs sort above them.
 A, B, DONE = "r00a", "r00b", "r00c"
-
-
-@contextmanager
-def statements(db: Database) -> Iterator[list[str]]:
-    """The queries (SELECTs) run on ``db``'s engine meanwhile."""
-    seen: list[str] = []
-
-    def count(_conn: Any, _cursor: Any, sql: str, *_: Any) -> None:
-        if sql.lstrip().upper().startswith("SELECT"):
-            seen.append(sql)
-
-    for engine in db.engines:
-        event.listen(engine, "before_cursor_execute", count)
-    try:
-        yield seen
-    finally:
-        for engine in db.engines:
-            event.remove(engine, "before_cursor_execute", count)
 
 
 @contextmanager
@@ -63,13 +44,6 @@ def service(db_url: str, **settings: Any) -> Iterator[tuple[TestClient, Database
         yield client, db
 
 
-def _rename(db: Database, run_id: str, name: str) -> None:
-    with db.transaction() as s:
-        run = s.get(Run, run_id)
-        assert run is not None
-        run.name = name
-
-
 def test_the_followers_writes_to_one_run_leave_the_other_runs_answers_kept(db_url: str) -> None:
     with service(db_url, read_cache_s=60) as (client, db):
         ray = FakeRay()
@@ -80,18 +54,18 @@ def test_the_followers_writes_to_one_run_leave_the_other_runs_answers_kept(db_ur
                 f"step:{s} - critic/score/mean:0.{s}\n" for s in range(1, step + 1)
             )
             follower.tick()
-        with statements(db) as seen:
+        with statements(db, "SELECT") as seen:
             for run_id in (A, B, DONE):
                 assert client.get(f"/runs/{run_id}").json() == kept[run_id]
         # A's new metrics too: they change every second and are shown at most 60 s old here.
         assert seen == []
         # A write that changes what A's answer shows (its caller's cancel) is read at once.
         assert client.post(f"/runs/{A}/cancel").json()["stop_requested"] is True
-        with statements(db) as seen:
+        with statements(db, "SELECT") as seen:
             fresh = client.get(f"/runs/{A}").json()
         assert seen and fresh["stop_requested"] is True
         assert fresh["metrics"]["latest"]["critic/score/mean"] == 0.2
-        with statements(db) as seen:
+        with statements(db, "SELECT") as seen:
             assert client.get(f"/runs/{B}").json() == kept[B]
         assert seen == []
 
@@ -111,14 +85,14 @@ def test_a_page_that_can_hold_the_run_written_is_read_again_and_no_other(db_url:
         def reread() -> set[str]:
             read_again = set()
             for name, url in pages.items():
-                with statements(db) as seen:
+                with statements(db, "SELECT") as seen:
                     page = client.get(url).json()
                 if seen:
                     read_again.add(name)
                     kept[name] = page
             return read_again
 
-        _rename(db, B, "renamed")  # shown on the pages that hold B
+        rename_run(db, B, "renamed")  # shown on the pages that hold B
         assert reread() == {"all", "team"}
         assert kept["team"]["items"][0]["name"] == "renamed"
         # A new run enters the newest pages of its team, not a page of older runs.

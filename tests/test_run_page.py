@@ -19,8 +19,7 @@ from service.store.lifecycle import note
 from service.store.models import Run
 from service.store.runs import events_of, run_page, run_row
 from service.wire import encode
-from tests.factories import add_run
-from tests.test_read_cache_scope import statements
+from tests.factories import add_run, statements
 
 
 def _one_by_one(db: Database, run_id: str) -> bytes:
@@ -74,7 +73,7 @@ def _crowd(db: Database, run_ids: list[str]) -> tuple[list[Any], int]:
         finally:
             await db.dispose_async()
 
-    with statements(db) as seen:
+    with statements(db, "SELECT") as seen:
         pages = asyncio.run(read())
     return pages, len(seen)
 

@@ -23,7 +23,7 @@ from service.store.changes import Changes
 from service.store.db import Database, upgrade
 from tests.conftest import _truncate as truncate
 from tests.conftest import make_settings
-from tests.test_read_cache_scope import statements
+from tests.factories import statements
 
 TTL_S = 30.0  # far longer than any step below: only a revocation told can explain a 401
 
@@ -109,7 +109,7 @@ def test_a_kept_token_reads_nothing_and_a_revocation_here_refuses_it_at_once(db_
     with _app(db_url) as client:
         token_id, auth = _token(db_url)
         assert client.get("/whoami", headers=auth).status_code == 200
-        with statements(client.app.state.services.db) as queries:  # type: ignore[attr-defined]
+        with statements(client.app.state.services.db, "SELECT") as queries:  # type: ignore[attr-defined]
             assert client.get("/whoami", headers=auth).status_code == 200
         assert not [q for q in queries if "api_tokens" in q], queries
         assert client.delete(f"/tokens/{token_id}", headers=auth).status_code == 200

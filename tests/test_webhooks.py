@@ -4,6 +4,7 @@ calls into the service's own network refused, Slack's message shape."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import Iterator
@@ -384,7 +385,9 @@ def test_a_name_that_resolves_elsewhere_by_the_time_of_sending_is_not_called(
     db.dispose()
 
 
-def test_the_cli_adds_lists_and_removes_subscriptions(db_url: str) -> None:
+@contextlib.contextmanager
+def _served(db_url: str) -> Iterator[tuple[Any, Any, list[str]]]:
+    """The service (loopback webhooks allowed) and the rlrun command pointed at it."""
     from typer.testing import CliRunner
 
     from service.cli import app as cli
@@ -393,9 +396,12 @@ def test_the_cli_adds_lists_and_removes_subscriptions(db_url: str) -> None:
     settings = make_settings(
         db_url, "http://127.0.0.1:9", run_loops=False, webhook_allow="127.0.0.1/32"
     )
-    runner = CliRunner()
     with ServerThread(create_app(settings)) as url:
-        server = ["--server", url]
+        yield CliRunner(), cli, ["--server", url]
+
+
+def test_the_cli_adds_lists_and_removes_subscriptions(db_url: str) -> None:
+    with _served(db_url) as (runner, cli, server):
         added = runner.invoke(
             cli,
             ["webhook", "add", "http://127.0.0.1:9/x", "--event", "run.failed", "--slack", *server],
@@ -471,17 +477,7 @@ def test_whoami_names_the_token_s_user_team_and_role(db_url: str) -> None:
 
 
 def test_the_cli_edits_a_subscription_s_thresholds_and_pauses_and_resumes_it(db_url: str) -> None:
-    from typer.testing import CliRunner
-
-    from service.cli import app as cli
-    from tests.live import ServerThread
-
-    settings = make_settings(
-        db_url, "http://127.0.0.1:9", run_loops=False, webhook_allow="127.0.0.1/32"
-    )
-    runner = CliRunner()
-    with ServerThread(create_app(settings)) as url:
-        server = ["--server", url]
+    with _served(db_url) as (runner, cli, server):
 
         def shown(hook_id: str) -> dict[str, Any]:
             out = runner.invoke(cli, ["webhook", "list", "-o", "json", *server]).stdout
