@@ -346,20 +346,13 @@ def supersede(session: Session, runlog: RunLog, from_step: int) -> int:
         if lo < from_step:  # the bucket the cut falls in keeps its earlier points
             rebuild(session, run_id, level, edge, lo, from_step)
     p = POINTS.alias("p")
-    newest = (
-        select(p.c.step)
-        .where(p.c.key_id == keys.id)
-        .order_by(p.c.step.desc())
-        .limit(1)
-        .scalar_subquery()
-    )
-    value = (
-        select(p.c.value)
-        .where(p.c.key_id == keys.id)
-        .order_by(p.c.step.desc())
-        .limit(1)
-        .scalar_subquery()
-    )
+
+    def at_newest_step(column: Any) -> Any:
+        """``column`` of the key's newest point left."""
+        newest_first = select(column).where(p.c.key_id == keys.id).order_by(p.c.step.desc())
+        return newest_first.limit(1).scalar_subquery()
+
+    newest, value = at_newest_step(p.c.step), at_newest_step(p.c.value)
     first = select(func.min(p.c.step)).where(p.c.key_id == keys.id).scalar_subquery()
     session.execute(
         update(KEYS)
