@@ -36,6 +36,9 @@ WRITTEN_BEFORE_THE_SPLIT = {
     "https://github.com/vllm-project/vllm-ascend/issues/382",
     "https://github.com/vllm-project/vllm-ascend/issues/486",
 }
+# This project's own verl runs: in the rule set whatever their hash says, since they are the
+# logs rules are fixed on when a real run is misnamed (tests/test_verl_failures.py).
+MADE_HERE = {"tests/verl_cpu_failures.sh"}
 
 
 def test_the_held_out_set_is_named_right_and_never_wrongly_when_unsure() -> None:
@@ -53,7 +56,7 @@ def test_the_split_is_by_thread_and_by_hash() -> None:
     moved = {
         e.path.name
         for e in rule_set
-        if held_out_by_hash(e.source) and e.source not in WRITTEN_BEFORE_THE_SPLIT
+        if held_out_by_hash(e.source) and e.source not in WRITTEN_BEFORE_THE_SPLIT | MADE_HERE
     }
     assert not moved, f"held out by their thread's hash, found in the rule set: {moved}"
 

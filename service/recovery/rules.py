@@ -111,9 +111,11 @@ CAUSES = [
     Rule(
         "missing_path",
         re.compile(
-            r"FileNotFoundError|No such file or directory|does not appear to have a file named"
-            r"|Unable to find '|HFValidationError|is not a local folder and is not a valid model"
-            r"|Incorrect path_or_model_id"
+            # not on a warning's line: vLLM on CPU warns that libnuma is missing
+            r"^(?!.*Warning: ).*(?:FileNotFoundError|No such file or directory"
+            r"|does not appear to have a file named|Unable to find '|HFValidationError"
+            r"|is not a local folder and is not a valid model|Incorrect path_or_model_id)",
+            re.M,
         ),
         "a file or directory the run needs is not there",
         "check data.train_files, data.val_files, the model path and the checkpoint dir on every "
@@ -122,7 +124,8 @@ CAUSES = [
     Rule(
         "import_error",
         re.compile(
-            r"ModuleNotFoundError|ImportError|No module named"
+            # not on a warning's line: verl warns of each optional engine it cannot import
+            r"^(?!.*Warning: ).*(?:ModuleNotFoundError|ImportError|No module named)"
             r"|^Ray's state API: actor \S+ died \(runtime_env_failed_context",
             re.M,
         ),
@@ -135,6 +138,8 @@ CAUSES = [
         re.compile(
             r"Could not override '|Error merging override|is not in struct|Key '[^'\n]+' not in '"
             r"|ConfigCompositionException|omegaconf\.errors\.\w+"
+            # a key Hydra adds (``+key=``) that verl's config dataclass refuses at run time
+            r"|\w+Config\.__init__\(\) got an unexpected keyword argument '"
         ),
         "verl's configuration refused an override",
         "fix the named key (a dry run composes the config and names the field)",
