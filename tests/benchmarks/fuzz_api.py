@@ -10,7 +10,7 @@ runs in every status, with events, attempts and usage, so that reads find someth
 one request. Each answer of 500 or more (or an exception out of the app) is a finding, kept
 with the request that caused it; the same finding (operation, status, exception and where it
 was raised) is reported once with its count. ``--out FILE`` writes the findings as JSON, the
-form ``tests/data/fuzz_examples.json`` stores (``tests/test_schemathesis.py`` replays them).
+form ``tests/data/fuzz_examples.json`` keeps (``tests/test_schemathesis.py`` asks each again).
 
 Prints the cases run per door and database, the findings, and the cases per second.
 """
@@ -254,9 +254,14 @@ def main() -> None:
             f"{finding.status}: {finding.error[:160]}".replace("|", "/").replace("\n", " "),
         )
     if args.out:
-        args.out.write_text(
-            json.dumps([vars(f) for f in campaign.findings.values()], indent=2, default=str)
-        )
+        found = [
+            {
+                "found": f"{f.operation}: {f.status} {f.error[:200]} ({f.database}, {f.door})",
+                "request": f.request,
+            }
+            for f in campaign.findings.values()
+        ]
+        args.out.write_text(json.dumps(found, indent=2, default=str) + "\n")
     report.print()
 
 
