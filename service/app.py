@@ -283,6 +283,7 @@ def build_services(
             on_end=lambda: loops["submitter"].wake(),
             interval_s=settings.reconcile_interval_s,
             max_backoff_s=settings.max_backoff_s,
+            retry_config=retry_config(settings),
         )
         watchdog = Watchdog(
             db,

@@ -178,6 +178,18 @@ class Client:
     def get_run(self, run_id: str) -> RunOut:
         return RunOut.model_validate(self._request("GET", f"/runs/{run_id}").json())
 
+    def wait(self, run_id: str, timeout_s: float | None = None, every_s: float = 1.0) -> RunOut:
+        """The run once its status is terminal, which is final (a failed attempt that may be
+        retried reads RETRYING, not FAILED); ``TimeoutError`` after ``timeout_s``."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            run = self.get_run(run_id)
+            if run.status in TERMINAL:
+                return run
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"run {run_id} is still {run.status} after {timeout_s:g} s")
+            time.sleep(every_s)
+
     def cancel_run(self, run_id: str) -> RunOut:
         return RunOut.model_validate(self._request("POST", f"/runs/{run_id}/cancel").json())
 

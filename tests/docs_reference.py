@@ -102,6 +102,8 @@ def api_page() -> str:
         out += [f"### `{name}`", ""]
         if schema.get("description"):
             out += [_cell(schema["description"]), ""]
+        if schema.get("enum"):
+            out += ["Values: " + ", ".join(f"`{v}`" for v in schema["enum"]) + ".", ""]
         if props:
             out += ["| field | type | required |", "| --- | --- | --- |"]
             required = set(schema.get("required", []))

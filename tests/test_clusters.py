@@ -211,7 +211,7 @@ class _Loops:
         self.small, self.big = FakeRay(ONE_NODE), FakeRay(TWO_NODES)
         self.clusters = _clusters(small=(self.small, {}), big=(self.big, {}))
         self.submitter = Submitter(db, self.clusters, None, Quotas(), "me", 30.0, 10)
-        self.reconciler = Reconciler(db, self.clusters)
+        self.reconciler = Reconciler(db, self.clusters, retry_config=retry or RetryConfig())
         self.follower = Follower(
             db, self.clusters, "me", 30.0, 10_000, HealthRules(), retry=retry or RetryConfig()
         )

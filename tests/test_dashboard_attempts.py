@@ -137,3 +137,39 @@ def test_every_chart_marks_where_the_second_attempt_began_and_a_single_attempt_h
                     assert drawn["ink"] >= 20, (title, drawn)
                 else:
                     assert drawn["columns"] == [], (title, drawn)
+
+
+def test_a_run_deciding_on_a_retry_and_one_in_its_backoff_show_how_the_last_attempt_ended(
+    tmp_path: Path,
+    page: Any,  # noqa: F811
+) -> None:
+    url = f"sqlite:///{tmp_path}/retrying.db"
+    upgrade(url)
+    db = Database(url)
+    now = utcnow()
+    died = {"class": "actor_died", "summary": "", "hint": "", "evidence": []}
+    with db.transaction() as s:
+        s.add(new_run("deciding", RunStatus.RETRYING, attempt_status="FAILED", ended_at=now))
+        s.add(new_run("waiting", RunStatus.QUEUED, attempt=2, retry_at=now + timedelta(hours=1)))
+        s.flush()
+        s.add(
+            RunAttempt(run_id="waiting", n=1, ray_job_id="waiting", status="FAILED", failure=died)
+        )
+    db.dispose()
+    settings = make_settings(url, "http://127.0.0.1:9", run_loops=False, migrate_on_start=False)
+    with ServerThread(create_app(settings)) as base:
+        for run_id, status, told in (
+            ("deciding", "RETRYING", "attempt 1 FAILED: deciding on a next attempt"),
+            ("waiting", "QUEUED", "attempt 1 FAILED (actor_died): attempt 2 from "),
+        ):
+            page.goto(f"{base}/ui/#/runs/{run_id}")
+            until(page, f"document.querySelector('#run-status').textContent == '{status}'")
+            note = page.locator("#run-retry")
+            assert note.is_visible() and note.inner_text().startswith(told), note.inner_text()
+            # Not over: it may still be cancelled.
+            assert page.locator("#cancel").is_visible()
+        page.goto(f"{base}/ui/#/runs")
+        until(
+            page,
+            "[...document.querySelectorAll('.badge')].some((b) => b.textContent == 'RETRYING')",
+        )

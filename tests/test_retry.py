@@ -51,7 +51,7 @@ class Loops:
         self.submitter = Submitter(
             db, self.ray, InventoryCache(self.ray, 0.0), Quotas(), "me", 30.0, 10
         )
-        self.reconciler = Reconciler(db, self.ray)
+        self.reconciler = Reconciler(db, self.ray, retry_config=config or RetryConfig())
         self.follower = Follower(
             db,
             self.ray,
@@ -318,7 +318,7 @@ class _SlowToTakeFailures:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 kind = json.loads(self.rfile.read(int(self.headers["content-length"])))["type"]
-                if kind == "run.failed":
+                if kind == "run.attempt_ended":
                     time.sleep(0.5)
                 receiver.types.append(kind)
                 self.send_response(200)
@@ -333,14 +333,20 @@ class _SlowToTakeFailures:
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
 
-def test_a_subscriber_hears_an_attempt_failed_before_it_hears_of_the_retry(
+def test_a_subscriber_hears_an_attempt_ended_before_the_retry_and_no_run_failed(
     api: TestClient, db_url: str
 ) -> None:
     db = Database(db_url)
     loops = Loops(db)
     _queued(db)
     receiver = _SlowToTakeFailures()
-    add_webhook(db, ["run.failed", "run.retrying"], hook_id="wh1", url=receiver.url, **_ADMIN_HOOK)
+    add_webhook(
+        db,
+        ["run.failed", "run.attempt_ended", "run.retrying"],
+        hook_id="wh1",
+        url=receiver.url,
+        **_ADMIN_HOOK,
+    )
     loops.submitter.tick()
     loops.end("r1", "FAILED", DIED)
     notifier = Notifier(db, "me", AllowList.parse(["127.0.0.1/32"]), "http://rlrun.example")
@@ -349,8 +355,12 @@ def test_a_subscriber_hears_an_attempt_failed_before_it_hears_of_the_retry(
     finally:
         receiver.httpd.shutdown()
         receiver.httpd.server_close()
-    assert receiver.types == ["run.failed", "run.retrying"]
+    # The run did not fail: its attempt did, and the next one follows.
+    assert receiver.types == ["run.attempt_ended", "run.retrying"]
     with db.read() as s:
         sent = {d.event_type: d.payload for d in s.scalars(select(WebhookDelivery))}
-    assert sent["run.failed"]["failure"]["class"] == "actor_died"
+    ended = sent["run.attempt_ended"]
+    assert (ended["attempt"]["n"], ended["attempt"]["status"]) == (1, "FAILED")
+    assert ended["attempt"]["failure"]["class"] == "actor_died"
+    assert (ended["next_attempt"], ended["event"]["to"]) == (2, "RETRYING")
     assert sent["run.retrying"]["attempt"] == 2

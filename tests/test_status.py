@@ -9,16 +9,21 @@ from sqlalchemy import select
 
 from service.store.db import Database, upgrade
 from service.store.lifecycle import IllegalTransition, transition
-from service.store.models import Run, RunEvent
-from service.store.status import ACTIVE, TERMINAL, RunStatus, is_allowed
+from service.store.models import Run, RunEvent, utcnow
+from service.store.status import ACTIVE, ENDED, TERMINAL, RunStatus, is_allowed
 from tests.factories import new_run
 
 LEGAL = {
     (RunStatus.QUEUED, RunStatus.SUBMITTED),
     (RunStatus.QUEUED, RunStatus.CANCELLED),
     (RunStatus.QUEUED, RunStatus.FAILED),
-    *((RunStatus.SUBMITTED, d) for d in ("RUNNING", "SUCCEEDED", "FAILED", "STOPPED", "LOST")),
-    *((RunStatus.RUNNING, d) for d in ("SUCCEEDED", "FAILED", "STOPPED", "LOST")),
+    *(
+        (RunStatus.SUBMITTED, d)
+        for d in ("RUNNING", "SUCCEEDED", "FAILED", "STOPPED", "LOST", "RETRYING")
+    ),
+    *((RunStatus.RUNNING, d) for d in ("SUCCEEDED", "FAILED", "STOPPED", "LOST", "RETRYING")),
+    # A failed attempt's run decides: the next attempt, or the attempt's end as the run's.
+    *((RunStatus.RETRYING, d) for d in ("QUEUED", "FAILED", "LOST")),
 }
 PAIRS = list(itertools.product(RunStatus, RunStatus))
 
@@ -48,7 +53,8 @@ def test_a_legal_transition_changes_status_stamps_time_and_appends_an_event(
     database: Database, src: RunStatus, dst: str
 ) -> None:
     with database.transaction() as session:
-        run = new_run(status=src)
+        # A RETRYING run's attempt ended when it became so.
+        run = new_run(status=src, ended_at=utcnow() if src == RunStatus.RETRYING else None)
         session.add(run)
         session.flush()
         transition(session, run, RunStatus(dst), "because")
@@ -57,7 +63,7 @@ def test_a_legal_transition_changes_status_stamps_time_and_appends_an_event(
         assert run is not None and run.status == dst
         events = session.scalars(select(RunEvent)).all()
         assert [(e.from_status, e.to_status, e.reason) for e in events] == [(src, dst, "because")]
-        if dst in TERMINAL:
+        if dst in ENDED:
             assert run.ended_at is not None and run.claim_owner is None
         if dst == RunStatus.SUBMITTED:
             assert run.submitted_at is not None

@@ -31,6 +31,7 @@ STATUS_STYLE = {
     "LOST": "red",
     "STOPPED": "magenta",
     "CANCELLED": "dim",
+    "RETRYING": "yellow",
 }
 
 

@@ -213,7 +213,8 @@ def status(
     token: TokenOpt = None,
     output: OutputOpt = Output.table,
 ) -> None:
-    """Show one run; with --follow, a live progress bar until it ends (exit 0 if it SUCCEEDED)."""
+    """Show one run; with --follow, a live progress bar until it ends: a terminal status, which
+    is final (a failed attempt that may be retried reads RETRYING); exit 0 if it SUCCEEDED."""
     with connect(server, token) as client:
         run = client.get_run(run_id)
         if output == Output.json and not follow:

@@ -30,7 +30,6 @@ from service.recovery.classify import Failure
 from service.recovery.retry import RetryConfig
 from service.store import audit
 from service.store.db import Database
-from service.store.lifecycle import transition
 from service.store.models import Run, RunLog
 from service.store.status import ACTIVE, RunStatus
 
@@ -156,7 +155,7 @@ def lose(session: Session, run: Run, cluster: str, config: RetryConfig) -> None:
     if run.status not in ACTIVE:
         return
     why, was = f"cluster {cluster} down", run.status
-    transition(session, run, RunStatus.LOST, why)
+    retry.end_attempt(session, run, RunStatus.LOST, why, config)
     explain.settle(
         session,
         run,

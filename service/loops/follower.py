@@ -38,14 +38,14 @@ from service.store.db import Database
 from service.store.dialect import dialect_insert
 from service.store.lifecycle import note
 from service.store.models import Run, RunEvent, RunLog, Webhook, utcnow
-from service.store.status import TERMINAL, RunStatus
+from service.store.status import ENDED, RunStatus
 
 log = logging.getLogger(__name__)
 _LONG_AGO = datetime.min.replace(tzinfo=UTC)
 # Ray may report a job ended before its last lines are in the job log: the final read of a run
 # waits this long after the run was seen ended.
 FINAL_READ_AFTER = timedelta(seconds=2)
-_FAILED = frozenset({RunStatus.FAILED, RunStatus.LOST})
+_FAILED = frozenset({RunStatus.FAILED, RunStatus.LOST, RunStatus.RETRYING})
 
 
 @dataclass(frozen=True)
@@ -256,7 +256,7 @@ class Follower:
     def _read(self, held: Held) -> _Read | None:
         """One read of one run's log; the final one when the run has ended (``held.status``
         was read before the log) and the reader has all of it. None: nothing to store."""
-        ended_at = (held.ended_at or _LONG_AGO) if held.status in TERMINAL else held.ray_ended_at
+        ended_at = (held.ended_at or _LONG_AGO) if held.status in ENDED else held.ray_ended_at
         settled = ended_at is not None and utcnow() - ended_at >= FINAL_READ_AFTER
         text, complete = self._reader.read(
             held.job, held.offset - held.base, ended_at if settled else None
@@ -330,8 +330,8 @@ class Follower:
                     runlog.lease_expires_at = None
                     # The whole log is read: how (a success Ray reported) and why it ended,
                     # then whether a next attempt starts.
-                    ending.at_final_read(session, run, read.ray_state)
-                    ended = ended or read.held.status not in TERMINAL
+                    ending.at_final_read(session, run, self.retry, read.ray_state)
+                    ended = ended or read.held.status not in ENDED
                     retried = retry.after_settle(session, run, self.retry) or retried
                 stored.append(read)
         for read in stored:

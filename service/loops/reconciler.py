@@ -31,16 +31,18 @@ from sqlalchemy.orm import Session
 from service.backoff import Backoff
 from service.cluster.ray_jobs import JobInfo, RayJobs, RayRejected, RayUnavailable, stop_job
 from service.cluster.registry import Clusters, UnknownCluster
-from service.recovery import ending
+from service.recovery import ending, retry
 from service.recovery.attempts import job_id
+from service.recovery.retry import RetryConfig
 from service.store import audit
 from service.store.db import Database
 from service.store.lifecycle import set_health, transition
 from service.store.models import Run, utcnow
-from service.store.status import ACTIVE, RECONCILER_HEALTH, TERMINAL, RunStatus
+from service.store.status import ACTIVE, ENDED, RECONCILER_HEALTH, RunStatus
 
 log = logging.getLogger(__name__)
 
+_NO_RETRY = RetryConfig()
 _RAY_TO_RUN = {
     "RUNNING": RunStatus.RUNNING,
     "SUCCEEDED": RunStatus.SUCCEEDED,
@@ -63,6 +65,7 @@ class Reconciler:
     on_end: Callable[[], None] = lambda: None
     interval_s: float = 2.0
     max_backoff_s: float = 30.0
+    retry_config: RetryConfig = _NO_RETRY  # whether a failed attempt leaves its run RETRYING
     _retry: dict[str, _Retry] = field(default_factory=dict, init=False)
     clusters: Clusters = field(init=False)
 
@@ -100,9 +103,9 @@ class Reconciler:
         still = {i for i, _, _, _ in active} - observed.keys()
         self._retry = {i: r for i, r in self._retry.items() if i in still}
         for run_id in failed:
-            retry = self._retry.setdefault(run_id, _Retry(0, now))
-            retry.failures += 1
-            retry.next_at = now + Backoff(self.interval_s, self.max_backoff_s).delay(retry.failures)
+            pause = self._retry.setdefault(run_id, _Retry(0, now))
+            pause.failures += 1
+            pause.next_at = now + Backoff(self.interval_s, self.max_backoff_s).delay(pause.failures)
         ended = False
         if observed or failed:
             # Rows are locked in run id order, the follower's order: no deadlock between them.
@@ -120,8 +123,8 @@ class Reconciler:
                     if run.status in ACTIVE:
                         if run.health == "ray_error":
                             set_health(session, run, "ok", None)
-                        apply(session, run, observed[run.id])
-                        ended = ended or run.status in TERMINAL
+                        apply(session, run, observed[run.id], self.retry_config)
+                        ended = ended or run.status in ENDED
         if ended:
             self.on_end()
         if failed and not observed:
@@ -152,17 +155,17 @@ class Reconciler:
             set_health(session, run, "ray_error", reason[:1000])
 
 
-def apply(session: Session, run: Run, info: JobInfo | None) -> None:
+def apply(
+    session: Session, run: Run, info: JobInfo | None, config: RetryConfig = _NO_RETRY
+) -> None:
     """Fold one observation of Ray into the run (through the one transition function)."""
     if info is None:
         run.ray_status = None
-        transition(
-            session,
-            run,
-            RunStatus.LOST,
+        why = (
             f"Ray no longer knows job {job_id(run.id, run.attempt)} "
-            "(the Ray head restarted or the job was deleted)",
+            "(the Ray head restarted or the job was deleted)"
         )
+        retry.end_attempt(session, run, RunStatus.LOST, why, config)
         return
     # Set only what changed: an unchanged run stays clean (nothing for the flush to look at).
     said = {
@@ -178,10 +181,13 @@ def apply(session: Session, run: Run, info: JobInfo | None) -> None:
     if target is None or target == run.status:
         return
     if target is RunStatus.SUCCEEDED:
-        ending.ray_succeeded(session, run, utcnow())  # the run ends once its log is read
+        ending.ray_succeeded(session, run, utcnow(), config)  # ends once its log is read
         return
     if target is RunStatus.STOPPED and run.stop_requested_at is None:
         stopped_outside(session, run)
+        return
+    if target is RunStatus.FAILED:
+        retry.end_attempt(session, run, target, _reason(info), config)
         return
     transition(session, run, target, _reason(info))
 

@@ -38,6 +38,11 @@ def headline(event_type: str, payload: dict[str, Any]) -> str:
         return f"secrets grant presented again: {event['reason']}"
     if event_type == "run.retrying":
         return f"attempt {payload['attempt']}: {event['reason']}"
+    if event_type == "run.attempt_ended":
+        attempt, after = payload["attempt"], payload.get("next_attempt")
+        cls = f" ({attempt['failure']['class']})" if attempt.get("failure") else ""
+        then = f"attempt {after} follows" if after else "no attempt follows"
+        return f"attempt {attempt['n']} {attempt['status']}{cls}: {then}"
     if event_type == "run.failed" and payload.get("failure"):
         failure = payload["failure"]
         return f"FAILED ({failure['class']}): {failure['summary']}"

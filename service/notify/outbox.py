@@ -19,6 +19,7 @@ EventType = Literal[
     "run.health",
     "run.failed",
     "run.retrying",
+    "run.attempt_ended",
     "metric.threshold",
     "run.grant_replayed",
 ]

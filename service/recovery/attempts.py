@@ -13,6 +13,8 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from service.store.status import attempt_outcome
+
 _ATTEMPT_JOB = re.compile(r"(.+)-a([2-9]|[1-9][0-9]+)")
 
 
@@ -36,7 +38,7 @@ def attempt_doc(row: Any, n: int, run_id: str) -> dict[str, Any]:
     return {
         "n": n,
         "ray_job_id": job_id(run_id, n),
-        "status": row.status,
+        "status": attempt_outcome(row.status, getattr(row, "attempt_status", None)),
         "started_at": row.started_at,
         "ended_at": row.ended_at,
         "failure": row.failure,

@@ -22,13 +22,16 @@ from sqlalchemy.orm import Session
 
 from service.metrics import logcopy, store
 from service.metrics.keys import STEP_KEY
-from service.recovery import explain
+from service.recovery import explain, retry
 from service.recovery.classify import Evidence, Failure, classify
+from service.recovery.retry import RetryConfig
 from service.store.lifecycle import note, transition
 from service.store.models import Run
 from service.store.status import ACTIVE, RunStatus
 
 WAIT = timedelta(seconds=60)
+# A run ``conclude`` ended FAILED, or RETRYING, is settled already.
+_CONCLUDED = frozenset({RunStatus.FAILED, RunStatus.RETRYING})
 # Where a fatal error starts: a Python traceback, or Ray's error raised in the driver.
 _FATAL = re.compile(r"Traceback \(most recent call last\)|ray\.exceptions\.\w+Error")
 _STEP_LINE = re.compile(r"step:\d+ - ")
@@ -76,36 +79,44 @@ def verdict(session: Session, run: Run) -> Failure | None:
     )
 
 
-def ray_succeeded(session: Session, run: Run, now: datetime) -> None:
+def ray_succeeded(session: Session, run: Run, now: datetime, config: RetryConfig) -> None:
     """Ray reports ``run``'s job SUCCEEDED: note it once; end the run from the stored log only
-    when the follower has not read it to the end within ``WAIT``."""
+    when the follower has not read it to the end within ``WAIT`` (and decide on a retry then,
+    as the follower would have)."""
     if run.ray_ended_at is None:
         run.ray_ended_at = now
         note(session, run, "Ray reports the job finished; the run ends once its log is read")
     elif now - run.ray_ended_at > WAIT:
         wait = f"{WAIT.total_seconds():g} s"
-        conclude(session, run, f" (from the log stored so far: not read to the end in {wait})")
+        why = f" (from the log stored so far: not read to the end in {wait})"
+        conclude(session, run, config, why)
+        retry.after_settle(session, run, config)
 
 
-def at_final_read(session: Session, run: Run, ray_state: Sequence[str] = ()) -> None:
+def at_final_read(
+    session: Session, run: Run, config: RetryConfig, ray_state: Sequence[str] = ()
+) -> None:
     """The follower has read ``run``'s log to the end: end it if Ray's success waits for
     that, and settle its failure (once: a run ended by ``conclude`` is settled already;
-    ``ray_state``: what Ray's state API says died under the job)."""
+    ``ray_state``: what Ray's state API says died under the job). The caller decides on a
+    retry next (``retry.after_settle``)."""
     if run.status in ACTIVE:
-        conclude(session, run)
-    elif not (run.status == RunStatus.FAILED and run.ray_ended_at is not None):
+        conclude(session, run, config)
+    elif not (run.status in _CONCLUDED and run.ray_ended_at is not None):
         explain.settle(session, run, ray_state=ray_state)
 
 
-def conclude(session: Session, run: Run, why: str = "") -> None:
-    """End ``run``, whose job Ray reports SUCCEEDED, as its log shows (one transition)."""
+def conclude(session: Session, run: Run, config: RetryConfig, why: str = "") -> None:
+    """End ``run``'s attempt, whose job Ray reports SUCCEEDED, as its log shows (one
+    transition: SUCCEEDED, or FAILED, RETRYING if a next attempt may follow)."""
     session.flush()  # the log's last lines and points, added in this transaction, are read
     failure = verdict(session, run)
     if failure is None:
         transition(session, run, RunStatus.SUCCEEDED, f"the job finished successfully{why}")
         explain.settle(session, run)
         return
-    transition(session, run, RunStatus.FAILED, f"{failure.cls}: {failure.summary}{why}"[:1000])
+    reason = f"{failure.cls}: {failure.summary}{why}"[:1000]
+    retry.end_attempt(session, run, RunStatus.FAILED, reason, config)
     explain.settle(session, run, failure)
 
 

@@ -14,15 +14,16 @@ from service.metrics import logcopy
 from service.notify import outbox
 from service.recovery.classify import Evidence, Failure, classify
 from service.store.models import Run, RunEvent, RunLog
-from service.store.status import RunStatus
+from service.store.status import RunStatus, attempt_outcome
 
 # The end of the kept log the classifier reads (the decisive lines are near the end).
 READ_CHARS = 1_000_000
 
 
 def failure_of(session: Session, run: Run, ray_state: Sequence[str] = ()) -> Failure | None:
-    """Why ``run`` ended as it did; None for a run that succeeded or has not ended."""
-    status = RunStatus(run.status)
+    """Why ``run``'s current attempt ended as it did; None for one that succeeded or has not
+    ended."""
+    status = RunStatus(attempt_outcome(run.status, run.attempt_status))
     hang = _held(run) if run.health == "unschedulable" else None
     if hang is not None and status is RunStatus.STOPPED and run.stop_requested_at is not None:
         return hang  # stopped because it could never start: the hang is why
@@ -68,11 +69,17 @@ def settle(
 ) -> None:
     """Record ``run``'s failure (once its log is all read; ``failure`` when the caller has
     found it already; ``ray_state``: Ray's state API's lines on the job, ``recovery.deaths``)
-    and tell ``run.failed`` subscribers, with the class."""
+    and, if the run has failed for good, tell ``run.failed`` subscribers, with the class (a
+    RETRYING run is told once its retry is decided against: ``announce``)."""
     session.flush()  # the log's last lines, added in this transaction, are read back
     failure = failure or failure_of(session, run, ray_state)
     run.failure = None if failure is None else as_doc(failure)
-    ending = _ending_event(session, run) if run.status == RunStatus.FAILED else None
+    announce(session, run)
+
+
+def announce(session: Session, run: Run) -> None:
+    """Tell ``run.failed`` subscribers of a run that has ended FAILED, its failure settled."""
+    ending = ending_event(session, run) if run.status == RunStatus.FAILED else None
     if ending is not None:
         outbox.enqueue(session, run, ending, "run.failed", failure=run.failure)
 
@@ -97,7 +104,7 @@ def as_doc(failure: Failure) -> dict[str, Any]:
     return doc
 
 
-def _ending_event(session: Session, run: Run) -> RunEvent | None:
+def ending_event(session: Session, run: Run) -> RunEvent | None:
     """The event that moved ``run`` into its present status."""
     return session.scalars(
         select(RunEvent)

@@ -1,9 +1,11 @@
 """Retries: a next attempt of a run that ended, by its policy or by hand.
 
-By policy: once a FAILED or LOST run's log is read to the end and its failure class is known
-(``explain.settle``), a class the policy names, with attempts left and no stop asked for,
-starts the next attempt: the run goes back to QUEUED, admitted again after the backoff at the
-head of its priority, and resumes from its checkpoint. By hand: ``POST /runs/{id}/retry`` on
+By policy: an attempt that ends FAILED or LOST while its policy may start another leaves the run
+RETRYING (``end_attempt``), never a terminal status that would then change. Once its log is
+read to the end and its failure class is known (``explain.settle``), a class the policy names,
+with attempts left and no stop asked for, starts the next attempt: the run goes back to QUEUED,
+admitted again after the backoff at the head of its priority, and resumes from its checkpoint;
+any other class ends the run as its attempt ended. By hand: ``POST /runs/{id}/retry`` on
 any ended run, from its checkpoint or from scratch. The ended attempt is archived first, in the
 same transaction, so each attempt is recorded and submitted once. A cancel during the backoff
 cancels the queued run: no later attempt follows a cancel or a stop.
@@ -13,21 +15,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from sqlalchemy.orm import Session
 
 from service.clock import utcnow
 from service.errors import Conflict
+from service.notify import outbox
+from service.recovery import explain
 from service.recovery.policy import in_force
 from service.retry_policy import RetryPolicy
-from service.store import attempts
-from service.store.lifecycle import requeue
-from service.store.models import Run, RunLog
-from service.store.status import TERMINAL, RunStatus
+from service.store import attempts, lifecycle
+from service.store.models import Run, RunEvent, RunLog
+from service.store.status import ENDED, TERMINAL, RunStatus, attempt_outcome
 
 ResumeFrom = Literal["checkpoint", "scratch"]
-RETRIED_STATUSES = frozenset({RunStatus.FAILED, RunStatus.LOST})
 
 
 @dataclass(frozen=True)
@@ -39,30 +41,78 @@ class RetryConfig:
     max_attempts: int = 3
 
 
-def due(run: Run, config: RetryConfig) -> tuple[RetryPolicy, str] | None:
-    """The policy and the failure class by which ``run`` (settled) gets another attempt."""
-    if run.status not in RETRIED_STATUSES or run.stop_requested_at is not None:
-        return None
-    policy = in_force(run.spec, run.team, config.default, config.per_team, config.max_attempts)
-    cls = (run.failure or {}).get("class")
-    if policy is None or cls not in policy.on or run.attempt >= policy.max_attempts:
-        return None
-    return policy, str(cls)
+def _policy(run: Run, config: RetryConfig) -> RetryPolicy | None:
+    return in_force(run.spec, run.team, config.default, config.per_team, config.max_attempts)
+
+
+def may_retry(run: Run, config: RetryConfig) -> bool:
+    """Whether a next attempt may follow the current one should it fail: a policy in force
+    with classes to retry and attempts left, and no stop asked for (the class, known once the
+    log is read, decides)."""
+    policy = _policy(run, config)
+    if policy is None or run.stop_requested_at is not None:
+        return False
+    return bool(policy.on) and run.attempt < policy.max_attempts
+
+
+def end_attempt(
+    session: Session, run: Run, outcome: RunStatus, reason: str, config: RetryConfig
+) -> None:
+    """End the current attempt FAILED or LOST: RETRYING while a next attempt may follow, else
+    the run's end."""
+    lifecycle.end_attempt(session, run, outcome, reason, may_retry(run, config))
+
+
+def due(run: Run, config: RetryConfig) -> tuple[RetryPolicy, str] | str:
+    """The policy and the failure class by which RETRYING ``run`` (settled) gets another
+    attempt, or why it gets none."""
+    policy = _policy(run, config)
+    cls = str((run.failure or {}).get("class", "unknown"))
+    if run.stop_requested_at is not None:
+        return "a stop was asked for"
+    if policy is None:
+        return "no retry policy"
+    if cls not in policy.on:
+        return f"its policy does not retry {cls}"
+    if run.attempt >= policy.max_attempts:
+        return f"attempt {run.attempt} of {policy.max_attempts} was the last"
+    return policy, cls
 
 
 def after_settle(session: Session, run: Run, config: RetryConfig) -> bool:
-    """Start the next attempt if the policy says so (in the settling transaction); whether it
-    did."""
-    found = due(run, config)
-    if found is None:
+    """The ended attempt's failure is settled (in the settling transaction): a RETRYING run
+    starts its next attempt if its policy names the class, else ends as its attempt did.
+    ``run.attempt_ended`` subscribers hear of the attempt first. Whether a next attempt
+    started."""
+    if run.status not in ENDED:
+        return False
+    n, outcome = run.attempt, attempt_outcome(run.status, run.attempt_status)
+    told = {"n": n, "status": outcome, "failure": run.failure}
+    end = explain.ending_event(session, run)  # the event that ended the attempt
+    found = due(run, config) if run.status == RunStatus.RETRYING else "ended"
+    if end is not None:
+        _tell(session, run, end, told, None if isinstance(found, str) else n + 1)
+    if found == "ended":
+        return False
+    if isinstance(found, str):
+        lifecycle.finish(session, run, f"not retried: {found}")
+        explain.announce(session, run)
         return False
     policy, cls = found
-    n = run.attempt + 1
-    why = f"retrying: attempt {n} of {policy.max_attempts} after {cls}"
+    why = f"retrying: attempt {n + 1} of {policy.max_attempts} after {cls}"
     if policy.backoff_s:
         why += f", in {policy.backoff_s:g}s"
     _next(session, run, "checkpoint", policy.backoff_s, why)
     return True
+
+
+def _tell(
+    session: Session, run: Run, event: RunEvent, attempt: dict[str, Any], next_attempt: int | None
+) -> None:
+    """``run.attempt_ended``: the ended attempt (n, status, failure) and the next one, if any."""
+    outbox.enqueue(
+        session, run, event, "run.attempt_ended", attempt=attempt, next_attempt=next_attempt
+    )
 
 
 def by_hand(session: Session, run: Run, resume: ResumeFrom, who: str) -> None:
@@ -76,7 +126,7 @@ def by_hand(session: Session, run: Run, resume: ResumeFrom, who: str) -> None:
 def _next(session: Session, run: Run, resume: ResumeFrom, backoff_s: float, why: str) -> None:
     attempts.archive(session, run)
     runlog = session.get(RunLog, run.id, with_for_update=True)
-    requeue(session, run, why)
+    lifecycle.requeue(session, run, why)
     run.resume = resume
     run.retry_at = utcnow() + timedelta(seconds=backoff_s) if backoff_s else None
     if runlog is not None:

@@ -17,6 +17,19 @@ const LOG_LINES = 2000;
 const hours = (n) => Number(n).toLocaleString("en", { maximumFractionDigits: 1 });
 const BAND_EDGE = "rgba(31,119,180,0.3)", BAND_FILL = "rgba(31,119,180,0.07)";
 
+// Beside a run that is not over yet, how its last attempt ended: while it is RETRYING (the
+// decision pending) and while its next attempt waits (QUEUED, in its backoff).
+export function retryNote(run) {
+  const attempts = run.attempts || [];
+  const ended = run.status === "RETRYING" ? attempts[attempts.length - 1]
+    : run.status === "QUEUED" && attempts.length > 1 ? attempts[attempts.length - 2] : null;
+  if (!ended) return "";
+  const cls = ended.failure ? ` (${ended.failure.class})` : "";
+  const next = run.status === "RETRYING" ? "deciding on a next attempt"
+    : `attempt ${run.attempt} ${run.retry_at ? `from ${when(run.retry_at)}` : "queued"}`;
+  return `attempt ${ended.n} ${ended.status}${cls}: ${next}`;
+}
+
 export function runView(root, id, signal) {
   const path = `/runs/${encodeURIComponent(id)}`;
   const title = h("h2", { id: "run-title" });
@@ -26,6 +39,7 @@ export function runView(root, id, signal) {
   const budget = h("p", { id: "run-budget", class: "queue-reason", hidden: true });
   const progress = h("span", { id: "run-progress" });
   const cluster = h("span", { id: "run-cluster", class: "dim" });
+  const retry = h("p", { id: "run-retry", class: "queue-reason", hidden: true });
   const cancel = h("button", { id: "cancel", class: "danger", hidden: true }, "cancel");
   const clone = link(`#/submit?from=${encodeURIComponent(id)}`, "clone", "button");
   const charts = h("div", { id: "charts" }, empty("No metrics yet: the charts appear with the run's first step."));
@@ -39,7 +53,7 @@ export function runView(root, id, signal) {
   noLog.id = "no-log";
 
   root.append(
-    h("div", { class: "run-head" }, title, h("p", {}, status, " ", health, " ", progress, " ", cluster, " ", cancel, " ", clone), queue, budget),
+    h("div", { class: "run-head" }, title, h("p", {}, status, " ", health, " ", progress, " ", cluster, " ", cancel, " ", clone), retry, queue, budget),
     h("div", { class: "toolbar" }, picker),
     charts,
     h("div", { class: "columns" },
@@ -73,6 +87,9 @@ export function runView(root, id, signal) {
     status.className = `badge ${run.status}`;
     health.replaceChildren(run.health.status === "ok" ? h("span", { class: "healthy" }, "healthy")
       : h("span", { class: "unhealthy" }, `${run.health.status}: ${run.health.reason || ""}`));
+    const told = retryNote(run);
+    retry.hidden = !told;
+    retry.textContent = told;
     queue.hidden = !run.queue_reason;
     queue.textContent = run.queue_reason ? `waiting: ${run.queue_reason}` : "";
     const wait = run.budget_wait;

@@ -30,7 +30,7 @@ class EventListener(Protocol):
 class Listeners:
     """Who hears what, in the order they registered."""
 
-    # A run reached a terminal status (before its event is written), and when.
+    # A run's attempt ended (the run terminal, or RETRYING; before its event is written), and when.
     ended: list[Callable[[Session, Run, datetime], Any]] = field(default_factory=list)
     # A run ended without reaching Ray: no log to wait for before its failure is told.
     ended_off_ray: list[Callable[[Session, Run], Any]] = field(default_factory=list)

@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session
 
 from service.recovery.attempts import job_id
 from service.store.models import Run, RunAttempt
+from service.store.status import attempt_outcome
 
 
 def archive(session: Session, run: Run) -> None:
@@ -19,7 +20,7 @@ def archive(session: Session, run: Run) -> None:
             run_id=run.id,
             n=run.attempt,
             ray_job_id=job_id(run.id, run.attempt),
-            status=run.status,
+            status=attempt_outcome(run.status, run.attempt_status),
             submitted_at=run.submitted_at,
             started_at=run.started_at,
             ended_at=run.ended_at,

@@ -12,7 +12,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from service.store.models import Run, SecretGrant, utcnow
-from service.store.status import TERMINAL
+from service.store.status import ENDED
 
 PREFIX = "rlgrant_"
 REPLAYED = "grant already redeemed"
@@ -64,7 +64,7 @@ def redeem(session: Session, token: str) -> Redemption:
         why = REPLAYED
     elif grant.expires_at <= now:
         why = "grant expired"
-    elif run is None or run.status in TERMINAL:
+    elif run is None or run.status in ENDED:
         why = "the run is over"
     else:
         grant.redeemed_at = now

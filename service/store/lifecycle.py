@@ -14,7 +14,15 @@ from service.clock import utcnow
 from service.errors import Conflict
 from service.store import announce, grants
 from service.store.models import Run, RunEvent
-from service.store.status import ACTIVE, TERMINAL, Health, RunStatus, is_allowed
+from service.store.status import (
+    ACTIVE,
+    ENDED,
+    RETRIED_OUTCOMES,
+    TERMINAL,
+    Health,
+    RunStatus,
+    is_allowed,
+)
 
 
 class IllegalTransition(Conflict):
@@ -66,6 +74,8 @@ def transition(session: Session, run: Run, dst: RunStatus, reason: str) -> RunEv
     elif dst is RunStatus.RUNNING:
         run.started_at = now
     if dst in TERMINAL:
+        run.attempt_status = None  # the run's status says how its last attempt ended
+    if dst in ENDED and src not in ENDED:  # the attempt's end (RETRYING -> FAILED is not one)
         run.ended_at = now
         run.claim_owner = None
         run.claim_expires_at = None
@@ -79,11 +89,33 @@ def transition(session: Session, run: Run, dst: RunStatus, reason: str) -> RunEv
     return event
 
 
+def end_attempt(
+    session: Session, run: Run, outcome: RunStatus, reason: str, retrying: bool
+) -> RunEvent:
+    """End the current attempt FAILED or LOST: the run ends so, or, when a next attempt may
+    follow (``retrying``), it is RETRYING with ``outcome`` beside it until the decision
+    (``requeue``, or ``finish``)."""
+    if outcome not in RETRIED_OUTCOMES:
+        raise IllegalTransition(f"an attempt ends FAILED or LOST, not {outcome}")
+    if not retrying:
+        return transition(session, run, outcome, reason)
+    run.attempt_status = outcome
+    return transition(session, run, RunStatus.RETRYING, reason)
+
+
+def finish(session: Session, run: Run, reason: str) -> RunEvent:
+    """End a RETRYING run as its attempt ended: no next attempt follows."""
+    if run.status != RunStatus.RETRYING or run.attempt_status is None:
+        raise IllegalTransition(f"run {run.id} is not deciding on a retry: it is {run.status}")
+    return transition(session, run, RunStatus(run.attempt_status), reason)
+
+
 def requeue(session: Session, run: Run, reason: str) -> RunEvent:
-    """Start the next attempt of an ended run: back to QUEUED (the one move out of a terminal
-    status). The caller has archived the attempt that ended (``recovery.attempts.archive``)."""
+    """Start the next attempt of an ended run: back to QUEUED, from RETRYING (by its policy)
+    or from a terminal status (by hand: the one move out of one). The caller has archived the
+    attempt that ended (``recovery.attempts.archive``)."""
     src = RunStatus(run.status)
-    if src not in TERMINAL:
+    if src not in ENDED:
         raise IllegalTransition(f"run {run.id} has not ended: it is {src}")
     now = utcnow()
     run.attempt += 1
@@ -96,6 +128,7 @@ def requeue(session: Session, run: Run, reason: str) -> RunEvent:
     run.ray_ended_at = None  # the next job's end is its own (recovery.ending)
     run.failure = None
     run.resumed_from_step = None
+    run.attempt_status = None
     run.health, run.health_reason = "ok", None
     event = _event(session, run, src, RunStatus.QUEUED, reason, now)
     announce.event(session, run, event, "run.status")
@@ -110,8 +143,13 @@ def note(session: Session, run: Run, reason: str) -> RunEvent:
 
 
 def request_stop(session: Session, run: Run, reason: str | None = None) -> bool:
-    """Ask for an active run to be stopped (the reconciler delivers it to Ray); returns whether
-    this is a new request."""
+    """Ask for an active run to be stopped (the reconciler delivers it to Ray), or a RETRYING
+    one to end as its attempt did (no next attempt follows); returns whether this is a new
+    request."""
+    if run.status == RunStatus.RETRYING and run.stop_requested_at is None:
+        run.stop_requested_at = utcnow()
+        finish(session, run, f"{reason or 'stop requested'}: no next attempt follows")
+        return True
     if run.status not in ACTIVE or run.stop_requested_at is not None:
         return False
     run.stop_requested_at = utcnow()

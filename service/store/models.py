@@ -120,6 +120,8 @@ class Run(Base):
     retry_at: Mapped[datetime | None]
     resume: Mapped[str | None] = mapped_column(String(16))
     resumed_from_step: Mapped[int | None] = mapped_column(BigInteger)
+    # How the current attempt ended (FAILED or LOST) while the run is RETRYING.
+    attempt_status: Mapped[str | None] = mapped_column(String(16))
 
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -54,6 +54,7 @@ RUN_COLUMNS = (
     Run.failure,
     Run.attempt,
     Run.retry_at,
+    Run.attempt_status,
     Run.resumed_from_step,
     Run.budget_wait,
     Run.over_budget_by,

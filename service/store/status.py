@@ -7,6 +7,18 @@ from typing import Literal
 
 
 class RunStatus(StrEnum):
+    """A run's status. Terminal (SUCCEEDED, FAILED, STOPPED, CANCELLED, LOST) is final: nothing
+    more happens to the run, so a poller, the event stream (its ``end``), ``rlrun status
+    --follow`` and the client's ``wait`` stop there; the one exception is a retry asked for by
+    hand (``POST /runs/{id}/retry``). An attempt that ends FAILED or LOST while the run's retry
+    policy may start another leaves the run RETRYING, not terminal, with the attempt's end in
+    ``attempts[-1].status`` (and its ``failure`` once known) while its failure class is read
+    from its log and, for a lost node, Ray decides the node's death. Then it is QUEUED for the
+    next attempt (``retry_at``: the backoff's end; ``attempts[-2]`` says how the one before
+    ended) or ends as its attempt did (FAILED, LOST). Before: QUEUED (waits for admission),
+    SUBMITTED (given to Ray), RUNNING. A ``run.attempt_ended`` webhook tells each attempt's end;
+    ``run.failed`` only a run's final failure."""
+
     QUEUED = "QUEUED"
     SUBMITTED = "SUBMITTED"
     RUNNING = "RUNNING"
@@ -15,20 +27,33 @@ class RunStatus(StrEnum):
     STOPPED = "STOPPED"
     CANCELLED = "CANCELLED"
     LOST = "LOST"
+    RETRYING = "RETRYING"
 
 
+# The contract: a terminal status is final, nothing more happens to the run (but a retry a
+# caller asks for by hand, ``POST /runs/{id}/retry``). An attempt that ends FAILED or LOST while
+# its retry policy may start another makes the run RETRYING, with the attempt's own end beside
+# it (``runs.attempt_status``), until the decision: the next attempt (QUEUED, after the backoff),
+# or the attempt's end as the run's (FAILED, LOST).
 TERMINAL = frozenset(
     {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.STOPPED, RunStatus.CANCELLED, RunStatus.LOST}
 )
 ACTIVE = frozenset({RunStatus.SUBMITTED, RunStatus.RUNNING})
+# The current attempt has ended (its job holds nothing on Ray): the run is final, or RETRYING.
+ENDED = TERMINAL | {RunStatus.RETRYING}
+# How an attempt that leaves its run RETRYING ended.
+RETRIED_OUTCOMES = frozenset({RunStatus.FAILED, RunStatus.LOST})
 
 _ENDS = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.STOPPED, RunStatus.LOST})
 # Polling may skip states (SUBMITTED -> SUCCEEDED); terminal states are final. A queued run
-# fails without reaching Ray only when Ray refuses the job outright.
+# fails without reaching Ray only when Ray refuses the job outright. RETRYING goes back to
+# QUEUED (the next attempt, ``lifecycle.requeue``) or ends as its attempt did; a cancel while it
+# decides ends it so too (STOPPED would say a job was stopped: none was).
 ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {
     RunStatus.QUEUED: frozenset({RunStatus.SUBMITTED, RunStatus.CANCELLED, RunStatus.FAILED}),
-    RunStatus.SUBMITTED: _ENDS | {RunStatus.RUNNING},
-    RunStatus.RUNNING: _ENDS,
+    RunStatus.SUBMITTED: _ENDS | {RunStatus.RUNNING, RunStatus.RETRYING},
+    RunStatus.RUNNING: _ENDS | {RunStatus.RETRYING},
+    RunStatus.RETRYING: RETRIED_OUTCOMES | {RunStatus.QUEUED},
     **{s: frozenset() for s in TERMINAL},
 }
 
@@ -67,3 +92,9 @@ RECONCILER_HEALTH: frozenset[Health] = frozenset({"ok", "ray_error"})
 
 def is_allowed(src: RunStatus, dst: RunStatus) -> bool:
     return dst in ALLOWED[src]
+
+
+def attempt_outcome(status: str, attempt_status: str | None) -> str:
+    """Where the current attempt stands: how it ended while its run is RETRYING, else the
+    run's status."""
+    return attempt_status if status == RunStatus.RETRYING and attempt_status else status
