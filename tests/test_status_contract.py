@@ -143,7 +143,14 @@ policies = st.one_of(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+# The same cases on every run (a red run is reproduced by running it again).
+@settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
 @given(
     policy=policies,
     outcomes=st.lists(st.sampled_from(sorted(OUTCOMES)), min_size=1, max_size=5),
@@ -245,5 +252,8 @@ def test_no_observer_sees_a_terminal_status_followed_by_another(
     ended = [p for _, kind, p in told if kind == "run.attempt_ended"]
     assert [p["attempt"]["n"] for p in ended] == sorted({p["attempt"]["n"] for p in ended})
     assert all(p["next_attempt"] is not None for p in ended[:-1]), ended
-    if ended:
-        assert ended[-1]["next_attempt"] is None, ended
+    if ended and ended[-1]["next_attempt"] is not None:
+        # Told as followed by an attempt that never reached Ray: cancelled in its queue.
+        with db.read() as s:
+            last = s.scalar(select(Run.attempt).where(Run.id == run_id))
+        assert (end, last) == (RunStatus.CANCELLED, ended[-1]["next_attempt"]), ended
