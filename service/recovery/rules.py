@@ -43,7 +43,7 @@ WAITS = ("unschedulable",)
 CAUSES = [
     Rule(
         "npu_oom",
-        re.compile(r"(NPU|CUDA) out of memory|OutOfMemoryError: (NPU|CUDA)"),
+        re.compile(r"(NPU|CUDA)( error:)? out of memory|OutOfMemoryError: (NPU|CUDA)"),
         "an accelerator ran out of memory",
         "",  # chosen by the group the line came from (classify's memory hint)
     ),
@@ -89,7 +89,7 @@ CAUSES = [
         re.compile(
             r"NCCL error|nccl(UnhandledCudaError|SystemError|InternalError|RemoteError"
             r"|InvalidUsage)\b|NCCL WARN (Net : (Call to|Connection closed)"
-            r"|NET/\w+ : Got completion|Cuda failure)|DistBackendError"
+            r"|NET/\w+ : Got completion|Cuda failure|Call to ibv_\w+ failed)|DistBackendError"
             r"|HCCL function error|hccl api failed|\bEI0009\b|Transport init error"
         ),
         "a collective operation (HCCL/NCCL) failed: a peer, the network or the library",
@@ -151,7 +151,8 @@ CAUSES = [
             r"|pending placement groups|No available node types can fulfill"
             r"|Waiting for creating a placement group|required GPUs exceeds the total number"
             r"|no nodes have the necessary resources|cannot satisfy its resource requirements"
-            r"|Failed to (schedule|create) placement group"
+            r"|Failed to (schedule|create) placement group|could not find a node type to satisfy"
+            r"|Could not find a node with enough \w+ or other resources"
             r"|^Ray's state API: actor \S+ died \(actor_unschedulable_context",
             re.M,
         ),
@@ -161,8 +162,12 @@ CAUSES = [
     ),
     Rule(
         "nan",
-        # And a metric line whose loss is NaN (classify reads those with metrics.parse).
-        re.compile(r"returned nan values in its \w+ output"),
+        # And a metric line of verl's whose loss is NaN (classify reads those with
+        # metrics.parse); a Hugging Face trainer's log dict says so of its grad norm too.
+        re.compile(
+            r"returned nan values in its \w+ output|'(loss|grad_norm)': nan\b"
+            r"|probability tensor contains either `inf`, `nan`"
+        ),
         "training produced NaN",
         "resume from a checkpoint before the NaN with a lower learning rate or a tighter "
         "actor_rollout_ref.actor.grad_clip; check the reward for NaN/inf and the KL estimator "
