@@ -201,7 +201,9 @@ async def _start_local(
     running if one fails to start."""
     if not any(spec.local is not None for spec in specs):
         return {}
-    checkpoints = settings.tiny_grpo_checkpoint_root or default_checkpoint_root()
+    checkpoints = [Path(settings.tiny_grpo_checkpoint_root or default_checkpoint_root())]
+    if Path(settings.verl_checkpoint_root).is_dir():  # the job user's, if it is the service's
+        checkpoints.append(Path(settings.verl_checkpoint_root))
     # Each embedded cluster of a clusters file runs as a user of its own: none reads another's.
     trust = {}
     try:
@@ -210,7 +212,7 @@ async def _start_local(
                 trust[spec.name] = await asyncio.to_thread(
                     embedded_trust.prepare,
                     settings,
-                    [Path(checkpoints)],
+                    checkpoints,
                     spec.local.user if settings.clusters_file else settings.local_job_user,
                     f"rlrun-job-{spec.name}" if settings.clusters_file else "",
                 )

@@ -11,6 +11,7 @@ import os
 import pwd
 import shlex
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -120,6 +121,20 @@ def test_without_root_or_a_job_user_auth_on_refuses_an_embedded_cluster(
     assert "can act as the service" in caplog.text
     # Auth off: every caller is an admin already; nothing to refuse.
     assert embedded_trust.prepare(settings.model_copy(update={"auth": "off"})).user is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the job user is made and used as root only")
+def test_verl_dirs_the_job_user_cannot_use_are_named_at_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    private = tmp_path / "data"  # under pytest's private temp dir
+    private.mkdir()
+    settings = make_settings(f"sqlite:///{tmp_path}/db.sqlite", "local", verl_data_dir=str(private))
+    with caplog.at_level(logging.WARNING):
+        trust = embedded_trust.prepare(settings)
+    assert trust.user is not None and trust.user.name == job_user.DEFAULT_NAME
+    assert f"cannot read {private}" in caplog.text
+    assert stat.S_IMODE((tmp_path / "db.sqlite").stat().st_mode) == 0o600
 
 
 def test_get_cluster_says_when_jobs_can_act_as_the_service(db_url: str, secrets_dir: str) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import fcntl
 import json
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +33,11 @@ RUN_TIMEOUT_S = 900
 def smoke(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServiceProcess, Path]]:
     from jobs.verl_cpu import assets
 
-    root = tmp_path_factory.mktemp("verl-real")
+    # Where the embedded nodes' own user (the service runs as root) reads data and writes
+    # checkpoints: not in pytest's private temp dir.
+    root = Path(tempfile.mkdtemp(prefix="rlrun-verl-real-"))
+    root.chmod(0o755)
+    (root / "checkpoints").mkdir()
     data = root / "data"
     assets.make(data / "rlrun-smoke")
     service = ServiceProcess("sqlite:///" + str(root / "db.sqlite"), "local", root / "s.log")
@@ -51,6 +57,7 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServicePro
             yield service, root
         finally:
             service.stop()
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def _wait_end(http: httpx.Client, run_id: str) -> dict[str, Any]:

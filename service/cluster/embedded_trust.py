@@ -19,7 +19,15 @@ from pathlib import Path
 from sqlalchemy.engine import make_url
 
 from service.cluster.job_python import JobPython, for_user
-from service.cluster.job_user import DEFAULT_NAME, JobUser, private_to_service, resolve
+from service.cluster.job_user import (
+    DEFAULT_NAME,
+    READ,
+    SEARCH,
+    WRITE,
+    JobUser,
+    private_to_service,
+    resolve,
+)
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -72,9 +80,27 @@ def prepare(
         elif path.stat().st_uid != user.uid:
             # Another embedded cluster's user has it: each user's runs keep their own dirs in it.
             path.chmod(0o1777)
+    _say_unreachable(settings, user)
     python = for_user(user)
     log.info("the embedded cluster's jobs run as %s (Python %s)", user.name, python.executable)
     return EmbeddedTrust(user, python)
+
+
+def _say_unreachable(settings: Settings, user: JobUser) -> None:
+    """A warning for each verl dir the job user cannot use (its runs would fail there)."""
+    wanted = {settings.verl_data_dir: "read", settings.verl_model_dir: "read"}
+    wanted[settings.verl_checkpoint_root] = "write"
+    for path, how in wanted.items():
+        want = SEARCH | (WRITE if how == "write" else READ)
+        if Path(path).exists() and (blocked := user.blocker(Path(path), want)) is not None:
+            log.warning(
+                "the embedded cluster's jobs run as %s, which cannot %s %s (blocked at %s): "
+                "verl runs that use it will fail",
+                user.name,
+                how,
+                path,
+                blocked,
+            )
 
 
 def _keep_database(settings: Settings) -> None:
