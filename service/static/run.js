@@ -9,6 +9,7 @@ const REWARD = [config.reward_key, ...config.reward_band_keys];
 const FIXED = [
   { title: "idle ratio", yLabel: "fraction of time idle", keys: ["fully_async/trainer/idle_ratio", "fully_async/rollouter/idle_ratio"] },
   { title: "staleness", yLabel: "parameter versions behind", keys: ["fully_async/count/mean_staleness"] },
+  { title: "stale samples", yLabel: "samples in flight at the last sync", keys: ["fully_async/count/staleness_samples"] },
   { title: "stale trajectories", yLabel: "trajectories (cumulative)", keys: ["fully_async/count/stale_trajectory_processed"] },
   { title: "partial rollouts", yLabel: "fraction of rollouts", keys: ["fully_async/partial/partial_ratio"] },
   { title: "sync time", yLabel: "seconds", keys: ["timing_s/param_sync", "timing_s/timing_s/param_sync"] },

@@ -305,4 +305,28 @@ def _warnings(
             "rollout.n (top level) is unused by verl; responses per prompt are "
             "actor_rollout_ref.rollout.n (the spec's rollout.n)"
         )
+    out += _resume_warnings(get)
+    return out
+
+
+def _resume_warnings(get: Callable[..., Any]) -> list[str]:
+    """Combinations verl 0.9.1's fully async resume is known to lose work with."""
+    out: list[str] = []
+    resume = get("trainer.resume_mode")
+    if get("actor_rollout_ref.actor.checkpoint.async_save") is True and resume == "auto":
+        out.append(
+            "actor.checkpoint.async_save with trainer.resume_mode=auto: verl writes "
+            "latest_checkpointed_iteration.txt only after a synchronous save, so its own auto "
+            "resume finds no checkpoint and restarts from step 0 (verl #7952); the service's "
+            "later attempts resume from the newest complete global_step_N by resume_from_path, "
+            "a restart by hand does not"
+        )
+    sync = _int(get("async_training.trigger_parameter_sync_step")) or 1
+    if resume in ("auto", "resume_path"):
+        out.append(
+            f"trainer.resume_mode={resume}: verl 0.9.1's fully async resume counts the trainer "
+            f"step twice (verl #7933): resumed from global_step_N, its first step is labelled "
+            f"N x {sync} + 2, so training/global_step and the logged step skip one there (no "
+            "step is trained twice)"
+        )
     return out
