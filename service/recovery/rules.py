@@ -43,7 +43,11 @@ WAITS = ("unschedulable",)
 CAUSES = [
     Rule(
         "npu_oom",
-        re.compile(r"(NPU|CUDA)( error:)? out of memory|OutOfMemoryError: (NPU|CUDA)"),
+        # Torch words it "CUDA error: out of memory", older torch "cuda runtime error (2) : ...".
+        re.compile(
+            r"(NPU|CUDA) out of memory|OutOfMemoryError: (NPU|CUDA)"
+            r"|(?i:cuda)( runtime)? error ?(\(2\))? ?: ?out of memory"
+        ),
         "an accelerator ran out of memory",
         "",  # chosen by the group the line came from (classify's memory hint)
     ),
