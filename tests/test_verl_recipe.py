@@ -609,3 +609,18 @@ def test_resume_warnings_name_the_verl_issues_that_lose_work() -> None:
     saving = smoke | {"overrides": ["actor_rollout_ref.actor.checkpoint.async_save=True"]}
     assert any("#7952" in w for w in build(saving).warnings)
     assert not any("#7952" in w for w in build(smoke).warnings)
+
+
+def test_the_retiring_path_is_warned_with_v1_keys_that_are_in_verl_s_own_yaml() -> None:
+    import verl
+    from omegaconf import OmegaConf
+
+    from service.recipes.verl import retiring
+
+    (warning,) = [w for w in warnings_of({}) if "retires the fully_async_policy" in w]
+    v1 = OmegaConf.load(Path(verl.__file__).parent / "trainer/config/_generated_ppo_trainer.yaml")
+    for key in [*retiring.SAME_VALUE.values(), retiring.STALENESS, "trainer.v1.trainer_mode"]:
+        assert OmegaConf.select(v1, key, default="missing") != "missing", key
+        assert key.rsplit(".", 1)[0] in warning or key in retiring.V1_LAUNCH
+    assert "trainer.v1.separate_async.parameter_sync_step" in warning
+    assert "parameter_sync_step x ppo_mini_batch_size" in warning

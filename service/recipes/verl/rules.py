@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from service.errors import field_error
-from service.recipes.verl import pools
+from service.recipes.verl import pools, retiring
 from service.recipes.verl.command import DEVICE, RESOURCE_KEYS, rollout_replica_size
 from service.recipes.verl.hydra_check import select
 from service.recipes.verl.overrides import Loc, Override
@@ -263,7 +263,7 @@ def _warnings(
     configured_loggers: list[str],
     where_items: list[Override],
 ) -> list[str]:
-    out: list[str] = []
+    out: list[str] = [retiring.warning(get)]
     if (
         get(f"{RC}.rollout_is") is not None
         and get(f"{RC}.bypass_mode") is True
