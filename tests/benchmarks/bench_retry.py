@@ -7,7 +7,7 @@ default intervals.
 Each run is a job that fails with an actor death after 5 s; its policy retries
 ``actor_died`` once. Measured per run: Ray's end time of attempt 1's job to attempt 2's
 RUNNING as the service recorded it (what a user waits), and the service's own view (attempt
-1 FAILED to attempt 2 RUNNING). The goal is at most 30 s.
+1 ended, the run RETRYING, to attempt 2 RUNNING). The goal is at most 30 s.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def _at(text: str) -> float:
 
 
 def measure(address: str, runs: int) -> tuple[list[float], list[float]]:
-    """(job end -> next RUNNING, FAILED -> next RUNNING) in seconds, per run."""
+    """(job end -> next RUNNING, attempt end -> next RUNNING) in seconds, per run."""
     ray = RayJobs(address, RAY_TOKENS.get(address))
     with tempfile.TemporaryDirectory() as tmp:
         settings = make_settings(
@@ -83,7 +83,10 @@ def main() -> None:
     out.add("runs", str(runs))
     out.add("job ended on Ray -> attempt 2 RUNNING, median", f"{statistics.median(from_job):.1f} s")
     out.add("job ended on Ray -> attempt 2 RUNNING, max", f"{max(from_job):.1f} s")
-    out.add("run FAILED -> attempt 2 RUNNING, median", f"{statistics.median(from_failed):.1f} s")
+    out.add(
+        "attempt 1 ended (RETRYING) -> attempt 2 RUNNING, median",
+        f"{statistics.median(from_failed):.1f} s",
+    )
     out.print()
 
 
