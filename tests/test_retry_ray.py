@@ -1,15 +1,21 @@
 """Retry and resume on the real local Ray head: tiny-grpo's trainer actor is SIGKILLed mid-run,
 the policy starts attempt 2 as its own Ray job, which resumes from the last checkpoint and
-succeeds, with one reward series and no step twice; then by hand, from checkpoint and from
+succeeds, with one reward series and no step twice. No terminal status shows meanwhile: a
+poller sees RETRYING beside attempt 1's FAILED, `rlrun status --follow` exits 0 and the
+client's wait returns SUCCEEDED; then by hand, from checkpoint and from
 scratch. The time from the kill to the next attempt RUNNING is measured (backoff 0). The run
 page in Chromium, after attempt 2, is docs/dashboard-retry.png: the reward chart marks where
 attempt 2 resumed."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -18,9 +24,12 @@ import httpx
 import pytest
 
 from service.app import create_app
+from service.client import Client
 from service.cluster.local_ray import LocalRayCluster
 from service.cluster.ray_jobs import RayJobs
 from service.metrics.keys import REWARD_KEY
+from service.store.status import TERMINAL
+from service.wire import RunOut
 from tests.conftest import make_settings, wait_for, wait_status
 from tests.live import ServerThread
 from tests.recipes import retried_tiny_grpo
@@ -88,16 +97,48 @@ def test_a_killed_trainer_is_retried_from_its_checkpoint_into_one_history(
             timeout=180,
             every=0.3,
         )
-        pid = int(_TRAINER_PID.findall(http.get(f"/runs/{run_id}/logs").text)[-1])
-        os.kill(pid, signal.SIGKILL)
-        killed = time.monotonic()
-        running = wait_for(
-            lambda: http.get(f"/runs/{run_id}").json(),
-            lambda r: r["attempt"] == 2 and r["status"] == "RUNNING",
-            timeout=120,
-            every=0.1,
+        # Those who wait for the end: `rlrun status --follow` and the client's wait.
+        follow = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "status", run_id, "--follow", "-o", "json"],
+            env=os.environ | {"RLRUN_URL": url},
+            stdout=subprocess.PIPE,
+            text=True,
         )
-        to_running = time.monotonic() - killed
+        waited: list[RunOut] = []
+        with Client(url) as client:
+            waiter = threading.Thread(target=lambda: waited.append(client.wait(run_id, 300, 0.2)))
+            waiter.start()
+            pid = int(_TRAINER_PID.findall(http.get(f"/runs/{run_id}/logs").text)[-1])
+            os.kill(pid, signal.SIGKILL)
+            killed = time.monotonic()
+            polled: list[tuple[int, str, str]] = []  # attempt, status, the last attempt's
+
+            def seen(run: dict[str, Any]) -> dict[str, Any]:
+                polled.append((run["attempt"], run["status"], run["attempts"][-1]["status"]))
+                return run
+
+            running = wait_for(
+                lambda: seen(http.get(f"/runs/{run_id}").json()),
+                lambda r: r["attempt"] == 2 and r["status"] == "RUNNING",
+                timeout=120,
+                every=0.1,
+            )
+            to_running = time.monotonic() - killed
+            # The contract: no terminal status between the kill and the next attempt; while
+            # the retry was decided the run read RETRYING beside the attempt's FAILED.
+            assert not [p for p in polled if p[1] in TERMINAL], polled
+            assert (1, "RETRYING", "FAILED") in polled, polled
+            waiter.join(300)
+            assert [r.status for r in waited] == ["SUCCEEDED"], waited
+        out, _ = follow.communicate(timeout=120)
+        assert follow.returncode == 0, out
+        moves = [
+            e["data"]["to_status"]
+            for e in map(json.loads, out.splitlines())
+            if e["event"] == "status" and e["data"]["from_status"] != e["data"]["to_status"]
+        ]
+        assert moves[-1] == "SUCCEEDED" and not set(moves[:-1]) & TERMINAL, moves
+        assert "RETRYING" in moves, moves
         print(f"\nkill -> attempt 2 RUNNING: {to_running:.1f}s")
         assert running["ray"]["submission_id"] == f"{run_id}-a2"
         done = wait_status(http, run_id, {"SUCCEEDED", "FAILED"}, timeout=180)
