@@ -152,6 +152,8 @@ def test_make_smoke_assets_is_deterministic_and_scored_by_verls_rule(tmp_path: P
         p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*") if p.is_file()
     )
     assert Path("model/model.safetensors") in files and Path("data/train.parquet") in files
+    # Readable by the user the cluster's nodes run jobs as, whoever made them.
+    assert all((tmp_path / "a" / f).stat().st_mode & 0o777 == 0o644 for f in files)
     for f in files:
         if f.name == "assets.json":  # names its own directory
             continue

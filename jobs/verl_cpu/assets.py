@@ -153,6 +153,8 @@ def make(out_dir: str | Path, warm_start_steps: int = 0) -> dict[str, Any]:
     for split, items in rows.items():
         pd.DataFrame(items).to_parquet(data_dir / f"{split}.parquet", index=False)
     files = sorted(p for p in out.rglob("*") if p.is_file())
+    for path in files:  # the cluster may run jobs as another user; save_pretrained writes 0600
+        path.chmod(0o644)
     sizes = {str(p.relative_to(out)): p.stat().st_size for p in files}
     summary = {
         "model": str(model_dir),
