@@ -12,6 +12,8 @@ import pwd
 import shlex
 import shutil
 import stat
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +23,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.app import create_app
-from service.cluster import embedded_trust, job_user
+from service.cluster import embedded_trust, job_python, job_user
 from service.cluster.embedded_trust import StartRefused
 from service.cluster.job_user import JobUser
 from service.cluster.local_ray import LocalRayCluster
@@ -263,3 +265,34 @@ def test_a_job_on_the_embedded_cluster_reaches_nothing_of_the_service(
     assert seen["database"] == "PermissionError"
     assert seen["secrets_dir"] == "PermissionError"
     assert seen["found"] == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="running Python as the job user needs root")
+def test_a_linked_python_gives_the_job_user_the_headers_a_compiling_job_needs() -> None:
+    # vLLM's CPU engine compiles with torch's inductor, which includes Python.h from
+    # sysconfig's include dir: a linked interpreter without it failed every verl CPU run.
+    user = job_user.resolve(None)
+    assert user is not None
+    base = Path(sys.base_prefix) / "include"
+    if not (base.is_dir() and user.blocker(base) is not None):
+        pytest.skip("the base interpreter's headers are reachable as they are: nothing is linked")
+    top = Path(tempfile.mkdtemp())  # in the system temp dir, which anyone may search
+    os.chmod(top, 0o755)
+    root = top / "rlrun-python"
+    python = job_python.for_user(user, root=root)
+    ask = "import sysconfig, pathlib; print(pathlib.Path(sysconfig.get_paths()['include']))"
+    env = {"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": python.library_path or ""}
+    include = subprocess.run(
+        [str(python.executable), "-c", ask],
+        user=user.uid,
+        group=user.gid,
+        extra_groups=[],
+        env=env,
+        cwd="/",
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert Path(include).is_relative_to(root)
+    assert user.blocker(Path(include) / "Python.h") is None
+    shutil.rmtree(top)

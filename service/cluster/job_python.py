@@ -22,6 +22,8 @@ from pathlib import Path
 from service.cluster.job_user import READ, SEARCH, JobUser
 
 VERSION = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+# What a linked environment holds; a new layout makes new environments, never reuses old ones.
+LAYOUT = 2
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,7 @@ def for_user(user: JobUser | None, root: Path | None = None) -> JobPython:
     reach = user.blocker(_site_packages(), READ | SEARCH) is None
     stamps = f"{real.stat().st_mtime_ns} {_site_packages().stat().st_mtime_ns} {user.uid} {reach}"
     key = hashlib.sha256(
-        f"{sys.base_prefix} {sys.prefix} {sys.version} {stamps}".encode()
+        f"{LAYOUT} {sys.base_prefix} {sys.prefix} {sys.version} {stamps}".encode()
     ).hexdigest()[:16]
     home = _shared_dir(root) / key
     if not (home / "done").exists():
@@ -94,6 +96,10 @@ def _make(home: Path, real: Path, user: JobUser) -> None:
             if lib.is_file():
                 _link(lib, building / "base" / "lib" / lib.name)
         _link_tree(base / "lib" / VERSION, building / "base" / "lib" / VERSION)
+        # Python.h and the rest: a job that compiles (torch's inductor under vLLM's CPU engine)
+        # finds them under sys.base_prefix, as it would with the base interpreter.
+        if (base / "include").is_dir():
+            _link_tree(base / "include", building / "base" / "include", keep=True)
         venv = building / "venv"
         (venv / "bin").mkdir(parents=True)
         (venv / "lib" / VERSION).mkdir(parents=True)
