@@ -4,6 +4,7 @@ the verl version the service checks against; refusals name the version, never ad
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from typing import Any
 
@@ -69,4 +70,10 @@ def test_fields_are_read_from_verls_source_with_inherited_ones_and_no_torch() ->
     # ppo_mini_batch_size comes from ActorConfig, _target_ from BaseConfig.
     assert actor is not None and {"ppo_mini_batch_size", "fsdp_config", "_target_"} <= actor
     assert typed_keys.fields_of("verl.workers.config.NoSuchConfig") is None
-    assert "torch" not in sys.modules
+    # No torch: asked in a process of its own, since other tests may have imported it here.
+    ask = (
+        "import sys; from service.recipes.verl import typed_keys; "
+        "typed_keys.fields_of('verl.workers.config.FSDPActorConfig'); print('torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", ask], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False", done.stderr
