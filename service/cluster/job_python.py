@@ -4,9 +4,9 @@ The service's virtual environment is used as it is when the job user can run its
 and read its packages. When it cannot, because the base interpreter or the environment lives in
 a directory only its owner may enter (pyenv under ``/root``, mode 700; a checkout in ``/root``),
 the service makes, once per interpreter and set of packages, an environment of its own under
-``<temp dir>/rlrun-python``: the base interpreter with its standard library, and a virtual
-environment with the service's ``site-packages``, as hard links (no copy). Nothing else of the
-private directories becomes reachable; no mode outside the service's own directories changes.
+``<temp dir>/rlrun-python``: the base interpreter with its standard library and headers, and a
+virtual environment with the service's ``site-packages``, as hard links (no copy). Nothing else of
+the private directories becomes reachable; no mode outside the service's own directories changes.
 """
 
 from __future__ import annotations
