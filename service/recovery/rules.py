@@ -106,6 +106,9 @@ CAUSES = [
         re.compile(
             r"has been marked dead because the (detector|monitor) has missed too many heartbeats"
             r"|mistakenly been marked (as )?dead|NodeDiedError|node (\S+ )?(died|was removed)"
+            # Ray's word on a task or actor whose node went, with or without the exception's
+            # name, and the GCS's health check that calls a node dead
+            r"|node\b[^\n]{0,60}\b(is|was) dead or unavailable|Health check failed for node"
             r"|^Ray's state API: actor \S+ died \(\w+, NODE_DIED\)",
             re.I | re.M,
         ),
@@ -157,6 +160,8 @@ CAUSES = [
             r"|no nodes have the necessary resources|cannot satisfy its resource requirements"
             r"|Failed to (schedule|create) placement group|could not find a node type to satisfy"
             r"|Could not find a node with enough \w+ or other resources"
+            # Ray's word for a demand no node of the cluster can ever hold
+            r"|\b[Ii]nfeasible\b"
             r"|^Ray's state API: actor \S+ died \(actor_unschedulable_context",
             re.M,
         ),
