@@ -14,12 +14,17 @@ class ProblemError(Exception):
 
     status: ClassVar[int] = 500
     title: ClassVar[str] = "Internal error"
+    # Headers every answer of the class carries; ``Retry-After`` where the class fixes one.
+    fixed_headers: ClassVar[dict[str, str]] = {}
+    retry_after_s: ClassVar[int | None] = None
 
     def __init__(self, detail: str, **extra: Any) -> None:
         super().__init__(detail)
         self.detail = detail
         self.extra = extra
-        self.headers: dict[str, str] = {}
+        self.headers = dict(self.fixed_headers)
+        if self.retry_after_s is not None:
+            self.headers["Retry-After"] = str(self.retry_after_s)
 
     def body(self, instance: str | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -44,10 +49,10 @@ class Unauthorized(ProblemError):
 
     status = 401
     title = "Unauthorized"
+    fixed_headers: ClassVar[dict[str, str]] = {"WWW-Authenticate": "Bearer"}
 
     def __init__(self, detail: str = "a valid API token is required") -> None:
         super().__init__(detail)
-        self.headers["WWW-Authenticate"] = "Bearer"
 
 
 class Forbidden(ProblemError):
@@ -100,10 +105,6 @@ class Unavailable(ProblemError):
     title = "Service unavailable"
     retry_after_s: ClassVar[int] = 5
 
-    def __init__(self, detail: str, **extra: Any) -> None:
-        super().__init__(detail, **extra)
-        self.headers["Retry-After"] = str(self.retry_after_s)
-
 
 class ContentTooLarge(ProblemError):
     status = 413
@@ -115,10 +116,7 @@ class RequestTimeout(ProblemError):
 
     status = 408
     title = "Request timeout"
-
-    def __init__(self, detail: str) -> None:
-        super().__init__(detail)
-        self.headers["Connection"] = "close"
+    fixed_headers: ClassVar[dict[str, str]] = {"Connection": "close"}
 
 
 def problem_type(title: str) -> str:
