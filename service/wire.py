@@ -10,6 +10,7 @@ server imports, so the client stays light; no domain module, so every floor may 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import date, datetime
 from typing import Any, Literal
 
@@ -441,26 +442,17 @@ class DeliveryOut(BaseModel):
 # Documents built from rows
 
 
+def attributes(row: Any, names: Iterable[str]) -> dict[str, Any]:
+    """The ``names`` of a row (a model's, or a result row with those columns), as a document."""
+    return {name: getattr(row, name) for name in names}
+
+
 def event_doc(event: Any) -> dict[str, Any]:
     """A status event (a ``RunEvent`` or a row with its columns), in a run and on its stream."""
-    return {
-        "id": event.id,
-        "at": event.at,
-        "from_status": event.from_status,
-        "to_status": event.to_status,
-        "reason": event.reason,
-        "attempt": event.attempt or 1,
-    }
+    columns = ("id", "at", "from_status", "to_status", "reason")
+    return {**attributes(event, columns), "attempt": event.attempt or 1}
 
 
 def token_out(row: Any) -> dict[str, Any]:
     """A ``TokenOut`` of an ``ApiToken``."""
-    return {
-        "id": row.id,
-        "user": row.user,
-        "team": row.team,
-        "role": row.role,
-        "created_at": row.created_at,
-        "created_by": row.created_by,
-        "revoked_at": row.revoked_at,
-    }
+    return attributes(row, TokenOut.model_fields)

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from service.clock import utcnow
 from service.store.models import Run, RunEvent, Webhook, WebhookDelivery
+from service.wire import attributes
 
 # What a subscription may ask for.
 EventType = Literal[
@@ -76,14 +77,7 @@ def enqueue_threshold(session: Session, run: Run, hook: Webhook, threshold: dict
 
 
 def _run(run: Run) -> dict[str, Any]:
-    return {
-        "id": run.id,
-        "name": run.name,
-        "team": run.team,
-        "recipe": run.recipe,
-        "status": run.status,
-        "health": run.health,
-    }
+    return attributes(run, ("id", "name", "team", "recipe", "status", "health"))
 
 
 def _add(
