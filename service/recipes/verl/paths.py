@@ -124,33 +124,32 @@ def under_roots(path: str, roots: Sequence[str]) -> bool:
 def _pathlike_values(node: Any, prefix: str) -> Iterator[tuple[str, str]]:
     """(dotted key, value) of every string that is a path: under a key named like a path, dir
     or file, or absolute (``/``, ``~``) or a URI under any key."""
-    if not isinstance(node, dict):
-        return
-    for k, v in node.items():
-        key = f"{prefix}.{k}" if prefix else str(k)
-        if isinstance(v, dict):
-            yield from _pathlike_values(v, key)
-            continue
-        named = PATH_NAME.search(str(k)) is not None
-        for item in v if isinstance(v, list) else [v]:
-            if isinstance(item, str) and (
-                named or item.startswith(("/", "~")) or URI.match(item) is not None
-            ):
-                yield key, item
+    for key, named, item in _strings(node, prefix):
+        if named or item.startswith(("/", "~")) or URI.match(item) is not None:
+            yield key, item
 
 
 def _path_values(node: Any, prefix: str) -> Iterator[tuple[str, str]]:
     """(dotted key, value) of every string under a key named like a path, dir or file."""
+    for key, named, item in _strings(node, prefix):
+        if named:
+            yield key, item
+
+
+def _strings(node: Any, prefix: str) -> Iterator[tuple[str, bool, str]]:
+    """(dotted key, whether the key is named like a path, value) of every string in ``node``,
+    alone or in a list."""
     if not isinstance(node, dict):
         return
     for k, v in node.items():
         key = f"{prefix}.{k}" if prefix else str(k)
         if isinstance(v, dict):
-            yield from _path_values(v, key)
-        elif PATH_NAME.search(str(k)):
-            for item in v if isinstance(v, list) else [v]:
-                if isinstance(item, str):
-                    yield key, item
+            yield from _strings(v, key)
+            continue
+        named = PATH_NAME.search(str(k)) is not None
+        for item in v if isinstance(v, list) else [v]:
+            if isinstance(item, str):
+                yield key, named, item
 
 
 def _inside(path: str, root: str) -> bool:
