@@ -56,6 +56,24 @@ def _grown(
     return (before, now) if before > 0 and now >= rules.growth * before else None
 
 
+def _growth_note(
+    early: list[tuple[int, float]],
+    late: list[tuple[int, float]],
+    rules: SignalRules,
+    what: str,
+    unit: str,
+    why: str,
+) -> str | None:
+    """How ``what`` grew from ``early`` to ``late`` and ``why`` it matters; None if it did not."""
+    if (grown := _grown(early, late, rules)) is None:
+        return None
+    before, now = grown
+    return (
+        f"{what} grew {now / before:.1f}x: {now:.3g}{unit} over the last {rules.window // 2} "
+        f"steps, {before:.3g}{unit} over the first {rules.window}; {why}"
+    )
+
+
 def _rises(counts: list[tuple[int, float]]) -> list[tuple[int, float]]:
     """A cumulative count's rise per step (a fall, where an attempt restarted it, skipped)."""
     return [(s, b - a) for (_, a), (s, b) in itertools.pairwise(counts) if b >= a]
@@ -103,27 +121,19 @@ def idle_imbalance(session: Session, run: Run, rules: SignalRules) -> str | None
 def sync_growing(session: Session, run: Run, rules: SignalRules) -> str | None:
     early = store.first(session, run.id, PARAM_SYNC_KEY, rules.window)
     late = store.recent(session, run.id, PARAM_SYNC_KEY, rules.window // 2)
-    if (grown := _grown(early, late, rules)) is None:
-        return None
-    before, now = grown
-    return (
-        f"{PARAM_SYNC_KEY} grew {now / before:.1f}x: {now:.3g} s over the last "
-        f"{rules.window // 2} steps, {before:.3g} s over the first {rules.window}; each weight "
-        "sync holds up both groups longer"
+    return _growth_note(
+        early, late, rules, PARAM_SYNC_KEY, " s", "each weight sync holds up both groups longer"
     )
 
 
 def staleness_drift(session: Session, run: Run, rules: SignalRules) -> str | None:
     early = _rises(store.first(session, run.id, STALE_KEY, rules.window + 1))
     late = _rises(store.recent(session, run.id, STALE_KEY, rules.window // 2 + 1))
-    if (grown := _grown(early, late, rules)) is None:
-        return None
-    before, now = grown
-    return (
-        f"stale trajectories per step grew {now / before:.1f}x: {now:.3g} over the last "
-        f"{rules.window // 2} steps, {before:.3g} over the first {rules.window}; the rollouter "
-        "drifts ahead of the trainer's weights (async_training.staleness_threshold bounds it)"
+    why = (
+        "the rollouter drifts ahead of the trainer's weights "
+        "(async_training.staleness_threshold bounds it)"
     )
+    return _growth_note(early, late, rules, "stale trajectories per step", "", why)
 
 
 # Most telling first: stale samples change what is learnt; a slow sync and idle groups cost time.
