@@ -125,21 +125,21 @@ def _rows_within(table: Table, start: date, end: date, by_day: bool) -> tuple[An
         return and_(table.period == "d", table.start >= lo, table.start < hi)
 
     plus = [and_(table.period == "m", table.start >= first_month, table.start < last_month)]
-    minus = []
+    minus: list[Any] = []
+
+    def in_part(month: date, lo: date, hi: date) -> None:
+        """``month`` covered in part, by [lo, hi): its days, or the month less the others."""
+        outside = [(a, b) for a, b in ((month, lo), (hi, _next_month(month))) if a < b]
+        if (hi - lo).days > sum((b - a).days for a, b in outside):
+            plus.append(and_(table.period == "m", table.start == month))
+            minus.extend(days(a, b) for a, b in outside)
+        else:
+            plus.append(days(lo, hi))
+
     if start < first_month:
-        head = _month(start)
-        if (first_month - start).days > (start - head).days:
-            plus.append(and_(table.period == "m", table.start == head))
-            minus.append(days(head, start))
-        else:
-            plus.append(days(start, first_month))
+        in_part(_month(start), start, first_month)
     if last_month < end:
-        after = _next_month(last_month)
-        if (end - last_month).days > (after - end).days:
-            plus.append(and_(table.period == "m", table.start == last_month))
-            minus.append(days(end, after))
-        else:
-            plus.append(days(last_month, end))
+        in_part(last_month, last_month, end)
     return or_(*plus, *minus), or_(*minus) if minus else None
 
 
