@@ -176,19 +176,23 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
     app.add_middleware(browser.SecurityHeaders)
     app.add_middleware(TimeRequests, telemetry=app.state.telemetry)
     browser.install(app)
-    app.include_router(probes.router)
-    app.include_router(webhooks.router)
-    app.include_router(usage.router)
-    app.include_router(runs.router)
-    app.include_router(script.router)
-    app.include_router(recipes.router)
-    app.include_router(cluster_api.router)
-    app.include_router(run_metrics.router)
-    app.include_router(prometheus.router)
-    app.include_router(verl.router)
-    app.include_router(admin.router)
-    app.include_router(whoami.router)
-    app.include_router(grants.router)
+    # Routes are matched in this order.
+    for api in (
+        probes,
+        webhooks,
+        usage,
+        runs,
+        script,
+        recipes,
+        cluster_api,
+        run_metrics,
+        prometheus,
+        verl,
+        admin,
+        whoami,
+        grants,
+    ):
+        app.include_router(api.router)
     dashboard.install(app)
     openapi.install(app)
     return app
