@@ -282,6 +282,7 @@ def build_services(
             grant_ttl_s=settings.grant_ttl_s,
             groups=backlog.node_groups(settings),
             budgets=Budgets.of_settings(settings),
+            half_life_s=settings.fair_share_half_life_s,
         )
         reconciler = Reconciler(
             db,

@@ -24,6 +24,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Mapper, Session
 
 from service.clock import utcnow
+from service.scheduling.fair_share import decay_over
 from service.store.dialect import dialect_insert
 from service.store.models import Run, UsageTeamTotal, UsageTotal
 from service.store.status import ACTIVE
@@ -347,4 +348,34 @@ def lifetime(session: Session, now: datetime | None = None) -> dict[tuple[str, s
         kind, count = _accelerators(run.shape)
         assert run.submitted_at is not None
         totals[run.team, kind] += count * max(0.0, (now - run.submitted_at).total_seconds())
+    return dict(totals)
+
+
+def recent(session: Session, now: datetime, half_life_s: float) -> dict[str, float]:
+    """Per team, accelerator-seconds each weighted by ``2 ** -(age / half_life_s)``: ended runs
+    from the day rows of the last ten half-lives (a day's seconds taken as spread evenly over
+    it, today's up to ``now``), runs still allocated exactly, from their submission to ``now``.
+    Admission's fair share reads it (``scheduling.fair_share``)."""
+    if half_life_s <= 0:
+        return {}
+    at = now.timestamp()
+    since = (now - timedelta(seconds=10 * half_life_s)).date()
+    totals: dict[str, float] = defaultdict(float)
+    days = (
+        select(
+            UsageTeamTotal.team, UsageTeamTotal.start, func.sum(UsageTeamTotal.accelerator_seconds)
+        )
+        .where(UsageTeamTotal.period == "d", UsageTeamTotal.start >= since)
+        .group_by(UsageTeamTotal.team, UsageTeamTotal.start)
+    )
+    for team, day, seconds in session.connection().execute(days):
+        begin = datetime.combine(day, time(), UTC).timestamp()
+        end = min(at, begin + 86400.0)
+        totals[team] += (seconds or 0.0) * decay_over(begin, end, at, half_life_s)
+    active = select(*_LIVE).where(Run.status.in_(ACTIVE), Run.submitted_at.is_not(None))
+    for run in session.execute(active):
+        _, count = _accelerators(run.shape)
+        assert run.submitted_at is not None
+        start = min(at, run.submitted_at.timestamp())
+        totals[run.team] += count * (at - start) * decay_over(start, at, at, half_life_s)
     return dict(totals)

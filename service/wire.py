@@ -247,7 +247,12 @@ class ClusterOut(BaseModel):
     ray: dict[str, bool]
     nodes: list[NodeOut]
     active: list[dict[str, Any]]
-    teams: dict[str, dict[str, int | None]]
+    teams: dict[str, dict[str, float | int | None]] = Field(
+        description="team -> accelerators it holds, its quota, and its fair share: recent "
+        "(accelerators held on average lately, usage decayed with RLRUN_FAIR_SHARE_HALF_LIFE_S), "
+        "standing ((recent + held) / quota or the cluster's accelerators) and turn (1: served "
+        "first within a priority class); teams that hold or queue something"
+    )
     queue: list[dict[str, Any]]
     unmanaged: list[UnmanagedJobOut] = Field(
         description="jobs on the cluster that are no runs of the service"

@@ -38,6 +38,7 @@ FLOORS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             "service.metrics.keys",
             "service.recovery.attempts",
             "service.retry_policy",
+            "service.scheduling.priority",
             "service.store.status",
         ),
     ),

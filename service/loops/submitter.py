@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 import jobs
 from jobs import grant as job_grant
 from jobs import resume
+from service import usage
 from service.client import DEFAULT_URL
 from service.cluster.inventory_cache import InventoryCache
 from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable, stop_job, zip_files
@@ -35,6 +36,7 @@ from service.scheduling import backlog
 from service.scheduling.across import decide_across
 from service.scheduling.admission import Quotas
 from service.scheduling.budgets import Budgets
+from service.scheduling.fair_share import recent_accelerators
 from service.scheduling.inventory import Inventory
 from service.scheduling.node_groups import NodeGroups
 from service.store import grants
@@ -65,6 +67,7 @@ class Submitter:
     grant_ttl_s: float = 3600.0
     groups: NodeGroups = field(default_factory=NodeGroups)  # of the primary cluster
     budgets: Budgets = field(default_factory=Budgets)
+    half_life_s: float = 0.0  # of past usage in a team's fair-share standing (0: no memory)
     clusters: Clusters = field(init=False)
 
     def __post_init__(self) -> None:
@@ -126,8 +129,9 @@ class Submitter:
         over_budget = self.budgets.held_back(session, rows, now)
         offered = [r for r in rows if r.run.id not in over_budget]
         candidates = {r.run.id: self._candidates(r) for r in offered}
+        recent = recent_accelerators(usage.recent(session, now, self.half_life_s), self.half_life_s)
         decision = decide_across(
-            states, [r.run for r in offered], candidates, self.quotas, self.batch
+            states, [r.run for r in offered], candidates, self.quotas, self.batch, recent
         )
         reasons = decision.reasons | {run_id: o.reason for run_id, o in over_budget.items()}
         for r in offered:

@@ -1,6 +1,7 @@
 """The primary cluster as the service sees it: nodes (with who holds what) and the jobs outside
 the service; with them what each active run holds (on any cluster, each named), teams against
-their quotas and the queue in admission's order. Nothing is decided here; another team's run
+their quotas and fair-share standing (``turn`` 1 is served first within a priority class) and
+the queue in admission's order. Nothing is decided here; another team's run
 names are hidden from a non-admin (``clusters_view``: every cluster)."""
 
 from __future__ import annotations
@@ -9,10 +10,12 @@ from typing import Any
 
 from sqlalchemy import select
 
+from service import usage
 from service.operations.parts import Parts
 from service.principal import Principal
 from service.scheduling import backlog
-from service.scheduling.admission import held_by_team, queue_order
+from service.scheduling.admission import held_by_team, queue_order, standings
+from service.scheduling.fair_share import recent_accelerators
 from service.scheduling.inventory import Inventory
 from service.scheduling.node_groups import NodeGroups
 from service.scheduling.outside import holders, unmanaged
@@ -41,13 +44,24 @@ def cluster_view(parts: Parts, principal: Principal, limit: int | None) -> dict[
             .where(backlog.is_held(now))
             .order_by(Run.id)
         ).all()
+        half_life = parts.settings.fair_share_half_life_s
+        recent = recent_accelerators(usage.recent(session, now, half_life), half_life)
         foreign = unmanaged(session, inventory.jobs) if inventory else []
         held_on = holders(session, inventory.jobs, foreign) if inventory else {}
     by_id = {r.run.id: r for r in rows}
-    order = queue_order([r.run for r in rows], held, inventory or Inventory(()), quotas)
+    known = inventory or Inventory(())
+    order = queue_order([r.run for r in rows], held, known, quotas, recent)
+    used = held_by_team(held)
+    standing = standings([r.run.team for r in rows], held, known, quotas, recent)
     teams = {
-        team: {"accelerators": used, "quota": quotas.of(team)}
-        for team, used in sorted(held_by_team(held).items())
+        team: {
+            "accelerators": used.get(team, 0),
+            "quota": quotas.of(team),
+            "recent": s.as_dict()["recent"],
+            "standing": s.as_dict()["standing"],
+            "turn": turn,
+        }
+        for turn, (team, s) in enumerate(standing.items(), 1)
     }
     local = parts.clusters.primary.local
     return {

@@ -43,6 +43,7 @@ from service.scheduling.admission import (
     held_by_team,
     quota_reason,
 )
+from service.scheduling.fair_share import standing_of
 from service.scheduling.inventory import Inventory
 from service.scheduling.node_groups import NodeGroups, no_nodes
 from service.scheduling.outside import ClusterJob, held_outside
@@ -142,11 +143,15 @@ def decide_across(
     candidates: Mapping[str, Sequence[str]],
     quotas: Quotas,
     limit: int | None = None,
+    recent: Mapping[str, float] | None = None,
 ) -> ClusterDecision:
     """Decide one round over every cluster. ``queued`` is first in, first out; ``candidates``
     maps a run id to the clusters it may go to (the team's rules and the run's selector
     applied), most preferred first (a run it does not name may go nowhere); ``quotas`` hold
-    over all clusters together, each ``ClusterState.quotas`` on its cluster besides."""
+    over all clusters together, each ``ClusterState.quotas`` on its cluster besides; ``recent``:
+    the accelerators each team held lately (``fair_share``); given (even empty), a run that
+    waits for capacity while other teams queue in its priority class is told its team's
+    standing."""
     shapes = Shapes()
     by_name = {c.name: _Cluster(c, shapes) for c in clusters}
     alone = len(clusters) == 1
@@ -155,8 +160,15 @@ def decide_across(
         for r in queued
     }
     used = held_by_team([h for c in clusters for h in c.held])
-    order = fair_order(queued, dict(used), quotas, _shares(queued, where), shapes)
+    shares = _shares(queued, where)
+    order = fair_order(queued, dict(used), quotas, shares, shapes, recent)
     decision = ClusterDecision([], {}, {}, {}, [r.id for r in order])
+    told = _Told(
+        queued if recent is not None else (),
+        used,
+        recent or {},
+        lambda team: float(quotas.of(team) or shares(team)),
+    )
     for run in order:
         reasons: dict[str, str] = {}
         decision.by_cluster[run.id] = reasons
@@ -207,7 +219,7 @@ def decide_across(
                 reasons[best.cluster.name] += (
                     f"; {ahead} run{'s' if ahead > 1 else ''} ahead of it wait there"
                 )
-            decision.reasons[run.id] = _say(alone, best.cluster.name, reasons)
+            decision.reasons[run.id] = told.after(run, _say(alone, best.cluster.name, reasons))
             decision.chosen[run.id] = best.cluster.name
             decision.why[run.id] = (
                 f"fits later on {len(waits)} clusters; it would start soonest on this one "
@@ -236,6 +248,35 @@ def decide_across(
                 f"capacity: can never fit the nodes of any cluster it may use ({names})"
             )
     return decision
+
+
+class _Told:
+    """A waiting run's team standing, said after its reason when other teams queue in its
+    priority class (their turns are what the standing decides); each team's is worked out once,
+    at the start of the round."""
+
+    def __init__(
+        self,
+        queued: Sequence[QueuedRun],
+        used: Mapping[str, int],
+        recent: Mapping[str, float],
+        weight: Callable[[str], float],
+    ) -> None:
+        teams: dict[int, set[str]] = defaultdict(set)
+        for run in queued:
+            teams[run.priority].add(run.team)
+        self._shared = {p for p, names in teams.items() if len(names) > 1}
+        self._used, self._recent, self._weight = used, recent, weight
+        self._said: dict[str, str] = {}
+
+    def after(self, run: QueuedRun, reason: str) -> str:
+        if run.priority not in self._shared:
+            return reason
+        said = self._said.get(run.team)
+        if said is None:
+            standing = standing_of(run.team, self._used, self._recent, self._weight)
+            said = self._said[run.team] = f"; {standing.says()}"
+        return reason + said
 
 
 def _offer(cluster: _Cluster, run: QueuedRun, info: ShapeInfo, over: str | None) -> _Offer:

@@ -6,10 +6,10 @@
   ("unsettled"; Ray's "available" lags). On top, the service's own account must agree: the
   cluster's totals minus everything admitted and not yet ended and minus what jobs outside the
   service hold (``outside``), whatever Ray says.
-- **Order.** Priority class first (high, normal, low); within a class, teams take turns by how
-  far below their share they are (accelerators held, plus those of runs already ahead in the
-  queue, divided by the team's quota or, without one, the cluster's accelerators); each team's
-  own runs stay first in, first out.
+- **Order.** Priority class first (high, normal, low); within a class, teams take turns by their
+  fair-share standing (``fair_share``: accelerators held lately, decayed with a half-life, plus
+  those held now and by runs already ahead in the queue, divided by the team's quota or, without
+  one, the cluster's accelerators); each team's own runs stay first in, first out.
 - **Quotas.** A team's accelerators held by active and admitted runs never exceed its quota; a
   run that would go over waits with the reason "quota" and does not block anyone else.
 - **No head-of-line blocking, no starvation.** The first run that waits for capacity reserves
@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict, deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
+from service.scheduling.fair_share import Standing, standing_of
 from service.scheduling.fit import on_empty_cluster
 from service.scheduling.inventory import Inventory
 from service.scheduling.placement import EPS, Fitter, Placement, Pool, pack
@@ -77,12 +78,14 @@ def decide(
     quotas: Quotas,
     limit: int | None = None,
     outside: Mapping[str, float] | None = None,
+    recent: Mapping[str, float] | None = None,
 ) -> Decision:
     """Decide one round. ``queued`` is first in, first out; ``held`` in admission order;
-    ``outside``: resources that jobs which are no runs of the service hold."""
+    ``outside``: resources that jobs which are no runs of the service hold; ``recent``: the
+    accelerators each team held lately (``fair_share.recent_accelerators``)."""
     part = Round(held, inventory, quotas, outside)
     share = part.share
-    order = fair_order(queued, part.team_used.copy(), quotas, lambda _: share, part.shapes)
+    order = fair_order(queued, part.team_used.copy(), quotas, lambda _: share, part.shapes, recent)
     decision = Decision([r.id for r in order], [], {}, {})
     for run in order:
         outcome = part.assess(run)
@@ -366,11 +369,32 @@ def _share(inventory: Inventory) -> float:
 
 
 def queue_order(
-    queued: Sequence[QueuedRun], held: Sequence[HeldRun], inventory: Inventory, quotas: Quotas
+    queued: Sequence[QueuedRun],
+    held: Sequence[HeldRun],
+    inventory: Inventory,
+    quotas: Quotas,
+    recent: Mapping[str, float] | None = None,
 ) -> list[QueuedRun]:
     """The order in which ``decide`` considers the queue (it depends on no free resources)."""
     share = _share(inventory)
-    return fair_order(queued, held_by_team(held), quotas, lambda _: share, Shapes())
+    return fair_order(queued, held_by_team(held), quotas, lambda _: share, Shapes(), recent)
+
+
+def standings(
+    teams: Iterable[str],
+    held: Sequence[HeldRun],
+    inventory: Inventory,
+    quotas: Quotas,
+    recent: Mapping[str, float] | None = None,
+) -> dict[str, Standing]:
+    """Each team's fair-share standing at the start of a round, lowest (first served) first."""
+    share = _share(inventory)
+    used = held_by_team(held)
+    out = [
+        standing_of(t, used, recent or {}, lambda team: float(quotas.of(team) or share))
+        for t in set(teams) | set(used)
+    ]
+    return {s.team: s for s in sorted(out, key=lambda s: (s.value, s.team))}
 
 
 def held_by_team(held: Sequence[HeldRun]) -> dict[str, int]:
@@ -411,15 +435,20 @@ def fair_order(
     quotas: Quotas,
     share: Callable[[str], float],
     shapes: Shapes,
+    recent: Mapping[str, float] | None = None,
 ) -> list[QueuedRun]:
-    """Priority classes, then teams by projected share used, each team first in, first out;
-    ``share``: the accelerators a team without a quota is measured against."""
+    """Priority classes, then teams by their standing (``fair_share``: accelerators held
+    lately, plus held now and projected by the runs ahead, over the team's weight), each team
+    first in, first out; ``share``: the accelerators a team without a quota is measured
+    against; ``recent``: what each team held lately (none: no memory)."""
     classes: dict[int, dict[str, deque[tuple[int, QueuedRun]]]] = defaultdict(
         lambda: defaultdict(deque)
     )
     for index, run in enumerate(queued):
         classes[run.priority][run.team].append((index, run))
-    projected = dict(used)
+    projected: dict[str, float] = dict(used)
+    for team, lately in (recent or {}).items():
+        projected[team] = projected.get(team, 0) + lately
 
     def key(team: str, runs: deque[tuple[int, QueuedRun]]) -> tuple[float, int, str]:
         weight = float(quotas.of(team) or share(team))

@@ -30,6 +30,7 @@ from service.settings.runs import (
     RetrySettings,
 )
 from service.settings.server import DatabaseSettings, ServerSettings
+from service.settings.sharing import FairShareSettings
 from service.settings.signals import MetricsSettings, WebhookSettings
 from service.settings.verl import VerlSettings
 
@@ -55,6 +56,7 @@ class Settings(
     RecipeSettings,
     LimitSettings,
     AdmissionSettings,
+    FairShareSettings,
     LoopSettings,
     RetrySettings,
     MetricsSettings,

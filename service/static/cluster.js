@@ -40,7 +40,7 @@ export function clusterView(root, params, signal) {
   const nodes = table("nodes", ["node", "address", "group", "accelerators", "CPUs", "memory", "held by"], "no node reported yet");
   const active = table("active", ["run", "id", "team", "status", "priority", "accelerators", "groups"], "nothing yet: no run holds resources");
   const outside = table("unmanaged", ["job", "type", "status", "holds", "started", "command"], "nothing yet: every job on the cluster is a run of rlrun");
-  const teams = table("teams", ["team", "held", "quota"], "nothing yet: no team holds accelerators");
+  const teams = table("teams", ["turn", "team", "held", "quota", "recently", "fair share"], "nothing yet: no team holds or queues accelerators");
   const groups = table("team-nodes", ["team", "node group", "nodes"], "no team is mapped to nodes: every node is shared");
   const queue = table("queue", ["#", "run", "id", "team", "priority", "accelerators", "reason"], "nothing yet: the queue is empty");
   const status = h("p", { id: "cluster-status" });
@@ -89,10 +89,14 @@ export function clusterView(root, params, signal) {
       h("td", { class: "mono" }, j.id), h("td", {}, j.type), h("td", {}, badge(j.status)),
       h("td", {}, held(j.resources)), h("td", {}, started(j.start_time_ms)),
       h("td", { class: "mono" }, j.entrypoint === null ? h("span", { class: "dim" }, "shown to admins") : j.entrypoint))));
-    teams.fill(Object.entries(view.teams).map(([team, t]) => h("tr", {},
+    // Teams in their fair-share turn (1: served first within a priority class).
+    teams.fill(Object.entries(view.teams).map(([team, t]) => h("tr", { dataset: { team } },
+      h("td", {}, t.turn === undefined ? "" : String(t.turn)),
       h("td", {}, team),
       h("td", {}, t.quota ? meter(t.quota - t.accelerators, t.quota, "accelerators") : `${t.accelerators} accelerators`),
-      h("td", {}, t.quota === null || t.quota === undefined ? "unlimited" : String(t.quota)))));
+      h("td", {}, t.quota === null || t.quota === undefined ? "unlimited" : String(t.quota)),
+      h("td", { title: "accelerators held on average lately (usage decayed with its half-life)" }, t.recent === undefined ? "" : `${Number(t.recent).toFixed(1)} accelerators`),
+      h("td", { class: "standing" }, t.standing === undefined ? "" : Number(t.standing).toFixed(2)))));
     groups.fill(Object.entries(view.team_nodes).map(([team, group]) => {
       const members = view.nodes.filter((n) => n.group === group).map((n) => n.address || n.id.slice(0, 12));
       return h("tr", { dataset: { team } },
