@@ -18,7 +18,15 @@ import httpx
 
 from service.backoff import Backoff
 from service.store.status import TERMINAL as TERMINAL
-from service.wire import LatestOut, RecipeOut, RunOut, RunPage, RunSummary, SeriesOut
+from service.wire import (
+    LatestOut,
+    RecipeOut,
+    RunOut,
+    RunPage,
+    RunSummary,
+    SeriesOut,
+    StepTimeOut,
+)
 
 # Where the client looks for the service, and where ``rlrun serve`` listens by default.
 URL_ENV, TOKEN_ENV = "RLRUN_URL", "RLRUN_TOKEN"
@@ -220,6 +228,11 @@ class Client:
             params["to_step"] = to_step
         resp = self._request("GET", f"/runs/{run_id}/metrics", params=params)
         return SeriesOut.model_validate(resp.json())
+
+    def step_time(self, run_id: str) -> StepTimeOut:
+        """Where the run's step time goes, the verdict with its figures, and a change of split."""
+        resp = self._request("GET", f"/runs/{run_id}/step-time")
+        return StepTimeOut.model_validate(resp.json())
 
     def latest_metrics(self, run_id: str) -> LatestOut:
         """Every key the run logged, with its value at the newest step it was logged."""

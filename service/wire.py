@@ -158,6 +158,76 @@ class RunPage(BaseModel):
     next_cursor: str | None
 
 
+# Where a step's time goes (``GET /runs/{id}/step-time``)
+
+
+class StepPartOut(BaseModel):
+    """One timed step's seconds: ``wait`` (timing_s/gen: the trainer waiting for samples),
+    ``update`` (timing_s/update_actor), ``sync`` (the weight sync), ``other`` the rest."""
+
+    step: int
+    total: float
+    wait: float
+    update: float
+    sync: float
+    other: float
+
+
+class SyncTrendOut(BaseModel):
+    """The weight sync's seconds over the run (verl #4896): medians of its first and last
+    thirds, their ratio, the least-squares slope; ``growing`` when it grew past the rule."""
+
+    points: int
+    first_seconds: float
+    last_seconds: float
+    growth: float | None
+    slope_seconds_per_step: float
+    growing: bool
+
+
+class SplitPlanOut(BaseModel):
+    feasible_now: bool | None
+    feasible_ever: bool | None
+    reasons: list[str] = []
+
+
+class SpecChangeOut(BaseModel):
+    """Another split of the run's accelerators, checked by the dry-run planner: ``spec`` is the
+    run's spec with ``resources`` moved, ready to submit as a new run."""
+
+    summary: str
+    accelerators: int
+    from_: str = Field(alias="from")
+    to: str
+    resources: dict[str, dict[str, Any]]
+    spec: dict[str, Any]
+    plan: SplitPlanOut
+    refused: list[str] = Field([], description="nearer splits the planner refused, and why")
+
+
+class StepTimeOut(BaseModel):
+    """The run's step time split up, the verdict (``rollout-bound``, ``trainer-bound``,
+    ``sync-bound``, ``balanced``, or ``unknown`` before a timed step) with the figures behind it
+    (medians of shares over the newest steps), the sync's trend and, where it helps, a change of
+    split."""
+
+    run_id: str
+    trainer: Literal["fully_async", "v1", "unknown"]
+    verdict: Literal["rollout-bound", "trainer-bound", "sync-bound", "balanced", "unknown"]
+    summary: str
+    figures: dict[str, float | None]
+    notes: list[str]
+    sources: dict[str, str] = Field(
+        {}, description="where the idle shares were read from (the keys, or 'not logged')"
+    )
+    sync_trend: SyncTrendOut | None
+    trainer_accelerators: int
+    rollout_accelerators: int
+    to_rollout: int = Field(description="accelerators to move to the rollout group (-: away)")
+    change: SpecChangeOut | None
+    steps: list[StepPartOut]
+
+
 # Metrics
 
 

@@ -31,7 +31,8 @@ from service.errors import InvalidSpec, field_error
 from service.metrics import logcopy, store
 from service.metrics.ansi import strip_ansi
 from service.metrics.broker import Cursor, Item
-from service.wire import LatestOut, SeriesOut, encode
+from service.operations.step_time import step_time
+from service.wire import LatestOut, SeriesOut, StepTimeOut, encode
 
 router = APIRouter(prefix="/runs", tags=["metrics"])
 
@@ -65,6 +66,16 @@ def metric_series(
     # tens of thousands of points.
     body = encode({"run_id": run_id, "series": found})
     return Response(body, media_type="application/json")
+
+
+@router.get("/{run_id}/step-time", response_model=StepTimeOut)
+def run_step_time(services: ServicesDep, principal: Viewer, run_id: str) -> Response:
+    """Where the run's step time goes (from verl's own timers), which group holds it back
+    (``verdict``, with the figures behind it), the weight sync's trend and, where another split
+    of its accelerators would help, the spec that makes it (checked by the dry-run planner)."""
+    with services.db.read() as session:
+        require_visible(session, principal, run_id)
+    return Response(encode(step_time(services, principal, run_id)), media_type="application/json")
 
 
 @router.get("/{run_id}/metrics/keys")

@@ -9,7 +9,7 @@ One module per command group; ``app`` is built here from their commands.
 
 import typer
 
-from service.cli import clusters, logs, runs, serve, tokens, usage, webhooks
+from service.cli import clusters, logs, runs, serve, tokens, usage, webhooks, why_slow
 from service.cli.common import clean
 
 __all__ = ["app", "clean"]
@@ -27,6 +27,7 @@ app.command()(runs.cancel)
 app.command()(runs.retry)
 app.command()(logs.logs)
 app.command()(logs.metrics)
+app.command("why-slow")(why_slow.why_slow)
 app.command()(clusters.script)
 app.command()(clusters.cluster)
 app.command("usage")(usage.usage_report)

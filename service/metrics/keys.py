@@ -13,3 +13,12 @@ STALE_KEY = "fully_async/count/stale_trajectory_processed"
 TRAINER_IDLE_KEY = "fully_async/trainer/idle_ratio"
 ROLLOUTER_IDLE_KEY = "fully_async/rollouter/idle_ratio"
 PARAM_SYNC_KEY = "timing_s/timing_s/param_sync"  # the double prefix is verl's own
+# Where a step's time goes (``metrics.steptime``): verl's timers, as its console prints them.
+STEP_TIME_KEY = "timing_s/step"
+GEN_KEY = "timing_s/gen"  # fully async and V1: the trainer waiting for the rollouts' samples
+UPDATE_ACTOR_KEY = "timing_s/update_actor"
+V1_SYNC_KEY = "timing_s/update_weights"  # the V1 trainer's weight sync
+ROLLOUTER_ACTIVE_KEY = "fully_async/rollouter/active_time"
+ROLLOUTER_VERSION_KEY = "fully_async/rollouter/version_time"
+V1_SWITCH_IDLE_KEY = "separate_async/switch/idle"
+V1_WAIT_SAMPLES_KEY = "separate_async/switch/wait_samples"
