@@ -283,6 +283,7 @@ def build_services(
             groups=backlog.node_groups(settings),
             budgets=Budgets.of_settings(settings),
             half_life_s=settings.fair_share_half_life_s,
+            team_max_duration_s=settings.team_max_duration_s,
         )
         reconciler = Reconciler(
             db,
@@ -291,6 +292,7 @@ def build_services(
             interval_s=settings.reconcile_interval_s,
             max_backoff_s=settings.max_backoff_s,
             retry_config=retry_config(settings),
+            deadline_margin_s=settings.deadline_margin_s,
         )
         watchdog = Watchdog(
             db,
@@ -322,6 +324,7 @@ def build_services(
             claim_new=settings.follower_claim_new,
             retry=retry_config(settings),
             on_retry=lambda: loops["submitter"].wake(),
+            on_checkpoint=lambda: loops["reconciler"].wake(),
         )
         notifier = Notifier(
             db,

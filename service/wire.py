@@ -37,6 +37,12 @@ class EventOut(BaseModel):
     to_status: str
     reason: str
     attempt: int = Field(1, description="the run's attempt when it happened")
+    kind: str | None = Field(
+        None,
+        description='what else it is (null: a change of status or a note): "checkpoint" (a '
+        'complete save), "stop_requested" (a stop at the next checkpoint)',
+    )
+    step: int | None = Field(None, description="the step a checkpoint saved")
 
 
 class RayOut(BaseModel):
@@ -126,6 +132,27 @@ class BudgetWaitOut(BaseModel):
     accelerator: str
 
 
+class CheckpointOut(BaseModel):
+    """The newest complete checkpoint of the current attempt, as its job reported it."""
+
+    step: int
+    at: datetime | None
+
+
+class StopOut(BaseModel):
+    """A stop at the next checkpoint: asked for (a cancel with ``at: next_checkpoint``, a
+    deadline, a target reached), then made (``saved_step``, ``steps_lost`` once it is)."""
+
+    at: Literal["next_checkpoint"] = "next_checkpoint"
+    by: datetime | None = Field(description="when it stops whatever it has saved")
+    reason: str | None
+    then: str | None = Field(description="how the run ends: STOPPED, or SUCCEEDED (a target)")
+    saved_step: int | None = Field(None, description="the checkpoint step it stopped with")
+    steps_lost: int | None = Field(
+        None, description="steps it had logged past that checkpoint (0: the save came first)"
+    )
+
+
 class RunOut(RunSummary):
     spec: dict[str, Any]
     command: list[str]
@@ -149,6 +176,11 @@ class RunOut(RunSummary):
     budget_wait: BudgetWaitOut | None = None
     over_budget_by: str | None = Field(
         None, description="the admin who let it start although its team is past its budget"
+    )
+    checkpoint: CheckpointOut | None = None
+    stop: StopOut | None = None
+    deadline_at: datetime | None = Field(
+        None, description="when the current attempt is stopped (admission + max_duration_s)"
     )
     events: list[EventOut]
 
@@ -524,7 +556,7 @@ def attributes(row: Any, names: Iterable[str]) -> dict[str, Any]:
 
 def event_doc(event: Any) -> dict[str, Any]:
     """A status event (a ``RunEvent`` or a row with its columns), in a run and on its stream."""
-    columns = ("id", "at", "from_status", "to_status", "reason")
+    columns = ("id", "at", "from_status", "to_status", "reason", "kind", "step")
     return {**attributes(event, columns), "attempt": event.attempt or 1}
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import ray
 
+from jobs import checkpoints as saves
 from jobs import grant, resume
 from jobs.tiny_grpo import checkpoint
 from jobs.tiny_grpo.actors import TinyGrpoRollouter, TinyGrpoTrainer
@@ -79,6 +80,7 @@ def main(argv: list[str] | None = None) -> None:
                 cursor = step * args.batch_prompts  # the prompts trained on so far
                 saved = checkpoint.save(checkpoints, version, weights, global_step, cursor)
                 print(f"[TinyGrpo] saved checkpoint {saved.name}", flush=True)
+                saves.announce(version, str(saved))  # complete: the service may stop the run
     # Let Ray forward the actors' last lines to this driver's log before it exits.
     time.sleep(1.5)
     print("[TinyGrpo] training finished", flush=True)

@@ -8,7 +8,8 @@ One Ray task is pinned to each alive node with CPUs or the run's accelerator
 (``NodeAffinitySchedulingStrategy``, no CPU held) and runs ``checks.check_node``; the report is
 printed as one line. Any failure (or a node that does not answer in time) ends the job before
 verl starts; otherwise the launcher leaves Ray and replaces itself with verl's own command, argv
-unchanged (on a later attempt, with the resume overrides ``resume`` decides).
+unchanged (on a later attempt, with the resume overrides ``resume`` decides). A watcher of the
+run's checkpoint dir (``saves``) goes on beside verl and says each complete checkpoint.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jobs import grant, resume
-from jobs.verl_launch import EXIT_FAILED, HANDOVER, PREFIX, Plan, Report
+from jobs.verl_launch import EXIT_FAILED, HANDOVER, PREFIX, Plan, Report, saves
 from jobs.verl_launch import resume as verl_resume
 from jobs.verl_launch.checks import check_node
 
@@ -122,6 +123,9 @@ def main(argv: list[str]) -> None:
         )
         command = verl_resume.with_overrides(command, overrides)
         resume.announce(step, path)
+    root = verl_resume.checkpoint_dir(plan)
+    if root is not None:
+        saves.start(root)  # says each complete checkpoint in the log while verl runs
     print(HANDOVER + json.dumps(command), flush=True)
     os.execvp(command[0], command)  # noqa: S606 - the handover: verl replaces the launcher
 

@@ -165,14 +165,42 @@ async def read_run(services: Services, run_id: str) -> Answer:
     return await services.reads.answer(f"run:{run_id}", OneRun(run_id), read)
 
 
+class CancelIn(BaseModel):
+    """How an active run stops: now (``at: now``, as without a body), or right after its next
+    complete checkpoint, waiting at most ``within_s`` seconds for it (default:
+    RLRUN_DEFAULT_STOP_WITHIN_S, at most RLRUN_MAX_STOP_WITHIN_S)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    at: Literal["now", "next_checkpoint"] = "now"
+    within_s: float | None = Field(None, ge=0, allow_inf_nan=False)
+
+
 @router.post(
     "/{run_id}/cancel",
     response_model=RunOut,
     responses={409: {"description": "the run has already ended"}},
 )
-def cancel_run(services: ServicesDep, principal: Member, request: Request, run_id: str) -> Response:
-    """Queued: CANCELLED at once (Ray never sees it). Active: a stop is requested."""
-    return json_response(cancel.cancel_run(services, principal, run_id, client_of(request)))
+def cancel_run(
+    services: ServicesDep,
+    principal: Member,
+    request: Request,
+    run_id: str,
+    body: Annotated[CancelIn | None, Body()] = None,
+) -> Response:
+    """Queued: CANCELLED at once (Ray never sees it). Active: a stop is requested; with
+    ``{"at": "next_checkpoint", "within_s": S}`` the run stops right after its next complete
+    checkpoint, or after S seconds whatever it has saved, and ends STOPPED with the step it
+    saved and the steps it lost (``stop``); ``retry`` resumes it from there."""
+    doc = cancel.cancel_run(
+        services,
+        principal,
+        run_id,
+        client_of(request),
+        at_checkpoint=body is not None and body.at == "next_checkpoint",
+        within_s=body.within_s if body is not None else None,
+    )
+    return json_response(doc)
 
 
 @router.post(

@@ -30,13 +30,13 @@ from service.cluster.registry import Clusters, UnknownCluster
 from service.metrics import logcopy, store
 from service.metrics.health import HealthRules, evaluate
 from service.metrics.log_readers import LogReader, TailReader
-from service.metrics.parse import MetricLine, parse_line, parse_preflight
+from service.metrics.parse import MetricLine, parse_checkpoint, parse_line, parse_preflight
 from service.notify import thresholds
 from service.recovery import attempts, deaths, ending, retry
 from service.recovery.retry import RetryConfig
 from service.store.db import Database
 from service.store.dialect import dialect_insert
-from service.store.lifecycle import note
+from service.store.lifecycle import checkpoint_saved, note
 from service.store.models import Run, RunEvent, RunLog, Webhook, utcnow
 from service.store.status import ENDED, RunStatus
 
@@ -75,6 +75,8 @@ class _Read:
     # For a failed run's final read: what Ray's state API says died under its job.
     ray_state: list[str] = field(default_factory=list)
     resumed: int | None = None  # the step the job said it resumes from
+    # The complete checkpoints the job reported: (end offset of the line, step).
+    saves: list[tuple[int, int]] = field(default_factory=list)
 
 
 def split_lines(text: str, start: int, final: bool) -> tuple[str, list[tuple[int, str]]]:
@@ -129,6 +131,8 @@ class Follower:
     # a next attempt (the submitter may admit it now).
     retry: RetryConfig = field(default_factory=RetryConfig)
     on_retry: Callable[[], None] = lambda: None
+    # Called after a batch that recorded a checkpoint (a run yielding for it may stop now).
+    on_checkpoint: Callable[[], None] = lambda: None
     # How the job log is read: by default Ray's tail stream of the run's cluster, kept open
     # per run.
     reader: LogReader | None = None
@@ -272,7 +276,10 @@ class Follower:
         reports = [r for _, line in lines if (r := parse_preflight(line)) is not None]
         ray_state = word.lines
         resumed = [s for _, line in lines if (s := resume.parse(line)) is not None]
-        return _Read(held, new, parsed, reports, final, ray_state, resumed[-1] if resumed else None)
+        saves = [(end, s) for end, line in lines if (s := parse_checkpoint(line)) is not None]
+        return _Read(
+            held, new, parsed, reports, final, ray_state, resumed[-1] if resumed else None, saves
+        )
 
     def _deaths(self, held: Held) -> deaths.Word:
         job = held.job
@@ -294,7 +301,7 @@ class Follower:
         """Store what was read of these runs in one transaction, each run's part only while
         this replica still holds its lease at the offset it read from."""
         stored: list[_Read] = []
-        ended = retried = False
+        ended = retried = saved = False
         with self.db.transaction() as session:
             # What this transaction writes of the runs (complete once it has committed).
             changes = self.db.open_changes()
@@ -319,7 +326,17 @@ class Follower:
                     or runlog.log_offset != read.held.offset
                 ):
                     continue  # another replica took over meanwhile
+                logged_before = runlog.last_step
                 self._ingest(session, run, runlog, read.new, read.parsed, now, hooks)
+                for end, step in read.saves:
+                    # The newest step logged when the save was said: what a stop then loses.
+                    logged = max(
+                        [m.step for e, m in read.parsed if e <= end]
+                        + ([logged_before] if logged_before is not None else []),
+                        default=None,
+                    )
+                    if checkpoint_saved(session, run, step, logged, now) is not None:
+                        saved = True
                 if read.reports:
                     run.preflight = read.reports[-1]
                 if read.resumed is not None:
@@ -351,6 +368,8 @@ class Follower:
             self.on_end()
         if retried:
             self.on_retry()
+        if saved:
+            self.on_checkpoint()
 
     def _ingest(
         self,

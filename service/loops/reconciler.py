@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import ClassVar
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from service.backoff import Backoff
@@ -34,10 +34,17 @@ from service.cluster.registry import Clusters, UnknownCluster
 from service.recovery import ending, retry
 from service.recovery.attempts import job_id
 from service.recovery.retry import RetryConfig
+from service.scheduling import deadlines
 from service.store import audit
 from service.store.db import Database
-from service.store.lifecycle import set_health, transition
-from service.store.models import Run, utcnow
+from service.store.lifecycle import (
+    request_yield,
+    set_health,
+    transition,
+    yield_end,
+    yield_overdue,
+)
+from service.store.models import Run, RunLog, utcnow
 from service.store.status import ACTIVE, ENDED, RECONCILER_HEALTH, RunStatus
 
 log = logging.getLogger(__name__)
@@ -66,6 +73,7 @@ class Reconciler:
     interval_s: float = 2.0
     max_backoff_s: float = 30.0
     retry_config: RetryConfig = _NO_RETRY  # whether a failed attempt leaves its run RETRYING
+    deadline_margin_s: float = 300.0  # a run is asked to yield this long before its deadline
     _retry: dict[str, _Retry] = field(default_factory=dict, init=False)
     clusters: Clusters = field(init=False)
 
@@ -77,6 +85,7 @@ class Reconciler:
         self.clusters = Clusters.lift(self.ray)
 
     def tick(self) -> None:
+        self._stops()
         with self.db.transaction() as session:
             rows = session.execute(
                 select(Run.id, Run.stop_requested_at, Run.attempt, Run.cluster).where(
@@ -130,6 +139,50 @@ class Reconciler:
         if failed and not observed:
             first = next(iter(failed.values()))
             raise RayUnavailable(f"every read of this round failed; first: {first}")
+
+    def _stops(self) -> None:
+        """Ask runs near their deadline to stop at their next checkpoint; stop runs whose wait
+        for one ran out (this round then delivers the stop)."""
+        now = utcnow()
+        with self.db.read() as session:
+            rows = session.execute(
+                select(Run.id, Run.yield_by, Run.deadline_at, Run.checkpoint_every_s).where(
+                    Run.status.in_(ACTIVE),
+                    Run.stop_requested_at.is_(None),
+                    or_(Run.yield_by.is_not(None), Run.deadline_at.is_not(None)),
+                )
+            ).all()
+        margin = self.deadline_margin_s
+        due = sorted(
+            i
+            for i, by, deadline, every in rows
+            if (by is not None and by <= now)
+            or (
+                deadline is not None
+                and (by is None or by > deadline)
+                and (deadline - now).total_seconds() <= deadlines.margin_s(margin, every)
+            )
+        )
+        if not due:
+            return
+        with self.db.transaction() as session:
+            locked = session.execute(
+                select(Run, RunLog.last_step)
+                .outerjoin(RunLog, RunLog.run_id == Run.id)
+                .where(Run.id.in_(due))
+                .order_by(Run.id)
+                .with_for_update(of=Run)
+            ).all()
+            for run, logged in locked:
+                if run.stop_requested_at is not None or run.status not in ACTIVE:
+                    continue
+                deadline = run.deadline_at
+                if deadline is not None and (run.yield_by is None or run.yield_by > deadline):
+                    left = max(0.0, (deadline - now).total_seconds())
+                    limit = (deadline - (run.submitted_at or deadline)).total_seconds()
+                    request_yield(session, run, left, f"deadline: {limit:g} s from admission")
+                if run.yield_by is not None and run.yield_by <= now:
+                    yield_overdue(session, run, logged)
 
     def _observe(
         self, run_id: str, stop_requested_at: datetime | None, attempt: int, cluster: str | None
@@ -185,6 +238,10 @@ def apply(
         return
     if target is RunStatus.STOPPED and run.stop_requested_at is None:
         stopped_outside(session, run)
+        return
+    yielded = yield_end(run) if target is RunStatus.STOPPED else None
+    if yielded is not None:  # stopped at (or waiting for) its next checkpoint, as asked
+        transition(session, run, *yielded)
         return
     if target is RunStatus.FAILED:
         retry.end_attempt(session, run, target, _reason(info), config)

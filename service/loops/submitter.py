@@ -32,7 +32,7 @@ from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable, stop_
 from service.cluster.registry import ClusterHandle, Clusters, cluster_quotas
 from service.recipes.base import RUN_FILES_DIR
 from service.recovery.attempts import job_id
-from service.scheduling import backlog
+from service.scheduling import backlog, deadlines
 from service.scheduling.across import decide_across
 from service.scheduling.admission import Quotas
 from service.scheduling.budgets import Budgets
@@ -68,6 +68,9 @@ class Submitter:
     groups: NodeGroups = field(default_factory=NodeGroups)  # of the primary cluster
     budgets: Budgets = field(default_factory=Budgets)
     half_life_s: float = 0.0  # of past usage in a team's fair-share standing (0: no memory)
+    # Team -> the longest an attempt may last ("*": every team not named); with the spec's
+    # ``max_duration_s``, the attempt's deadline from its admission.
+    team_max_duration_s: Mapping[str, float] = field(default_factory=dict)
     clusters: Clusters = field(init=False)
 
     def __post_init__(self) -> None:
@@ -240,6 +243,10 @@ class Submitter:
                 if queued.attempt > 1:
                     reason += f" as {job} (attempt {queued.attempt})"
                 transition(session, row, RunStatus.SUBMITTED, reason)
+                admitted = row.submitted_at or utcnow()
+                row.deadline_at = deadlines.deadline(
+                    admitted, row.spec, row.team, self.team_max_duration_s
+                )
             cancelled = row is not None and row.status == RunStatus.CANCELLED
         if cancelled:
             stop_job(ray, job, "cancelled while being submitted")

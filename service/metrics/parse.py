@@ -5,7 +5,8 @@ verl's console logger prints ``step:N - key:value - key:value ...`` with each va
 never ``:`` or spaces, so items split on `` - `` and each item on its last ``:``. Ray prefixes
 actor output with ``(ActorName pid=..., ip=...)`` (possibly coloured). A line counts as a metric
 line only when every item parses; anything else (``timing_s/param_sync: 7.41 seconds``) is not.
-The verl launcher's preflight report is one line too (``jobs.verl_launch.PREFIX`` + JSON).
+The verl launcher's preflight report is one line too (``jobs.verl_launch.PREFIX`` + JSON), and so
+is each complete checkpoint a job reports (``jobs.checkpoints.PREFIX`` + JSON).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import re
 from typing import Any, NamedTuple
 
+from jobs.checkpoints import PREFIX as CHECKPOINT_PREFIX
 from jobs.verl_launch import PREFIX as PREFLIGHT_PREFIX
 from service.metrics.ansi import strip_ansi
 
@@ -77,3 +79,15 @@ def parse_preflight(line: str) -> dict[str, Any] | None:
     except ValueError:
         return None
     return report if isinstance(report, dict) and "nodes" in report else None
+
+
+def parse_checkpoint(line: str) -> int | None:
+    """The step of the complete checkpoint this line reports, or None when it is not one."""
+    body = strip_ray_prefix(line).strip()
+    if not body.startswith(CHECKPOINT_PREFIX):
+        return None
+    try:
+        step = json.loads(body[len(CHECKPOINT_PREFIX) :]).get("step")
+    except (ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None

@@ -78,11 +78,32 @@ def run_doc(
         "attempts": history(run, ended),
         "budget_wait": run.budget_wait if run.status == "QUEUED" else None,
         "over_budget_by": run.over_budget_by,
+        "checkpoint": (
+            {"step": run.checkpoint_step, "at": run.checkpoint_at}
+            if run.checkpoint_step is not None
+            else None
+        ),
+        "stop": stop_doc(run),
+        "deadline_at": run.deadline_at,
         "metrics": {
             "step": max((s for s, _ in latest.values()), default=None),
             "latest": {k: v for k, (_, v) in sorted(latest.items())},
         },
         "events": [event_doc(e) for e in events],
+    }
+
+
+def stop_doc(run: Any) -> dict[str, Any] | None:
+    """A ``StopOut``: the run's stop at its next checkpoint, if one was asked for."""
+    if run.yield_then is None:
+        return None
+    return {
+        "at": "next_checkpoint",
+        "by": run.yield_by,
+        "reason": run.yield_reason,
+        "then": run.yield_then,
+        "saved_step": run.stop_saved_step,
+        "steps_lost": run.stop_lost_steps,
     }
 
 

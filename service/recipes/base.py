@@ -63,6 +63,14 @@ class RunSpec(BaseModel):
     placement: PlacementSpec | None = Field(
         default=None, description="the kind of cluster to run on, when no `cluster` is named"
     )
+    max_duration_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=366 * 86400,
+        description="the longest an attempt may last, counted from admission (set-up counts); "
+        "near the end it is asked to stop at its next checkpoint, at the end it is stopped "
+        "(its team's RLRUN_TEAM_MAX_DURATION_S may be shorter)",
+    )
 
     @field_validator("secrets")
     @classmethod

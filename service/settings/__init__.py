@@ -28,6 +28,7 @@ from service.settings.runs import (
     LoopSettings,
     RecipeSettings,
     RetrySettings,
+    StopSettings,
 )
 from service.settings.server import DatabaseSettings, ServerSettings
 from service.settings.sharing import FairShareSettings
@@ -59,6 +60,7 @@ class Settings(
     FairShareSettings,
     LoopSettings,
     RetrySettings,
+    StopSettings,
     MetricsSettings,
     WebhookSettings,
     VerlSettings,

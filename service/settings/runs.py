@@ -131,3 +131,21 @@ class RetrySettings(Section):
     """Where tiny-grpo runs that checkpoint (``save_every``) keep them, each in
     <root>/<run id>, on the nodes (empty: rlrun-<uid>-runs/tiny-grpo-checkpoints in this machine's
     temp dir)."""
+
+
+class StopSettings(Section):
+    """Stops at the next checkpoint: how long a caller may let one wait, and deadlines."""
+
+    heading: ClassVar[str] = "Stops and deadlines"
+
+    max_stop_within_s: float = Field(default=7 * 86400, gt=0)
+    """The longest a stop at the next checkpoint may wait for it (``within_s`` of a cancel)."""
+    default_stop_within_s: float = Field(default=1800, gt=0)
+    """How long a stop at the next checkpoint waits when the cancel does not say."""
+    deadline_margin_s: float = Field(default=300, ge=0)
+    """How long before its deadline a run is asked to stop at its next checkpoint; a run that
+    saves less often is asked one save interval (its longest yet, times 1.5) before."""
+    team_max_duration_s: dict[str, float] = Field(default_factory=dict)
+    """Longest an attempt of a team's runs may last, counted from admission ("*": every team
+    not named), e.g. RLRUN_TEAM_MAX_DURATION_S='{"nlp": 86400}'; a spec's ``max_duration_s``
+    may ask for less, never more."""

@@ -5,7 +5,7 @@ registered, the webhook outbox among them (its deliveries commit with the change
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import insert
 from sqlalchemy.orm import Session
@@ -123,6 +123,11 @@ def requeue(session: Session, run: Run, reason: str) -> RunEvent:
     run.updated_at = now
     run.submitted_at = run.started_at = run.ended_at = None
     run.claim_owner = run.claim_expires_at = run.stop_requested_at = None
+    # The next attempt saves its own checkpoints, and gets its own deadline at admission.
+    run.checkpoint_step = run.checkpoint_at = run.checkpoint_every_s = None
+    run.yield_by = run.yield_after_step = run.yield_then = run.yield_reason = None
+    run.stop_saved_step = run.stop_lost_steps = None
+    run.deadline_at = None
     run.ray_status = run.ray_message = run.ray_error_type = None
     run.ray_exit_code = None
     run.ray_ended_at = None  # the next job's end is its own (recovery.ending)
@@ -136,10 +141,13 @@ def requeue(session: Session, run: Run, reason: str) -> RunEvent:
     return event
 
 
-def note(session: Session, run: Run, reason: str) -> RunEvent:
-    """Append an event that leaves the status as it is (a stop request, a change of health)."""
+def note(
+    session: Session, run: Run, reason: str, kind: str | None = None, step: int | None = None
+) -> RunEvent:
+    """Append an event that leaves the status as it is (a stop request, a change of health, a
+    checkpoint: ``kind`` and ``step`` say which)."""
     run.updated_at = utcnow()
-    return _event(session, run, run.status, run.status, reason, run.updated_at)
+    return _event(session, run, run.status, run.status, reason, run.updated_at, kind, step)
 
 
 def request_stop(session: Session, run: Run, reason: str | None = None) -> bool:
@@ -157,6 +165,116 @@ def request_stop(session: Session, run: Run, reason: str | None = None) -> bool:
     return True
 
 
+# Stop at the next checkpoint. Whoever wants an active run to end without losing work (a cancel
+# with ``at: next_checkpoint``, its deadline, its target, a preemption) calls ``request_yield``;
+# the follower reports each complete save (``checkpoint_saved``), which stops a yielding run
+# at once, and the reconciler stops one whose ``yield_by`` passed first (``yield_overdue``).
+# Either way ``request_stop`` follows, and the reconciler ends the run ``yield_then`` once Ray
+# has stopped its job (``yield_end``), with the step it saved and the steps it lost.
+
+
+def request_yield(
+    session: Session,
+    run: Run,
+    within_s: float,
+    reason: str,
+    then: RunStatus = RunStatus.STOPPED,
+) -> bool:
+    """Ask an active run to stop right after its next complete checkpoint, or ``within_s``
+    from now whatever it has saved, whichever comes first; it then ends ``then`` (STOPPED, or
+    SUCCEEDED for a target reached) saying ``reason``. A run already yielding keeps its
+    request, made sooner if this one's time is; returns whether anything changed."""
+    if then not in (RunStatus.STOPPED, RunStatus.SUCCEEDED):
+        raise IllegalTransition(f"a run that yields ends STOPPED or SUCCEEDED, not {then}")
+    if run.status not in ACTIVE or run.stop_requested_at is not None:
+        return False
+    now = utcnow()
+    by = now + timedelta(seconds=within_s)
+    if run.yield_by is not None:
+        if by >= run.yield_by:
+            return False
+        run.yield_by = by
+        if run.yield_then == then:
+            run.yield_reason = reason
+        note(
+            session,
+            run,
+            f"stop at the next checkpoint now within {within_s:.0f} s: {reason}",
+            kind="stop_requested",
+        )
+        return True
+    run.yield_by = by
+    run.yield_after_step = run.checkpoint_step
+    run.yield_then = then
+    run.yield_reason = reason
+    event = note(
+        session,
+        run,
+        f"stop at the next checkpoint requested (within {within_s:.0f} s): {reason}",
+        kind="stop_requested",
+    )
+    announce.event(session, run, event, "run.stop_requested")
+    return True
+
+
+def checkpoint_saved(
+    session: Session, run: Run, step: int, logged: int | None, at: datetime | None = None
+) -> RunEvent | None:
+    """Record a complete checkpoint of the current attempt at ``step`` (``logged``: the newest
+    step the run had logged when it was saved); a run yielding for it is asked to stop now.
+    A step not past the newest known is no news (None)."""
+    if run.checkpoint_step is not None and step <= run.checkpoint_step:
+        return None
+    now = at or utcnow()
+    since = run.checkpoint_at or run.started_at or run.submitted_at
+    if since is not None:
+        gap = (now - since).total_seconds()
+        run.checkpoint_every_s = max(gap, run.checkpoint_every_s or 0.0)
+    run.checkpoint_step = step
+    run.checkpoint_at = now
+    event = note(session, run, f"checkpoint: step {step} saved", kind="checkpoint", step=step)
+    announce.event(session, run, event, "run.checkpoint", step=step)
+    waiting = run.yield_by is not None and run.stop_requested_at is None
+    if (
+        waiting
+        and run.status in ACTIVE
+        and (run.yield_after_step is None or step > run.yield_after_step)
+    ):
+        lost = max(0, (logged or step) - step)
+        _yield_now(session, run, step, lost, f"checkpoint at step {step} saved")
+    return event
+
+
+def yield_overdue(session: Session, run: Run, logged: int | None) -> bool:
+    """Stop a yielding run whose time ran out before its next checkpoint (``logged``: the
+    newest step it logged); returns whether it was asked to stop now."""
+    if run.yield_by is None or run.stop_requested_at is not None or run.status not in ACTIVE:
+        return False
+    base = run.checkpoint_step if run.checkpoint_step is not None else run.resumed_from_step
+    lost = max(0, (logged or 0) - (base or 0))
+    saved = run.checkpoint_step
+    what = f"since step {saved}" if saved is not None else "with no checkpoint saved"
+    _yield_now(session, run, saved, lost, f"no checkpoint in time: {lost} steps lost {what}")
+    return True
+
+
+def _yield_now(session: Session, run: Run, saved: int | None, lost: int, why: str) -> None:
+    run.stop_saved_step = saved
+    run.stop_lost_steps = lost
+    request_stop(session, run, f"{why} ({run.yield_reason})")
+
+
+def yield_end(run: Run) -> tuple[RunStatus, str] | None:
+    """How a run that yielded ends once Ray has stopped its job: (status, reason); None when
+    it was not yielding."""
+    if run.yield_then is None or run.stop_requested_at is None:
+        return None
+    saved = run.stop_saved_step
+    at = f"at checkpoint step {saved}" if saved is not None else "with no checkpoint"
+    lost = run.stop_lost_steps or 0
+    return RunStatus(run.yield_then), f"{run.yield_reason}: stopped {at}, {lost} steps lost"
+
+
 def set_health(session: Session, run: Run, health: Health, reason: str | None) -> bool:
     """Record a change of health (with an event); returns whether anything changed."""
     if run.health == health and run.health_reason == reason:
@@ -169,10 +287,24 @@ def set_health(session: Session, run: Run, health: Health, reason: str | None) -
 
 
 def _event(
-    session: Session, run: Run, src: str | None, dst: str, reason: str, at: datetime
+    session: Session,
+    run: Run,
+    src: str | None,
+    dst: str,
+    reason: str,
+    at: datetime,
+    kind: str | None = None,
+    step: int | None = None,
 ) -> RunEvent:
     event = RunEvent(
-        run_id=run.id, at=at, from_status=src, to_status=dst, reason=reason, attempt=run.attempt
+        run_id=run.id,
+        at=at,
+        from_status=src,
+        to_status=dst,
+        reason=reason,
+        attempt=run.attempt,
+        kind=kind,
+        step=step,
     )
     session.add(event)
     session.flush()

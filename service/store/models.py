@@ -122,6 +122,25 @@ class Run(Base):
     resumed_from_step: Mapped[int | None] = mapped_column(BigInteger)
     # How the current attempt ended (FAILED or LOST) while the run is RETRYING.
     attempt_status: Mapped[str | None] = mapped_column(String(16))
+    # The newest complete checkpoint of the current attempt (its step, when the job said so).
+    checkpoint_step: Mapped[int | None] = mapped_column(BigInteger)
+    checkpoint_at: Mapped[datetime | None]
+    # The longest wait between two complete saves of the attempt (the first from its start).
+    checkpoint_every_s: Mapped[float | None] = mapped_column(Float)
+    # A stop at the next checkpoint that waits (``lifecycle.request_yield``): the run stops
+    # right after a checkpoint past ``yield_after_step`` (None: any) is complete, or at
+    # ``yield_by`` whatever it has saved; it then ends ``yield_then`` (STOPPED, or SUCCEEDED for
+    # a reached target) for ``yield_reason``.
+    yield_by: Mapped[datetime | None]
+    yield_after_step: Mapped[int | None] = mapped_column(BigInteger)
+    yield_then: Mapped[str | None] = mapped_column(String(16))
+    yield_reason: Mapped[str | None] = mapped_column(SafeText)
+    # How such a stop went: the checkpoint step it stopped with (None: none saved) and the
+    # steps it had logged past it (0 when the save came first).
+    stop_saved_step: Mapped[int | None] = mapped_column(BigInteger)
+    stop_lost_steps: Mapped[int | None] = mapped_column(BigInteger)
+    # When the current attempt must have ended (admission + max_duration_s; None: never).
+    deadline_at: Mapped[datetime | None]
 
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -147,6 +166,10 @@ class RunEvent(Base):
     reason: Mapped[str] = mapped_column(SafeText)
     # The run's attempt when it happened (None: before attempts were recorded).
     attempt: Mapped[int | None] = mapped_column(Integer)
+    # What else it is (None: a change of status or a note): "checkpoint" (a complete save of
+    # the step ``step``), "stop_requested", "stopped_at_checkpoint".
+    kind: Mapped[str | None] = mapped_column(String(32))
+    step: Mapped[int | None] = mapped_column(BigInteger)
 
     run: Mapped[Run] = relationship(back_populates="events")
 

@@ -58,6 +58,14 @@ RUN_COLUMNS = (
     Run.resumed_from_step,
     Run.budget_wait,
     Run.over_budget_by,
+    Run.checkpoint_step,
+    Run.checkpoint_at,
+    Run.yield_by,
+    Run.yield_then,
+    Run.yield_reason,
+    Run.stop_saved_step,
+    Run.stop_lost_steps,
+    Run.deadline_at,
 )
 EVENT_COLUMNS = (
     RunEvent.id,
@@ -66,6 +74,8 @@ EVENT_COLUMNS = (
     RunEvent.to_status,
     RunEvent.reason,
     RunEvent.attempt,
+    RunEvent.kind,
+    RunEvent.step,
 )
 
 
@@ -110,6 +120,8 @@ class EventRow(NamedTuple):
     to_status: str
     reason: str
     attempt: int | None
+    kind: str | None = None
+    step: int | None = None
 
 
 Latest = dict[str, tuple[int, float]]
@@ -129,8 +141,8 @@ async def run_page(db: Database, run_id: str) -> tuple[Any, Sequence[Any], Lates
         raise NotFound(f"no run {run_id!r}")
     # json_build_array gives timestamps as ISO text, non-finite numbers as text, NaN as null.
     events = [
-        EventRow(id_, datetime.fromisoformat(at).astimezone(UTC), src, dst, reason, n)
-        for id_, at, src, dst, reason, n in row.events_json or ()
+        EventRow(id_, datetime.fromisoformat(at).astimezone(UTC), src, dst, reason, n, kind, step)
+        for id_, at, src, dst, reason, n, kind, step in row.events_json or ()
     ]
     latest = {key: (step, _value(v)) for key, step, v in row.latest_json or ()}
     return row, events, latest

@@ -1,0 +1,77 @@
+"""``python3 -m jobs.verl_launch.saves <checkpoint dir> <verl's pid>``: says each complete verl
+checkpoint in the job log (``jobs.checkpoints``) while verl runs.
+
+The launcher starts it just before it hands over to verl (the same process: the pid it names
+is verl's). A checkpoint is complete when verl's tracker ``latest_checkpointed_iteration.txt``
+names a step whose ``global_step_<N>`` directory is written to the end (``resume.complete``:
+the rollouter's ``data.pt``, written last, and every rank's model shard); with ``async_save``
+verl writes no tracker (verl #7952), so the newest complete directory counts too. The
+checkpoint the run resumed from is there at the start and is not news. It exits once verl
+has (after a last look), and never fails the job: a watcher that cannot read says nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from pathlib import Path
+
+from jobs import checkpoints
+from jobs.verl_launch import resume
+
+POLL_S = 2.0
+
+
+def saved(root: Path) -> tuple[int, Path] | None:
+    """The newest complete checkpoint under ``root``: the tracker's, or a newer complete
+    directory (None: none)."""
+    try:
+        named = resume.tracker_step(root)
+        found = resume.newest_complete(root)
+        tracked = named is not None and resume.complete(root / f"global_step_{named}")
+        if named is not None and tracked and (found is None or found[0] <= named):
+            return named, root / f"global_step_{named}"
+        return found
+    except OSError:
+        return None
+
+
+def alive(pid: int) -> bool:
+    if os.getppid() != pid:
+        return False  # verl has exited: this watcher was handed to another parent
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def watch(root: Path, pid: int, poll_s: float = POLL_S) -> None:
+    first = saved(root)
+    last = first[0] if first else None
+    while True:
+        running = alive(pid)
+        now = saved(root)
+        if now is not None and (last is None or now[0] > last):
+            checkpoints.announce(now[0], str(now[1]))
+            last = now[0]
+        if not running:
+            return
+        time.sleep(poll_s)
+
+
+def start(root: Path) -> None:
+    """Start the watcher of ``root`` for this process (about to become verl)."""
+    import subprocess
+
+    subprocess.Popen(
+        [sys.executable, "-m", "jobs.verl_launch.saves", str(root), str(os.getpid())],
+        stdin=subprocess.DEVNULL,
+    )
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        watch(Path(sys.argv[1]), int(sys.argv[2]))

@@ -1,0 +1,221 @@
+"""A stop at the next checkpoint, one loop tick at a time against an in-memory Ray: the job's
+checkpoint lines become events, a run waiting for one stops right after it (0 steps lost) or
+when its time runs out (the steps since its last save lost), and a deadline asks for the same;
+the cancel route's body is checked before anything is stored."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+
+from jobs import checkpoints
+from service.loops.follower import Follower
+from service.loops.reconciler import Reconciler
+from service.metrics.health import HealthRules
+from service.metrics.log_readers import WholeLogReader
+from service.metrics.parse import parse_checkpoint
+from service.store.db import Database
+from service.store.lifecycle import request_yield
+from service.store.models import Run, RunEvent, utcnow
+from service.store.status import RunStatus
+from tests.factories import add_run, read_run
+from tests.fake_ray import FakeRay
+
+
+def _step(n: int) -> str:
+    return f"step:{n} - critic/score/mean:0.5\n"
+
+
+def _saved(n: int) -> str:
+    return (
+        f"(TinyGrpo pid=1) {checkpoints.PREFIX}"
+        + f'{{"step": {n}, "path": "/c/global_step_{n}"}}\n'
+    )
+
+
+def _loops(db: Database, ray: FakeRay, woken: list[str]) -> tuple[Reconciler, Follower]:
+    reconciler = Reconciler(db, ray, deadline_margin_s=60.0)
+    follower = Follower(
+        db,
+        ray,
+        "me",
+        30.0,
+        100_000,
+        HealthRules(),
+        reader=WholeLogReader(ray),
+        on_checkpoint=lambda: woken.append("reconciler"),
+    )
+    return reconciler, follower
+
+
+def _events(db: Database, run_id: str = "r1") -> list[tuple[str | None, int | None, str]]:
+    with db.read() as s:
+        rows = s.scalars(select(RunEvent).where(RunEvent.run_id == run_id).order_by(RunEvent.id))
+        return [(e.kind, e.step, e.reason) for e in rows]
+
+
+def _yield(db: Database, within_s: float, reason: str = "cancelled by alice") -> None:
+    with db.transaction() as s:
+        run = s.get(Run, "r1", with_for_update=True)
+        assert run is not None
+        assert request_yield(s, run, within_s, reason)
+
+
+def test_the_one_parser_reads_a_checkpoint_line_and_nothing_else() -> None:
+    assert parse_checkpoint(_saved(12)) == 12
+    assert (
+        parse_checkpoint(f'\x1b[36m(pid=4, ip=1.2.3.4)\x1b[0m {checkpoints.PREFIX}{{"step": 3}}')
+        == 3
+    )
+    for line in (
+        "step:3 - a:1",
+        f"{checkpoints.PREFIX}not json",
+        f'{checkpoints.PREFIX}{{"step": -1}}',
+        f'{checkpoints.PREFIX}{{"step": true}}',
+        f'{checkpoints.PREFIX}{{"step": "3"}}',
+        f"{checkpoints.PREFIX}[3]",
+        f'echo {checkpoints.PREFIX}{{"step": 3}}',  # not at the start of the job's line
+    ):
+        assert parse_checkpoint(line) is None, line
+
+
+def test_a_run_waiting_for_its_next_checkpoint_stops_right_after_it_with_0_steps_lost(
+    db: Database,
+) -> None:
+    ray, woken = FakeRay(), []
+    reconciler, follower = _loops(db, ray, woken)
+    add_run(db, "r1", RunStatus.RUNNING)
+    ray.set_status("r1", "RUNNING")
+    ray.log["r1"] = _step(1) + _step(2) + _saved(2) + _step(3)
+    follower.tick()
+    run, _ = read_run(db)
+    assert (run.checkpoint_step, run.stop_requested_at) == (2, None)
+    assert woken == ["reconciler"]
+    _yield(db, 600)
+    ray.log["r1"] += _saved(2)  # said again (a re-read, a watcher restarted): not a new save
+    follower.tick()
+    reconciler.tick()
+    assert read_run(db)[0].stop_requested_at is None and ray.stopped == []
+    ray.log["r1"] += _step(4) + _saved(4)
+    follower.tick()
+    run, _ = read_run(db)
+    assert run.stop_requested_at is not None
+    assert (run.stop_saved_step, run.stop_lost_steps) == (4, 0)
+    reconciler.tick()  # delivers the stop; Ray stops the job
+    reconciler.tick()
+    run, reasons = read_run(db)
+    assert ray.stopped and run.status == RunStatus.STOPPED
+    assert reasons[-1] == "cancelled by alice: stopped at checkpoint step 4, 0 steps lost"
+    kinds = [(k, s) for k, s, _ in _events(db) if k]
+    assert kinds == [("checkpoint", 2), ("stop_requested", None), ("checkpoint", 4)]
+
+
+def test_when_the_wait_runs_out_the_run_stops_with_the_steps_since_its_last_save_lost(
+    db: Database,
+) -> None:
+    ray, woken = FakeRay(), []
+    reconciler, follower = _loops(db, ray, woken)
+    add_run(db, "r1", RunStatus.RUNNING)
+    ray.set_status("r1", "RUNNING")
+    ray.log["r1"] = _step(1) + _step(2) + _saved(2) + _step(3) + _step(4) + _step(5)
+    follower.tick()
+    _yield(db, 3600)
+    reconciler.tick()
+    assert read_run(db)[0].stop_requested_at is None  # an hour to go
+    with db.transaction() as s:  # the hour has passed
+        run = s.get(Run, "r1")
+        assert run is not None and run.yield_by is not None
+        run.yield_by = utcnow() - timedelta(seconds=1)
+    reconciler.tick()
+    reconciler.tick()
+    run, reasons = read_run(db)
+    assert run.status == RunStatus.STOPPED and (run.stop_saved_step, run.stop_lost_steps) == (2, 3)
+    assert "no checkpoint in time: 3 steps lost since step 2" in reasons[-2]
+    assert reasons[-1] == "cancelled by alice: stopped at checkpoint step 2, 3 steps lost"
+
+
+def test_a_run_near_its_deadline_is_asked_to_stop_at_its_next_checkpoint_and_stopped_at_it(
+    db: Database,
+) -> None:
+    ray, woken = FakeRay(), []
+    reconciler, follower = _loops(db, ray, woken)
+    now = utcnow()
+    far = now + timedelta(hours=2)
+    add_run(db, "r1", RunStatus.RUNNING, submitted_at=now, deadline_at=far)
+    add_run(
+        db,
+        "r2",
+        RunStatus.RUNNING,
+        submitted_at=now - timedelta(seconds=70),
+        deadline_at=now + timedelta(seconds=30),
+    )
+    ray.set_status("r1", "RUNNING")
+    ray.set_status("r2", "RUNNING")
+    ray.log["r2"] = _step(1)
+    follower.tick()
+    reconciler.tick()
+    assert read_run(db, "r1")[0].yield_by is None  # two hours to go: the margin is a minute
+    run, reasons = read_run(db, "r2")
+    assert run.yield_by is not None and abs((run.yield_by - run.deadline_at).total_seconds()) < 2
+    assert re.match(r"stop at the next checkpoint requested \(within (29|30) s\)", reasons[-1])
+    assert reasons[-1].endswith("deadline: 100 s from admission")
+    with db.transaction() as s:  # the deadline passes before any save
+        r2 = s.get(Run, "r2")
+        assert r2 is not None
+        r2.yield_by = r2.deadline_at = utcnow() - timedelta(seconds=1)
+    reconciler.tick()
+    reconciler.tick()
+    run, reasons = read_run(db, "r2")
+    assert run.status == RunStatus.STOPPED
+    assert reasons[-1] == "deadline: 100 s from admission: stopped with no checkpoint, 1 steps lost"
+
+
+def test_a_run_that_saves_seldom_is_asked_one_save_interval_before_its_deadline(
+    db: Database,
+) -> None:
+    ray, woken = FakeRay(), []
+    reconciler, _ = _loops(db, ray, woken)
+    now = utcnow()
+    add_run(
+        db,
+        "r1",
+        RunStatus.RUNNING,
+        deadline_at=now + timedelta(seconds=500),
+        checkpoint_every_s=400,
+    )
+    ray.set_status("r1", "RUNNING")
+    reconciler.tick()  # 500 s left, a minute's margin, but its saves come 400 s apart
+    assert read_run(db)[0].yield_by is not None
+
+
+def test_a_cancel_body_asks_for_a_stop_at_the_next_checkpoint_bad_ones_change_nothing(
+    api: TestClient, db: Database
+) -> None:
+    add_run(db, "r1", RunStatus.RUNNING)
+    add_run(db, "r2", RunStatus.RUNNING)
+    before = _events(db)
+    for body, field in (
+        ({"at": "next_checkpoint", "within_s": -1}, "within_s"),
+        ({"at": "next_checkpoint", "within_s": 1e12}, "within_s"),
+        ({"at": "next_checkpoint", "within_s": "soon"}, "within_s"),
+        ({"at": "later"}, "at"),
+        ({"at": "next_checkpoint", "grace": 5}, "grace"),
+    ):
+        resp = api.post("/runs/r1/cancel", json=body)
+        assert resp.status_code == 422, (body, resp.text)
+        assert resp.headers["content-type"].startswith("application/problem+json")
+        assert [e["field"] for e in resp.json()["errors"]] == [field], resp.json()
+    run, _ = read_run(db)
+    assert (run.yield_by, run.stop_requested_at, _events(db)) == (None, None, before)
+    resp = api.post("/runs/r1/cancel", json={"at": "next_checkpoint", "within_s": 120})
+    assert resp.status_code == 200, resp.text
+    doc = resp.json()
+    assert doc["stop_requested"] is False and doc["status"] == "RUNNING"
+    assert doc["stop"]["at"] == "next_checkpoint" and doc["stop"]["then"] == "STOPPED"
+    assert doc["events"][-1]["kind"] == "stop_requested"
+    assert "within 120 s" in doc["events"][-1]["reason"]
+    plain = api.post("/runs/r2/cancel").json()  # no body: a stop now, as before
+    assert plain["stop_requested"] is True and plain["stop"] is None
