@@ -19,8 +19,8 @@ HOMES = {
     r"\b8000\b": "client.py",
     r"datetime\.now\(|datetime\.utcnow\(": "clock.py",
     r"inf_nan_mode|[\"']-?Infinity[\"']\s*(?:if|else|$)": "wire.py",
-    # A run event's JSON, in a run's answer and on its stream alike.
-    r"[\"']to_status[\"']:\s*\w+\.to_status": "wire.py",
+    # A run event's JSON, in a run's answer and on its stream alike: the one list of its columns.
+    r"[\"']from_status[\"'],\s*[\"']to_status[\"']": "wire.py",
     r"frozenset\(\s*\{[^}]*SUCCEEDED": "store/status.py",
     r"^(?:class ResourceShape|PRIORITIES\b)": "scheduling/",
 }
