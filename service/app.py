@@ -205,9 +205,12 @@ async def _start_local(
     running if one fails to start."""
     if not any(spec.local is not None for spec in specs):
         return {}
-    checkpoints = [Path(settings.tiny_grpo_checkpoint_root or default_checkpoint_root())]
-    if Path(settings.verl_checkpoint_root).is_dir():  # the job user's, if it is the service's
-        checkpoints.append(Path(settings.verl_checkpoint_root))
+    # Made for the jobs' user if missing; one that exists keeps its owner and mode.
+    checkpoints = [
+        Path(settings.tiny_grpo_checkpoint_root or default_checkpoint_root()),
+        Path(settings.verl_checkpoint_root),
+    ]
+    made: set[Path] = set()
     # Each embedded cluster of a clusters file runs as a user of its own: none reads another's.
     trust = {}
     try:
@@ -219,6 +222,7 @@ async def _start_local(
                     checkpoints,
                     spec.local.user if settings.clusters_file else settings.local_job_user,
                     f"rlrun-job-{spec.name}" if settings.clusters_file else "",
+                    made,
                 )
     except (StartRefused, JobUserError) as exc:
         log.error("cannot start the local Ray cluster: %s", exc)

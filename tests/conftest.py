@@ -28,6 +28,9 @@ from service.store.tokens import Role
 from service.store.tokens import create as create_token
 from tests import postgres
 
+# The session's one real verl run, for every test file that asks for it (tests/verl_run.py).
+pytest_plugins = ["tests.verl_run"]
+
 # Tests change runs through the lifecycle without an app as well: its listeners, as at start.
 listeners.register()
 

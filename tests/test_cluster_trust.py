@@ -139,6 +139,37 @@ def test_verl_dirs_the_job_user_cannot_use_are_named_at_start(
     assert stat.S_IMODE((tmp_path / "db.sqlite").stat().st_mode) == 0o600
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the job user is made and used as root only")
+def test_a_checkpoint_root_that_exists_keeps_its_owner_and_mode_and_a_missing_one_is_given(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    top = Path(tempfile.mkdtemp())  # in the system temp dir, which anyone may search
+    top.chmod(0o755)
+    shared = top / "checkpoints"  # a root the operator made, shared with others: not the jobs'
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    missing = top / "runs" / "tiny-grpo"
+    settings = make_settings(
+        f"sqlite:///{top}/db.sqlite", "local", verl_checkpoint_root=str(shared)
+    )
+    try:
+        with caplog.at_level(logging.WARNING):
+            trust = embedded_trust.prepare(settings, [shared, missing])
+        assert trust.user is not None
+        kept = shared.stat()
+        assert (kept.st_uid, kept.st_gid, stat.S_IMODE(kept.st_mode)) == (0, 0, 0o755)
+        assert f"{trust.user.name}, which cannot write {shared}" in caplog.text
+        given = missing.stat()  # the service's own, made for its runs: the jobs' user's
+        assert (given.st_uid, stat.S_IMODE(given.st_mode)) == (trust.user.uid, 0o700)
+        # A start again finds both as they were left: neither is taken over now.
+        shared.chmod(0o750)
+        embedded_trust.prepare(settings, [shared, missing])
+        assert stat.S_IMODE(shared.stat().st_mode) == 0o750 and shared.stat().st_uid == 0
+        assert missing.stat().st_uid == trust.user.uid
+    finally:
+        shutil.rmtree(top)
+
+
 def test_get_cluster_says_when_jobs_can_act_as_the_service(db_url: str, secrets_dir: str) -> None:
     for api in _api(db_url, secrets_dir, auth="off"):
         services = api.app.state.services  # type: ignore[attr-defined]

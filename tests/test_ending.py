@@ -11,8 +11,11 @@ from sqlalchemy import select
 
 from service.loops.follower import Follower
 from service.loops.reconciler import Reconciler
+from service.metrics import store
 from service.metrics.health import HealthRules
+from service.metrics.keys import STEP_KEY
 from service.metrics.log_readers import WholeLogReader
+from service.operations import run_docs
 from service.recipes.base import Launch
 from service.recovery import ending
 from service.scheduling.shape import ResourceShape
@@ -225,8 +228,8 @@ _VERL_3_OF_3 = "".join(
     f"(FullyAsyncTrainer pid=7) [FullyAsyncTrainer] _fit_update_weights, timing_s/param_sync: "
     f"0.12 seconds self.current_param_version: {v}\n"
     + (
-        f"(FullyAsyncTrainer pid=7) step:{v + 1} - training/global_step:{v}.0 - "
-        f"fully_async/count/current_param_version:{v - 1}.0\n"
+        f"(FullyAsyncTrainer pid=7) step:{v} - training/global_step:{v - 1}.0 - "
+        f"fully_async/count/current_param_version:{v - 2}.0\n"
         if v >= 2
         else ""
     )
@@ -249,6 +252,10 @@ def test_a_verl_run_is_held_to_the_versions_its_trainer_synced_not_its_lagging_s
     run, _ = read_run(db)
     # 3 synced: finished though its step lines print version 1; of 4, short however it exited.
     assert run.status == end
+    # Its progress is the trainer's word too: version 3, at step 3 (not its lagging line's 1).
+    with db.read() as s:
+        assert store.latest(s, "r1")[STEP_KEY] == (3, 3.0)
+        assert run_docs.progress_doc(planned, store.latest(s, "r1"))["step"] == 3
     if end == RunStatus.FAILED:
         assert run.failure is not None
         assert run.failure["summary"].startswith("trained 3 of 4 steps")

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from service.metrics.parse import parse_line, parse_value
+from service.metrics.keys import STEP_KEY
+from service.metrics.parse import parse_line, parse_synced, parse_value
 
 DATA = Path(__file__).parent / "data"
 
@@ -23,7 +24,11 @@ def metric_lines(path: Path) -> list[tuple[int, dict[str, float]]]:
 
 
 def test_the_verl_sample_yields_every_metric_line_and_nothing_else() -> None:
-    lines = metric_lines(DATA / "verl_console_log_sample.txt")
+    every = metric_lines(DATA / "verl_console_log_sample.txt")
+    # The trainer's sync lines (one before each sync's step lines) are its version, at once.
+    synced = [(step, values) for step, values in every if set(values) == {STEP_KEY}]
+    assert synced == [(v, {STEP_KEY: float(v)}) for v in range(4)]
+    lines = [line for line in every if line not in synced]
     assert [step for step, _ in lines] == [0, 1, 1, 2, 2, 2, 3, 3]
     training = lines[2][1]
     assert training["critic/score/mean"] == 0.475371786659471
@@ -131,3 +136,29 @@ def test_any_terminal_escape_is_stripped_before_a_line_is_read() -> None:
     line = "\x1b]0;title\x07\x1b[36m(TinyGrpoTrainer pid=1)\x1b[0m\x1b[2K step:4 - a/b:1.5"
     parsed = parse_line(line)
     assert parsed is not None and parsed.step == 4 and parsed.values == {"a/b": 1.5}
+
+
+@pytest.mark.parametrize(
+    ("line", "version"),
+    [
+        # As verl 0.9.1 prints it in a Ray job log (a real cpu-smoke run's, colour and all).
+        (
+            "\x1b[36m(FullyAsyncTrainer pid=23305)\x1b[0m [FullyAsyncTrainer] _fit_update_weights,"
+            " timing_s/param_sync: 0.1310 seconds self.current_param_version: 3",
+            3,
+        ),
+        ("[FullyAsyncTrainer] _fit_update_weights, self.current_param_version: 12 ", 12),
+        ("[FullyAsyncTrainer] _fit_update_weights, timing_s/param_sync: 7.41 seconds", None),
+        ("[FullyAsyncTrainer] global_steps: 3 local_trigger_step: 1", None),
+        ("echo [FullyAsyncTrainer] _fit_update_weights, current_param_version: 3", None),
+        ("[FullyAsyncTrainer] _fit_update_weights, current_param_version: 3x", None),
+    ],
+)
+def test_the_trainers_own_sync_line_is_its_parameter_version_at_that_step(
+    line: str, version: int | None
+) -> None:
+    assert parse_synced(line) == version
+    parsed = parse_line(line)
+    assert parsed == (None if version is None else (version, {STEP_KEY: float(version)}))
+    # verl's own step line says the version the step trained with: a metric, not a sync.
+    assert parse_synced("step:3 - fully_async/count/current_param_version:1.0") is None

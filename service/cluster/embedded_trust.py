@@ -4,8 +4,9 @@ As root (or with ``RLRUN_LOCAL_JOB_USER``), the nodes run as the job user (``job
 Python it can run (``job_python``). The service's own files are then made or checked to be out
 of its reach: the SQLite database (mode 0600, which SQLite's journal files take too) and the
 secrets dir (refused if that user can enter it), while the run dirs the service makes are that
-user's. Not root and no job user named: the nodes run as the service's own user, which with
-authentication on is refused unless ``RLRUN_LOCAL_SINGLE_TENANT`` accepts it.
+user's; a run dir that exists already (a shared checkpoint root) is never taken over. Not root
+and no job user named: the nodes run as the service's own user, which with authentication on is
+refused unless ``RLRUN_LOCAL_SINGLE_TENANT`` accepts it.
 """
 
 from __future__ import annotations
@@ -49,11 +50,22 @@ class EmbeddedTrust:
 
 
 def prepare(
-    settings: Settings, run_dirs: Sequence[Path] = (), named: str | None = None, default: str = ""
+    settings: Settings,
+    run_dirs: Sequence[Path] = (),
+    named: str | None = None,
+    default: str = "",
+    made: set[Path] | None = None,
 ) -> EmbeddedTrust:
     """An embedded cluster's user (``named``, else ``default``, as root) and Python, the
-    service's files out of that user's reach and ``run_dirs`` (made if missing) within it;
-    ``StartRefused`` if that cannot be."""
+    service's files out of that user's reach and ``run_dirs`` within it where the service makes
+    them; ``StartRefused`` if that cannot be.
+
+    A run dir that is missing is made here and given to the user (mode 0700), or, made for
+    another embedded cluster's user at this start (``made``, shared by the calls of one start),
+    opened to each (1777: each user's runs keep their own dirs in it). One that exists already
+    is not the service's to give (a shared checkpoint root, the operator's, an earlier start's):
+    it keeps its owner and mode, and a warning says when the user cannot write it."""
+    made = set() if made is None else made
     user = resolve(named, default or DEFAULT_NAME)
     if user is None:
         if settings.auth_enabled and not settings.local_single_tenant:
@@ -74,22 +86,31 @@ def prepare(
     if settings.secrets_dir and (why := private_to_service(Path(settings.secrets_dir), user)):
         raise StartRefused(f"RLRUN_SECRETS_DIR: {why}; make it mode 0700")
     for path in run_dirs:
-        path.mkdir(parents=True, exist_ok=True)
+        if not path.exists():
+            try:
+                path.mkdir(parents=True)
+            except OSError as exc:
+                log.warning("cannot make %s for the embedded cluster's runs: %s", path, exc)
+                continue
+            made.add(path)
+        if path not in made:
+            continue
         if path.stat().st_uid == os.geteuid():
             user.own(path)
         elif path.stat().st_uid != user.uid:
             # Another embedded cluster's user has it: each user's runs keep their own dirs in it.
             path.chmod(0o1777)
-    _say_unreachable(settings, user)
+    _say_unreachable(settings, user, [p for p in run_dirs if p not in made])
     python = for_user(user)
     log.info("the embedded cluster's jobs run as %s (Python %s)", user.name, python.executable)
     return EmbeddedTrust(user, python)
 
 
-def _say_unreachable(settings: Settings, user: JobUser) -> None:
-    """A warning for each verl dir the job user cannot use (its runs would fail there)."""
+def _say_unreachable(settings: Settings, user: JobUser, kept: Sequence[Path]) -> None:
+    """A warning for each verl dir, and each run dir kept as it was (``kept``), that the job
+    user cannot use (its runs would fail there)."""
     wanted = {settings.verl_data_dir: "read", settings.verl_model_dir: "read"}
-    wanted[settings.verl_checkpoint_root] = "write"
+    wanted |= {str(path): "write" for path in kept}
     for path, how in wanted.items():
         want = SEARCH | (WRITE if how == "write" else READ)
         if Path(path).exists() and (blocked := user.blocker(Path(path), want)) is not None:

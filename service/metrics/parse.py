@@ -7,6 +7,14 @@ actor output with ``(ActorName pid=..., ip=...)`` (possibly coloured). A line co
 line only when every item parses; anything else (``timing_s/param_sync: 7.41 seconds``) is not.
 The verl launcher's preflight report is one line too (``jobs.verl_launch.PREFIX`` + JSON), and so
 is each complete checkpoint a job reports (``jobs.checkpoints.PREFIX`` + JSON).
+
+verl's fully async trainer also says each parameter version it syncs to the rollout, on a line
+of its own (``[FullyAsyncTrainer] _fit_update_weights, ... self.current_param_version: N``,
+before that sync's ``step:N`` lines). Its ``step:`` lines lag: they carry the version a step
+trained with, and the last step's are never printed (verl 0.9.1: a finished run of 3 syncs
+prints version 1 there at most). So the sync line is read as the point
+``current_param_version = N`` at step N, and being first at its step, it is the one the store
+keeps (a point already stored at a step is kept): a run's progress is the trainer's own word.
 """
 
 from __future__ import annotations
@@ -18,12 +26,16 @@ from typing import Any, NamedTuple
 from jobs.checkpoints import PREFIX as CHECKPOINT_PREFIX
 from jobs.verl_launch import PREFIX as PREFLIGHT_PREFIX
 from service.metrics.ansi import strip_ansi
+from service.metrics.keys import STEP_KEY
 
 _RAY_PREFIX = re.compile(r"^\((?:[^()\s]+ )?pid=\d+(?:, ip=[^)]*)?\)\s*")
 _RAY_REPEAT = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
 _STEP = re.compile(r"^step:(\d{1,30})(?: - |$)")  # bounded: int() of any digit run is cheap
 _KEY = re.compile(r"^[^\s:\x00-\x1f\x7f]+$")
 _NUMPY = re.compile(r"^(?:np|numpy)\.(?:float|int|uint|bool_?)\d*\((.*)\)$")
+_SYNCED = re.compile(
+    r"^\[FullyAsyncTrainer\] _fit_update_weights,.*\bcurrent_param_version: (\d{1,30})\s*$"
+)
 _NUMBER = re.compile(r"^[+-]?(?:\d+\.?\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|nan|inf)$")
 
 
@@ -55,7 +67,8 @@ def parse_line(line: str) -> MetricLine | None:
     body = strip_ray_prefix(line).strip()
     match = _STEP.match(body)
     if not match:
-        return None
+        synced = _synced(body)
+        return None if synced is None else MetricLine(synced, {STEP_KEY: float(synced)})
     items = body[match.end() :].split(" - ") if match.end() < len(body) else []
     values: dict[str, float] = {}
     for item in items:
@@ -67,6 +80,17 @@ def parse_line(line: str) -> MetricLine | None:
     if not values:
         return None
     return MetricLine(step=int(match.group(1)), values=values)
+
+
+def parse_synced(line: str) -> int | None:
+    """The parameter version verl's fully async trainer says it synced on this line, or None
+    when it is not such a line."""
+    return _synced(strip_ray_prefix(line).strip())
+
+
+def _synced(body: str) -> int | None:
+    match = _SYNCED.match(body)
+    return int(match.group(1)) if match else None
 
 
 def parse_preflight(line: str) -> dict[str, Any] | None:

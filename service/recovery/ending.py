@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from service.metrics import logcopy, store
 from service.metrics.keys import STEP_KEY
+from service.metrics.parse import parse_synced
 from service.recovery import explain, retry
 from service.recovery.classify import Evidence, Failure, classify
 from service.recovery.retry import RetryConfig
@@ -35,10 +36,7 @@ _CONCLUDED = frozenset({RunStatus.FAILED, RunStatus.RETRYING})
 # Where a fatal error starts: a Python traceback, or Ray's error raised in the driver.
 _FATAL = re.compile(r"Traceback \(most recent call last\)|ray\.exceptions\.\w+Error")
 _STEP_LINE = re.compile(r"step:\d+ - ")
-# verl's trainer says each parameter version it syncs (fully_async_trainer.py). Its ``step:``
-# lines lag: they carry the version a step trained with, and the last step's line is never
-# printed (verl 0.9.1; a finished run of 3 syncs prints at most version 1 there).
-_SYNCED = re.compile(r"\[FullyAsyncTrainer\] _fit_update_weights,.*current_param_version: (\d+)")
+_SYNC_MARK = "_fit_update_weights"  # what a line ``parse_synced`` reads holds (a cheap filter)
 # verl's rollouter says how many samples it will produce (fully_async_rollouter.py).
 _ROLLOUT_TOTAL = re.compile(r"\[FullyAsyncRollouter\] Total rollout steps: (\d+)")
 _EARLY_HINT = (
@@ -133,9 +131,12 @@ def _planned_by_job(session: Session, run: Run, total: int) -> int:
 
 
 def _synced_by_trainer(session: Session, run_id: str) -> int:
-    """The newest parameter version the trainer's own lines say it synced (0: none)."""
+    """The newest parameter version the trainer's own lines say it synced (0: none), read from
+    the kept log: what the stored points hold too, unless the run's metric limits dropped them.
+    verl's ``step:`` lines lag (``metrics.parse``)."""
     text, _ = logcopy.since(session, run_id, 0)
-    return max((int(m[1]) for m in _SYNCED.finditer(text)), default=0)
+    lines = (line for line in text.splitlines() if _SYNC_MARK in line)
+    return max((v for line in lines if (v := parse_synced(line)) is not None), default=0)
 
 
 def _reached(session: Session, run_id: str) -> int:

@@ -1,0 +1,145 @@
+"""The one real verl run of a test session, shared by every test file that asks about it.
+
+A real run of verl's own fully async trainer (preset ``cpu-smoke`` of ``verl-fully-async``, on
+CPU, on the embedded local Ray head of a real service process) costs minutes, nearly all of it
+start-up, and peaks near 11 GB. So a session makes exactly one, the first time a test asks for
+it, and keeps its service up until the session ends: every test about verl-for-real asks this
+run what it wants to know. CI pays for one run; add assertions, not runs.
+
+The fixtures (session-scoped; registered for every test file by ``tests/conftest.py``):
+
+- ``verl_run`` (``VerlRun``): the run, ended (waited for up to ``RUN_TIMEOUT_S``): ``run_id``,
+  ``run`` (the final ``GET /runs/{id}`` JSON), ``root`` (its data, checkpoints, database, the
+  service's log), ``checkpoints`` (the run's own ``trainer.default_local_dir``), ``service``
+  (the ``ServiceProcess``, still up) and ``http`` (an ``httpx.Client`` on its base URL);
+- ``verl_http``: that client, for ``GET /runs/{id}``, ``/events``, ``/metrics``, ``/logs``,
+  ``/script`` and the rest.
+
+A test file uses them so::
+
+    pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(1500)]
+
+    def test_something_of_the_real_run(verl_run: VerlRun) -> None:
+        series = verl_run.http.get(f"/runs/{verl_run.run_id}/metrics").json()["series"]
+        assert ...
+
+A test that asks for the run waits for it to end; the first one pays for it (its timeout must
+cover a run: ``pytest.mark.timeout(1500)``). A test must not change the run (cancel it, retry
+it) or the service; one that needs a run of its own is not in CI. The run takes the host's
+verl lock (``flock`` on ``LOCK``, as every real verl run here does) for as long as the service is
+up, so two sessions never run verl at once.
+
+Slow, and it needs the trainer stack (rlrun[verl-cpu], README): without it the run fails, the
+tests fail, never skip.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import RAY_PORT
+from tests.service_process import ServiceProcess
+
+LOCK = Path("/tmp/rlrun-verl-real.lock")
+RUN_TIMEOUT_S = 900
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "STOPPED", "LOST")
+# The run's request: the preset as a user posts it.
+REQUEST: dict[str, Any] = {"recipe": "verl-fully-async", "preset": "cpu-smoke", "name": "cpu-smoke"}
+
+
+@dataclass(frozen=True)
+class VerlRun:
+    """The session's real verl run, ended, on a service still up."""
+
+    service: ServiceProcess
+    http: httpx.Client
+    root: Path
+    run_id: str
+    run: dict[str, Any]
+    # Seconds from POST /runs to the run's end, as this session saw them.
+    seconds: float
+
+    @property
+    def checkpoints(self) -> Path:
+        """The run's own checkpoint dir (``trainer.default_local_dir``)."""
+        return self.root / "checkpoints" / self.run_id
+
+    @property
+    def data(self) -> Path:
+        """The smoke assets (model, tokenizer, parquet data) the run read."""
+        return self.root / "data" / "rlrun-smoke"
+
+
+def _service(root: Path) -> ServiceProcess:
+    service = ServiceProcess("sqlite:///" + str(root / "db.sqlite"), "local", root / "s.log")
+    data = root / "data"
+    service.env |= {
+        # verl's actors ask for 23 CPUs beside the pools' bundles (logical: more than cores).
+        "RLRUN_LOCAL_NPUS": "2",
+        "RLRUN_LOCAL_CPUS_PER_NODE": "64",
+        "RLRUN_LOCAL_RAY_STATE_DIR": str(root / "state"),
+        # Ports of this session's range (conftest: RAY_PORT..RAY_PORT+2500), not random free ones
+        # that another process may take between choosing and binding.
+        "RLRUN_LOCAL_RAY_PORT": str(RAY_PORT + 2200),
+        "RLRUN_LOCAL_DASHBOARD_PORT": str(RAY_PORT + 2300),
+        "RLRUN_VERL_DATA_DIR": str(data),
+        "RLRUN_VERL_MODEL_DIR": str(data),
+        "RLRUN_VERL_CHECKPOINT_ROOT": str(root / "checkpoints"),
+    }
+    return service
+
+
+def _wait_end(http: httpx.Client, run_id: str) -> dict[str, Any]:
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while time.monotonic() < deadline:
+        run: dict[str, Any] = http.get(f"/runs/{run_id}").json()
+        if run["status"] in TERMINAL:
+            return run
+        time.sleep(2)
+    raise AssertionError(f"run {run_id} did not end in {RUN_TIMEOUT_S}s")
+
+
+@pytest.fixture(scope="session")
+def verl_run() -> Iterator[VerlRun]:
+    from jobs.verl_cpu import assets
+
+    # Where the embedded nodes' own user (the service runs as root) reads data and writes
+    # checkpoints: not in pytest's private temp dir. The checkpoint root is the service's to
+    # make at start (for that user); one that exists is not taken over.
+    root = Path(tempfile.mkdtemp(prefix="rlrun-verl-real-"))
+    root.chmod(0o755)
+    assets.make(root / "data" / "rlrun-smoke")
+    service = _service(root)
+    with LOCK.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        service.start(timeout=180)
+        try:
+            with httpx.Client(base_url=service.url, timeout=30) as http:
+                started = time.monotonic()
+                resp = http.post("/runs", json=REQUEST)
+                assert resp.status_code == 201, resp.text
+                run_id = resp.json()["id"]
+                run = _wait_end(http, run_id)
+                seconds = time.monotonic() - started
+                (root / "run.json").write_text(json.dumps(run, indent=2))
+                print(f"\nthe session's verl run {run_id}: {run['status']} in {seconds:.0f} s")
+                yield VerlRun(service, http, root, run_id, run, seconds)
+        finally:
+            service.stop()
+            shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def verl_http(verl_run: VerlRun) -> httpx.Client:
+    return verl_run.http
