@@ -17,7 +17,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from service.cluster.inventory_cache import InventoryCache
-from service.loops.follower import Follower
+from service.cluster.ray_jobs import RayUnavailable
+from service.loops.follower import DECIDE_WITHIN, Follower
 from service.loops.reconciler import Reconciler
 from service.loops.submitter import Submitter
 from service.metrics.health import HealthRules
@@ -29,7 +30,7 @@ from service.recovery.retry import RetryConfig
 from service.scheduling.admission import Quotas
 from service.scheduling.outside import ClusterJob, unmanaged
 from service.store.db import Database
-from service.store.models import Run, RunAttempt, WebhookDelivery, utcnow
+from service.store.models import Run, RunAttempt, RunLog, WebhookDelivery, utcnow
 from service.store.status import RunStatus
 from tests.factories import add_run, add_webhook, read_run
 from tests.fake_ray import FakeRay
@@ -364,3 +365,85 @@ def test_a_subscriber_hears_an_attempt_ended_before_the_retry_and_no_run_failed(
     assert ended["attempt"]["failure"]["class"] == "actor_died"
     assert (ended["next_attempt"], ended["event"]["to"]) == (2, "RETRYING")
     assert sent["run.retrying"]["attempt"] == 2
+
+
+def _ended_while_ray_is_away(db_url: str, spec: dict[str, Any] | None = None) -> Loops:
+    """Attempt 1 of r1 logged DIED (kept by the follower), then failed; Ray is gone since."""
+    _, loops = _submitted(db_url, spec)
+    loops.ray.log["r1"] = DIED
+    loops.ray.set_status("r1", "RUNNING")
+    loops.reconciler.tick()
+    loops.follower.tick()  # the lines are kept while the job runs
+    loops.ray.set_status("r1", "FAILED")
+    loops.reconciler.tick()
+    loops.ray.fail("logs", RayUnavailable("connection refused"), times=1000)
+    loops.ray.fail("get", RayUnavailable("connection refused"), times=1000)
+    return loops
+
+
+def _ended_ago(db: Database, ago: timedelta) -> None:
+    with db.transaction() as s:
+        s.scalars(select(Run)).one().ended_at = utcnow() - ago
+
+
+@pytest.mark.parametrize("away", ["unreachable", "cluster down"])
+def test_an_attempt_that_ended_while_ray_is_away_is_decided_on_the_kept_log_in_time(
+    api: TestClient, db_url: str, away: str
+) -> None:
+    loops = _ended_while_ray_is_away(db_url)
+    if away == "cluster down":
+        loops.follower.clusters.primary.health.up = False
+    db = loops.db
+
+    def tick() -> None:
+        if away == "unreachable":  # every read fails: the round fails, as the loop backs off
+            with pytest.raises(RayUnavailable):
+                loops.follower.tick()
+        else:
+            loops.follower.tick()
+
+    tick()
+    _ended_ago(db, DECIDE_WITHIN - timedelta(seconds=5))
+    tick()
+    run, _ = read_run(db)
+    assert (run.status, run.attempt_status, run.failure) == (
+        RunStatus.RETRYING,
+        RunStatus.FAILED,
+        None,
+    )
+    _ended_ago(db, DECIDE_WITHIN + timedelta(seconds=1))
+    tick()
+    run, reasons = read_run(db)
+    # Decided on what is known: the kept lines name the class, the policy retries it.
+    assert (run.status, run.attempt) == (RunStatus.QUEUED, 2)
+    why = "Ray fails to give its log" if away == "unreachable" else "its cluster default is down"
+    decided = [r for r in reasons if r.startswith("decided on the log kept so far: ")]
+    assert len(decided) == 1 and why in decided[0] and "120 s after the attempt ended" in decided[0]
+    assert reasons[-1] == "retrying: attempt 2 of 3 after actor_died"
+    doc = api.get("/runs/r1").json()
+    first = doc["attempts"][0]
+    assert first["status"] == "FAILED" and first["failure"]["class"] == "actor_died"
+    assert decided[0] in first["failure"]["summary"]
+    assert first["failure"]["evidence"][0]["line"].startswith("ray.exceptions.ActorDiedError")
+
+
+def test_a_run_decided_on_the_kept_log_ends_as_its_attempt_did_when_not_retried(
+    db_url: str,
+) -> None:
+    loops = _ended_while_ray_is_away(db_url, {"retry": {**POLICY, "on": ["npu_oom"]}})
+    _ended_ago(loops.db, DECIDE_WITHIN + timedelta(seconds=1))
+    with pytest.raises(RayUnavailable):
+        loops.follower.tick()
+    run, reasons = read_run(loops.db)
+    assert run.status == RunStatus.FAILED and run.failure is not None
+    assert run.failure["class"] == "actor_died"
+    assert "decided on the log kept so far" in run.failure["summary"]
+    assert reasons[-1] == "not retried: its policy does not retry actor_died"
+    # The API reference states the bound the follower keeps.
+    assert f"at most {DECIDE_WITHIN.total_seconds():g} s after the" in " ".join(
+        (RunStatus.__doc__ or "").split()
+    )
+    # Decided once: the run's log is no longer followed.
+    with loops.db.transaction() as s:
+        runlog = s.get(RunLog, "r1")
+        assert runlog is not None and runlog.finished_at is not None

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence, Set
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -45,6 +45,10 @@ _LONG_AGO = datetime.min.replace(tzinfo=UTC)
 # Ray may report a job ended before its last lines are in the job log: the final read of a run
 # waits this long after the run was seen ended.
 FINAL_READ_AFTER = timedelta(seconds=2)
+# An ended attempt whose log Ray has not given to its end this long after the end (Ray
+# unreachable, its cluster down, its log stream stuck) is decided on the log kept so far, and the
+# run's events and failure say so: a run never waits on Ray for its retry decision forever.
+DECIDE_WITHIN = timedelta(seconds=120)
 _FAILED = frozenset({RunStatus.FAILED, RunStatus.LOST, RunStatus.RETRYING})
 
 
@@ -77,6 +81,8 @@ class _Read:
     resumed: int | None = None  # the step the job said it resumes from
     # The complete checkpoints the job reported: (end offset of the line, step).
     saves: list[tuple[int, int]] = field(default_factory=list)
+    # A final read made without the log's end (``DECIDE_WITHIN``): why.
+    cut_short: str | None = None
 
 
 def split_lines(text: str, start: int, final: bool) -> tuple[str, list[tuple[int, str]]]:
@@ -133,6 +139,9 @@ class Follower:
     on_retry: Callable[[], None] = lambda: None
     # Called after a batch that recorded a checkpoint (a run yielding for it may stop now).
     on_checkpoint: Callable[[], None] = lambda: None
+    # How long after an attempt's end its log is waited for before the decision is made on the
+    # part kept (``DECIDE_WITHIN``).
+    decide_within: timedelta = DECIDE_WITHIN
     # How the job log is read: by default Ray's tail stream of the run's cluster, kept open
     # per run.
     reader: LogReader | None = None
@@ -155,10 +164,17 @@ class Follower:
     def tick(self) -> None:
         held = self._claim()
         # A run on a cluster that is down is not read (its lease is kept): the health loop
-        # ends it, or it is read on once its cluster is back.
+        # ends it, or it is read on once its cluster is back; an attempt that had ended is
+        # decided on the log kept once ``decide_within`` has passed.
         down = self.clusters.down()
         primary = self.clusters.primary.name
+        on_down = [h for h in held if (h.cluster or primary) in down]
         held = [h for h in held if (h.cluster or primary) not in down]
+        overdue = [
+            self._cut_short(h, f"its cluster {h.cluster or primary} is down")
+            for h in on_down
+            if self._overdue(h)
+        ]
         self._where.clear()
         self._where.update({r.job: r.cluster for r in held})
         self._jobs = {r.run_id: r.job for r in held}
@@ -166,7 +182,7 @@ class Follower:
         now = time.time()
         self.last_read = {r.run_id: self.last_read.get(r.run_id, now) for r in held}
         failed: list[Exception] = []
-        reads: list[_Read] = []
+        reads: list[_Read] = overdue
         for run in held:
             try:
                 read = self._read(run)
@@ -174,7 +190,14 @@ class Follower:
                 # One run's log that Ray fails to give holds up no other run's.
                 log.warning("follower: reading the log of run %s failed: %s", run.run_id, exc)
                 failed.append(exc)
+                if self._overdue(run):
+                    reads.append(self._cut_short(run, f"Ray fails to give its log ({exc})"))
                 continue
+            if read is not None and not read.final and self._overdue(run):
+                why = "Ray has not given its log to the end"
+                read = replace(read, final=True, cut_short=why)
+            elif read is None and self._overdue(run):
+                read = self._cut_short(run, "Ray no longer gives its log")
             if read is not None:
                 reads.append(read)
         # A transaction per batch of runs, not per run: one commit, and the rows locked at once.
@@ -281,6 +304,17 @@ class Follower:
             held, new, parsed, reports, final, ray_state, resumed[-1] if resumed else None, saves
         )
 
+    def _overdue(self, held: Held) -> bool:
+        """Whether ``held``'s attempt ended longer than ``decide_within`` ago."""
+        ended = held.ended_at if held.status in ENDED else None
+        return ended is not None and utcnow() - ended >= self.decide_within
+
+    def _cut_short(self, held: Held, why: str) -> _Read:
+        """The final read of an attempt whose log's end Ray has not given in time: nothing
+        more than what is kept."""
+        wait = f"{self.decide_within.total_seconds():g} s"
+        return _Read(held, "", [], [], True, cut_short=f"{why} {wait} after the attempt ended")
+
     def _deaths(self, held: Held) -> deaths.Word:
         job = held.job
         try:
@@ -345,9 +379,14 @@ class Follower:
                     runlog.finished_at = now
                     runlog.lease_owner = None
                     runlog.lease_expires_at = None
-                    # The whole log is read: how (a success Ray reported) and why it ended,
-                    # then whether a next attempt starts.
-                    ending.at_final_read(session, run, self.retry, read.ray_state)
+                    # The whole log is read (or what is kept of it, Ray having failed to give
+                    # the rest in time): how (a success Ray reported) and why it ended, then
+                    # whether a next attempt starts.
+                    short = None
+                    if read.cut_short is not None:
+                        short = f"decided on the log kept so far: {read.cut_short}"
+                        note(session, run, short[:1000])
+                    ending.at_final_read(session, run, self.retry, read.ray_state, short)
                     ended = ended or read.held.status not in ENDED
                     retried = retry.after_settle(session, run, self.retry) or retried
                 stored.append(read)

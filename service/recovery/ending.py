@@ -92,16 +92,21 @@ def ray_succeeded(session: Session, run: Run, now: datetime, config: RetryConfig
 
 
 def at_final_read(
-    session: Session, run: Run, config: RetryConfig, ray_state: Sequence[str] = ()
+    session: Session,
+    run: Run,
+    config: RetryConfig,
+    ray_state: Sequence[str] = (),
+    short: str | None = None,
 ) -> None:
     """The follower has read ``run``'s log to the end: end it if Ray's success waits for
     that, and settle its failure (once: a run ended by ``conclude`` is settled already;
-    ``ray_state``: what Ray's state API says died under the job). The caller decides on a
-    retry next (``retry.after_settle``)."""
+    ``ray_state``: what Ray's state API says died under the job; ``short``: why the end was
+    not read, the decision made on the log kept). The caller decides on a retry next
+    (``retry.after_settle``)."""
     if run.status in ACTIVE:
-        conclude(session, run, config)
+        conclude(session, run, config, f" ({short})" if short else "")
     elif not (run.status in _CONCLUDED and run.ray_ended_at is not None):
-        explain.settle(session, run, ray_state=ray_state)
+        explain.settle(session, run, ray_state=ray_state, short=short)
 
 
 def conclude(session: Session, run: Run, config: RetryConfig, why: str = "") -> None:

@@ -4,7 +4,7 @@ service or elsewhere, lost) or, for a run that failed, from its kept log and Ray
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from sqlalchemy import select
@@ -65,14 +65,21 @@ def kept_tail(session: Session, run_id: str) -> tuple[str, int]:
 
 
 def settle(
-    session: Session, run: Run, failure: Failure | None = None, ray_state: Sequence[str] = ()
+    session: Session,
+    run: Run,
+    failure: Failure | None = None,
+    ray_state: Sequence[str] = (),
+    short: str | None = None,
 ) -> None:
-    """Record ``run``'s failure (once its log is all read; ``failure`` when the caller has
-    found it already; ``ray_state``: Ray's state API's lines on the job, ``recovery.deaths``)
-    and, if the run has failed for good, tell ``run.failed`` subscribers, with the class (a
-    RETRYING run is told once its retry is decided against: ``announce``)."""
+    """Record ``run``'s failure (once its log is all read, or ``short`` says why it was not;
+    ``failure`` when the caller has found it already; ``ray_state``: Ray's state API's lines on
+    the job, ``recovery.deaths``) and, if the run has failed for good, tell ``run.failed``
+    subscribers, with the class (a RETRYING run is told once its retry is decided against:
+    ``announce``)."""
     session.flush()  # the log's last lines, added in this transaction, are read back
     failure = failure or failure_of(session, run, ray_state)
+    if failure is not None and short:
+        failure = replace(failure, summary=f"{failure.summary} ({short})")
     run.failure = None if failure is None else as_doc(failure)
     announce(session, run)
 

@@ -13,9 +13,12 @@ class RunStatus(StrEnum):
     hand (``POST /runs/{id}/retry``). An attempt that ends FAILED or LOST while the run's retry
     policy may start another leaves the run RETRYING, not terminal, with the attempt's end in
     ``attempts[-1].status`` (and its ``failure`` once known) while its failure class is read
-    from its log and, for a lost node, Ray decides the node's death. Then it is QUEUED for the
-    next attempt (``retry_at``: the backoff's end; ``attempts[-2]`` says how the one before
-    ended) or ends as its attempt did (FAILED, LOST). Before: QUEUED (waits for admission),
+    from its log and, for a lost node, Ray decides the node's death: at most 120 s after the
+    attempt's end, when Ray has not given the log to its end by then (unreachable, its cluster
+    down) the decision is made on the log kept so far, and an event and the failure's summary
+    say so (``decided on the log kept so far: ...``). Then it is QUEUED for the next attempt
+    (``retry_at``: the backoff's end; ``attempts[-2]`` says how the one before ended) or ends
+    as its attempt did (FAILED, LOST). Before: QUEUED (waits for admission),
     SUBMITTED (given to Ray), RUNNING. A ``run.attempt_ended`` webhook tells each attempt's end;
     ``run.failed`` only a run's final failure."""
 
