@@ -9,7 +9,9 @@ next run submitted.
 
 0. ``decide`` at scale: 10,000 queued runs (mixed shapes, 20 teams, every other one with a
    quota, three priorities) on 1,000 nodes of 8 and 16 NPUs, the cluster mostly busy; one round
-   with every run's queue reason, against the straightforward round on the same input.
+   with every run's queue reason, against the straightforward round on the same input. Then the
+   submitter's decision at that scale with fair share's history weights and preemption
+   (``decide_across`` with every team's recent usage, then ``preemption.choose``).
 1. ``decide`` alone on a simulated inventory (100 nodes x 8 NPUs, 1,000 queued runs of mixed
    shapes, teams and priorities, the cluster mostly busy): rounds per second, and queued runs
    decided per second.
@@ -38,8 +40,11 @@ from sqlalchemy import insert
 from service.app import create_app
 from service.cluster.ray_jobs import RayJobs
 from service.loops.submitter import Submitter
+from service.scheduling import preemption
+from service.scheduling.across import ClusterState, decide_across
 from service.scheduling.admission import HeldRun, QueuedRun, Quotas, decide
 from service.scheduling.inventory import Inventory, Node
+from service.scheduling.preemption import Policy, Running
 from service.scheduling.shape import Group, ResourceShape
 from service.settings import Settings
 from service.store.db import Database, upgrade
@@ -137,6 +142,66 @@ def bench_decide_at_scale(rounds: int, n_nodes: int = 1000, n_queued: int = 10_0
         f"({plain[1]:.0f} ms CPU), same decision; {len(fast[2].admit)} admitted, reasons for "
         f"{len(fast[2].reasons)}: {dict(kinds)}"
     )
+
+
+def bench_history_and_preemption(rounds: int, n_nodes: int = 1000, n_queued: int = 10_000) -> float:
+    """The submitter's decision at the same scale with fair share's memory (every team with
+    recent usage) and preemption on, on a full cluster: every node held whole by a running run
+    of priority low or normal (admitted long ago, some without checkpoints, some preempted
+    before), so every queued run waits for capacity and the high ones look for victims.
+    ``decide_across`` with the history weights, then ``preemption.choose`` over the runs left
+    waiting for capacity. Returns the median milliseconds."""
+    full, queued, _, quotas = at_scale(n_nodes, n_queued)
+    nodes = tuple(Node(n.id, n.total, {"NPU": 0.0, "CPU": n.total["CPU"] / 2}) for n in full.nodes)
+    inventory = Inventory(nodes)
+    rng = random.Random(5)
+    recent = {f"team{t:02d}": rng.uniform(0.0, 200.0) for t in range(20)}
+    now = time.time()
+    running, held = [], []
+    for i, node in enumerate(nodes):
+        size = int(node.total["NPU"])
+        shape = ResourceShape("NPU", (Group("job", size, 2.0 * size),), 1.0)
+        team = f"team{i % 20:02d}"
+        held.append(HeldRun(f"h{i:04d}", team, shape, settled=True))
+        running.append(
+            Running(
+                f"h{i:04d}",
+                team,
+                rng.choice([0, 1]),
+                shape,
+                admitted_at=now - rng.uniform(900, 86400),
+                started_at=now - rng.uniform(0, 800),
+                steps_lost=rng.choice([None, 0, 1, 3, 10]),
+                times=rng.choice([0, 0, 1, 3]),
+                last_preempted_at=now - rng.uniform(0, 7200),
+            )
+        )
+    state = ClusterState("default", inventory, held)
+    candidates = {r.id: ["default"] for r in queued}
+    policy = Policy()
+    wall, cpu, choosing, victims, preemptors = [], [], [], 0, 0
+    for _ in range(rounds):
+        start, cpu_start = time.perf_counter(), time.process_time()
+        decision = decide_across([state], queued, candidates, quotas, 16, recent)
+        waiting = [r for r in queued if preemption.waits_for_room(r, decision.reasons)]
+        order = {run_id: i for i, run_id in enumerate(decision.order)}
+        waiting.sort(key=lambda r: order[r.id])
+        chose = time.process_time()
+        choice = preemption.choose(waiting, running, inventory, quotas, policy, now)
+        choosing.append((time.process_time() - chose) * 1000)
+        wall.append((time.perf_counter() - start) * 1000)
+        cpu.append((time.process_time() - cpu_start) * 1000)
+        preemptors = len(choice.preemptions)
+        victims = sum(len(p.victims) for p in choice.preemptions)
+    median = statistics.median(wall)
+    print(
+        f"admission round with history weights and preemption, {n_queued:,} queued x "
+        f"{n_nodes:,} nodes held whole by {len(running):,} running runs, median of {rounds}: "
+        f"{median:.0f} ms ({statistics.median(cpu):.0f} ms CPU, of which preemption "
+        f"{statistics.median(choosing):.0f} ms); {len(waiting):,} wait for "
+        f"capacity, {preemptors} runs preempt {victims} victims"
+    )
+    return median
 
 
 class FixedInventory:
@@ -255,6 +320,7 @@ def main() -> None:
         args.rounds, args.chain, args.fast_only, args.scale_rounds = 3, 2, True, 1
     # Quick: the same round at a tenth of the size (the straightforward one is slow at scale).
     bench_decide_at_scale(args.scale_rounds, *((100, 1000) if args.quick else ()))
+    bench_history_and_preemption(args.scale_rounds, *((100, 1000) if args.quick else ()))
     report = Report("admission")
     bench_decide(report, args.rounds)
     bench_submitter_round(report, args.rounds)

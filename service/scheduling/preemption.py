@@ -1,0 +1,345 @@
+"""Preemption for priority that loses no work: which running runs a waiting run of a higher
+priority would stop, and why the others are spared.
+
+A queued run that cannot fit now, and would fit if some lower-priority runs were gone, preempts
+them (``choose``). The victims are the fewest that make room, picked to lose the least: the
+fewest steps since their last complete save, then the lowest priority, then the latest
+started. Each is then asked to stop at its next checkpoint within the grace (the store does it,
+``lifecycle.request_yield``), and comes back as a new attempt that resumes from it.
+
+A run is spared (``spared``) while it is already stopping, when its priority is not preemptible,
+when it was admitted less than ``min_admitted_s`` ago (as Kueue's ``minAdmitDuration`` and
+Slurm's ``PreemptExemptTime``), when it was preempted ``max_times`` already and its rest is not
+over, and when it saves no checkpoints (unless the policy says it may lose everything). Quotas
+hold: a run preempts only what leaves its team within its quota once it is admitted.
+
+Where the victims' groups sit is not known here (Ray places them): the room they leave is what
+Ray reports free plus each victim's share, placed where packing it onto what is in use puts
+it; the service's own account (totals less every admitted run and what jobs outside the service
+hold) must agree, as for admission. A run's groups and its driver's CPUs are looked for on the
+nodes with accelerators free (on a busy cluster, a few), which may find no room where a
+driver's CPUs would fit elsewhere: then one more victim is chosen, never one too few. Pure: the
+inventory, the runs and the clock are handed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from service.scheduling.admission import ACCOUNTED, NEVER, QueuedRun, Quotas
+from service.scheduling.inventory import Inventory
+from service.scheduling.placement import EPS, Placement, Pool, pack
+from service.scheduling.priority import PRIORITIES, PRIORITY_NAMES
+from service.scheduling.shape import ResourceShape
+
+NO_CHECKPOINTS = "saves no checkpoints: never preempted"
+# Waiting runs a round tries to make room for, at most (the first in queue order).
+TRIES = 8
+
+
+@dataclass(frozen=True)
+class Policy:
+    grace_s: float = 300.0
+    min_admitted_s: float = 600.0
+    max_times: int = 3
+    rest_s: float = 3600.0
+    without_checkpoints: bool = False
+    preemptible: frozenset[int] = frozenset({PRIORITIES["low"], PRIORITIES["normal"]})
+
+    @classmethod
+    def of(
+        cls,
+        grace_s: float,
+        min_admitted_s: float,
+        max_times: int,
+        rest_s: float,
+        without_checkpoints: bool,
+        preemptible: Sequence[str],
+    ) -> Policy:
+        return cls(
+            grace_s,
+            min_admitted_s,
+            max_times,
+            rest_s,
+            without_checkpoints,
+            frozenset(PRIORITIES[name] for name in preemptible),
+        )
+
+    def at_submit(self, priority: int, checkpoints: bool) -> str:
+        """What would happen to a run of ``priority`` if a higher one needed its room."""
+        if priority not in self.preemptible or priority >= max(PRIORITIES.values()):
+            return f"priority {name(priority)}: never preempted"
+        if not checkpoints and not self.without_checkpoints:
+            return NO_CHECKPOINTS
+        if not checkpoints:
+            return "saves no checkpoints: may be preempted, losing every step since its start"
+        return (
+            f"may be preempted by a higher priority: asked to stop at its next checkpoint within "
+            f"{self.grace_s:g} s, then it resumes from it"
+        )
+
+
+@dataclass(frozen=True)
+class Running:
+    """An admitted run as preemption sees it (times in epoch seconds)."""
+
+    id: str
+    team: str
+    priority: int
+    shape: ResourceShape
+    admitted_at: float
+    started_at: float | None = None
+    # Steps logged since its last complete save (or its start); None: it saves no checkpoints.
+    steps_lost: int | None = 0
+    times: int = 0  # how often it was preempted already
+    last_preempted_at: float | None = None
+    stopping: bool = False  # already asked to stop (by a preemption, a cancel, a deadline)
+    settled: bool = True  # Ray's numbers already show it
+
+
+@dataclass(frozen=True)
+class Victim:
+    id: str
+    team: str
+    priority: int
+    accelerators: int
+    steps_lost: int  # what it would lose if its grace ran out now
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "team": self.team,
+            "priority": name(self.priority),
+            "accelerators": self.accelerators,
+            "steps_lost": self.steps_lost,
+        }
+
+
+@dataclass
+class Preemption:
+    run: QueuedRun
+    victims: list[Victim]
+
+    @property
+    def reason(self) -> str:
+        """What each victim's history says."""
+        return f"preempted for run {self.run.id} ({name(self.run.priority)})"
+
+
+@dataclass
+class Choice:
+    preemptions: list[Preemption] = field(default_factory=list)
+    # Run id -> why it is not preempted (only runs a waiting run could have used).
+    spared: dict[str, str] = field(default_factory=dict)
+
+
+def waits_for_room(run: QueuedRun, reasons: Mapping[str, str]) -> bool:
+    """Whether admission left ``run`` waiting for capacity (not for its quota, its budget, its
+    turn in the round's batch, nor a cluster it can never fit)."""
+    reason = reasons.get(run.id, "")
+    if reason.startswith("waits for "):  # several clusters: the one it waits for comes first
+        reason = reason.split(": ", 1)[-1]
+    return (reason.startswith("capacity: ") and reason != NEVER) or reason.startswith("behind ")
+
+
+def name(priority: int) -> str:
+    return PRIORITY_NAMES.get(priority, str(priority))
+
+
+def spared(run: Running, policy: Policy, now: float) -> str | None:
+    """Why ``run`` may not be preempted now; None when it may."""
+    if run.stopping:
+        return "already stopping"
+    if run.priority not in policy.preemptible:
+        return f"priority {name(run.priority)} is not preemptible"
+    age = now - run.admitted_at
+    if age < policy.min_admitted_s:
+        return f"admitted {age:.0f} s ago (not preempted before {policy.min_admitted_s:g} s)"
+    if run.times >= policy.max_times and run.last_preempted_at is not None:
+        left = run.last_preempted_at + policy.rest_s - now
+        if left > 0:
+            return f"preempted {run.times} times: left alone for {left:.0f} s more"
+    if run.steps_lost is None and not policy.without_checkpoints:
+        return NO_CHECKPOINTS
+    return None
+
+
+def _loss(run: Running) -> tuple[float, int, float]:
+    """Least loss first: steps since the last save, then the lowest priority, then the latest
+    started."""
+    lost = float("inf") if run.steps_lost is None else float(run.steps_lost)
+    return (lost, run.priority, -(run.started_at or run.admitted_at))
+
+
+class _Room:
+    """What the nodes would hold free if some admitted runs were gone: what Ray reports free
+    (less the runs admitted too recently for Ray to show), plus each victim's share, placed
+    where packing it onto what is in use puts it."""
+
+    def __init__(
+        self, inventory: Inventory, running: Sequence[Running], outside: Mapping[str, float]
+    ) -> None:
+        free = Pool.of(inventory.available())
+        for run in running:
+            if not run.settled:
+                placed = pack(run.shape, free)
+                if placed is not None:
+                    free.take(placed)
+        self.free = free
+        totals = inventory.totals()
+        self.used = Pool(
+            list(free.node_ids),
+            [
+                {r: max(0.0, totals[node].get(r, 0.0) - left.get(r, 0.0)) for r in left}
+                for node, left in zip(free.node_ids, free.free, strict=True)
+            ],
+        )
+        self.index = {node: i for i, node in enumerate(free.node_ids)}
+        self.placed: dict[str, Placement | None] = {}
+        self.account = {r: inventory.sum(r) - outside.get(r, 0.0) for r in ACCOUNTED}
+        for run in running:
+            for r, n in _demand(run.shape).items():
+                self.account[r] -= n
+
+    def _where(self, run: Running) -> Placement | None:
+        """Where ``run``'s share is taken to be (worked out once per run)."""
+        if run.id not in self.placed:
+            placed = pack(run.shape, self.used)
+            if placed is not None:
+                self.used.take(placed)
+            self.placed[run.id] = placed
+        return self.placed[run.id]
+
+    def _given(self, gone: Sequence[Running]) -> tuple[dict[str, float], list[dict[str, float]]]:
+        account = dict(self.account)
+        free = list(self.free.free)
+        copied: set[int] = set()
+        for run in gone:
+            for r, n in _demand(run.shape).items():
+                account[r] += n
+            placement = self._where(run)
+            if placement is None:
+                continue
+            for slot in placement.slots:
+                i = self.index[slot.node]
+                if i not in copied:
+                    free[i] = dict(free[i])
+                    copied.add(i)
+                res = free[i]
+                res[placement.accelerator] = res.get(placement.accelerator, 0.0) + slot.accelerators
+                res["CPU"] = res.get("CPU", 0.0) + slot.cpus
+        return account, free
+
+    def fits(self, shape: ResourceShape, gone: Sequence[Running]) -> Placement | None:
+        account, free = self._given(gone)
+        if any(account[r] + EPS < n for r, n in _demand(shape).items()):
+            return None
+        ids = self.free.node_ids
+        if shape.groups:  # packed on the nodes with accelerators free (the driver's CPUs too)
+            acc = shape.accelerator
+            useful = [i for i, r in enumerate(free) if r.get(acc, 0.0) > EPS]
+            return pack(shape, Pool([ids[i] for i in useful], [free[i] for i in useful]))
+        return pack(shape, Pool(list(ids), free))  # pack reads a pool, never changes it
+
+    def take(self, placement: Placement, shape: ResourceShape, gone: Sequence[Running]) -> None:
+        """The preemptor is as good as admitted: its victims' room is its."""
+        account, free = self._given(gone)
+        self.account = account
+        self.free = Pool(list(self.free.node_ids), [dict(r) for r in free])
+        self.free.take(placement)
+        for r, n in _demand(shape).items():
+            self.account[r] -= n
+
+
+def _demand(shape: ResourceShape) -> dict[str, float]:
+    need = {r: 0.0 for r in ACCOUNTED}
+    need[shape.accelerator] += shape.accelerators
+    need["CPU"] += sum(g.cpus for g in shape.groups) + shape.driver_cpus
+    return need
+
+
+def choose(
+    waiting: Sequence[QueuedRun],
+    running: Sequence[Running],
+    inventory: Inventory,
+    quotas: Quotas,
+    policy: Policy,
+    now: float,
+    outside: Mapping[str, float] | None = None,
+    tries: int = TRIES,
+) -> Choice:
+    """The preemptions of one round. ``waiting``: the queued runs admission left waiting for
+    capacity, in queue order; ``running``: every admitted run not ended, in admission order
+    (those already stopping count as gone)."""
+    choice = Choice()
+    lowest = min(policy.preemptible, default=None)
+    if lowest is None or not waiting or not running:
+        return choice
+    stopping = [r for r in running if r.stopping]
+    held: dict[str, int] = {}
+    for r in running:
+        held[r.team] = held.get(r.team, 0) + r.shape.accelerators
+    room: _Room | None = None
+    free_runs = {r.id: r for r in running if not r.stopping}
+    asked = 0
+    for run in waiting:
+        if run.priority <= lowest:
+            continue
+        if asked >= tries:
+            break
+        asked += 1
+        if room is None:
+            room = _Room(inventory, running, outside or {})
+        made = room.fits(run.shape, stopping)
+        if made is not None:  # what is already stopping makes its room: nothing more to stop
+            room.take(made, run.shape, stopping)
+            stopping = []
+            continue
+        eligible = []
+        for other in free_runs.values():
+            if other.priority >= run.priority:
+                continue
+            why = spared(other, policy, now)
+            if why is None:
+                eligible.append(other)
+            else:
+                choice.spared.setdefault(other.id, why)
+        eligible.sort(key=_loss)
+        quota = quotas.of(run.team)
+        victims: list[Running] = []
+        placed = None
+        for other in eligible:
+            victims.append(other)
+            placed = room.fits(run.shape, [*stopping, *victims])
+            if placed is not None:
+                break
+        if placed is None:
+            continue
+        # The fewest that make room: drop any victim the rest can do without, costliest first.
+        for other in sorted(victims, key=_loss, reverse=True):
+            fewer = [v for v in victims if v is not other]
+            again = room.fits(run.shape, [*stopping, *fewer])
+            if again is not None:
+                victims, placed = fewer, again
+        if quota is not None:
+            mine = sum(v.shape.accelerators for v in victims if v.team == run.team)
+            if held.get(run.team, 0) - mine + run.shape.accelerators > quota:
+                continue  # no team preempts its way over its quota
+        assert placed is not None
+        room.take(placed, run.shape, victims)
+        stopping = []  # given to this run: the next waiting run needs room of its own
+        for v in victims:
+            free_runs.pop(v.id, None)
+            held[v.team] -= v.shape.accelerators
+        held[run.team] = held.get(run.team, 0) + run.shape.accelerators
+        choice.preemptions.append(
+            Preemption(
+                run,
+                [
+                    Victim(v.id, v.team, v.priority, v.shape.accelerators, v.steps_lost or 0)
+                    for v in victims
+                ],
+            )
+        )
+    return choice

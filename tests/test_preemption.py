@@ -1,0 +1,121 @@
+"""Preemption for priority, decided on a given inventory: the victims that lose the least, the
+fewest of them, and the runs spared (recently admitted, preempted often, no checkpoints, quota)."""
+
+from __future__ import annotations
+
+from service.scheduling.admission import QueuedRun, Quotas
+from service.scheduling.inventory import Inventory, Node
+from service.scheduling.preemption import NO_CHECKPOINTS, Policy, Running, choose
+from service.scheduling.shape import Group, ResourceShape
+
+NOW = 1_000_000.0
+LONG_AGO = NOW - 3600
+
+
+def shape(npus: int) -> ResourceShape:
+    return ResourceShape(groups=(Group("job", npus, 1.0),), driver_cpus=0.1)
+
+
+def full(*sizes: int) -> Inventory:
+    """Nodes of these sizes, every accelerator in use."""
+    return Inventory(
+        tuple(
+            Node(f"n{i}", {"NPU": float(n), "CPU": 64.0}, {"NPU": 0.0, "CPU": 32.0})
+            for i, n in enumerate(sizes)
+        )
+    )
+
+
+def low(run_id: str, npus: int = 8, **kw: object) -> Running:
+    fields: dict[str, object] = {"admitted_at": LONG_AGO, "started_at": LONG_AGO}
+    fields |= kw
+    return Running(
+        run_id, str(fields.pop("team", "t")), int(fields.pop("priority", 0)), shape(npus), **fields
+    )  # type: ignore[arg-type]
+
+
+HIGH = QueuedRun("urgent", "h", 2, shape(8))
+
+
+def victims(choice: object) -> list[list[str]]:
+    return [[v.id for v in p.victims] for p in choice.preemptions]  # type: ignore[attr-defined]
+
+
+def test_the_victim_is_the_run_that_loses_the_fewest_steps() -> None:
+    running = [low("a", steps_lost=5), low("b", steps_lost=0), low("c", steps_lost=2)]
+    choice = choose([HIGH], running, full(8, 8, 8), Quotas(), Policy(), NOW)
+    assert victims(choice) == [["b"]]
+    assert choice.preemptions[0].reason == "preempted for run urgent (high)"
+    assert choice.preemptions[0].victims[0].steps_lost == 0
+
+
+def test_ties_go_to_the_lowest_priority_then_the_latest_started() -> None:
+    running = [
+        low("normal", priority=1, steps_lost=1),
+        low("early", steps_lost=1, started_at=LONG_AGO),
+        low("late", steps_lost=1, started_at=LONG_AGO + 60),
+    ]
+    assert victims(choose([HIGH], running, full(8, 8, 8), Quotas(), Policy(), NOW)) == [["late"]]
+
+
+def test_the_fewest_victims_that_make_room() -> None:
+    # Two 4-NPU runs on one node lose nothing; an 8-NPU run alone on the other loses 1 step.
+    running = [low("x", 4, steps_lost=0), low("y", 4, steps_lost=0), low("z", 8, steps_lost=1)]
+    choice = choose([HIGH], running, full(8, 8), Quotas(), Policy(), NOW)
+    assert sorted(victims(choice)[0]) == ["x", "y"]
+    need_one = [low("x", 4, steps_lost=0), low("z", 8, steps_lost=0)]
+    assert victims(choose([HIGH], need_one, full(4, 8), Quotas(), Policy(), NOW)) == [["z"]]
+
+
+def test_churn_guards_spare_a_run_admitted_lately_or_preempted_often() -> None:
+    running = [
+        low("fresh", admitted_at=NOW - 60, steps_lost=0),
+        low("often", times=3, last_preempted_at=NOW - 600, steps_lost=0),
+    ]
+    choice = choose([HIGH], running, full(8, 8), Quotas(), Policy(), NOW)
+    assert choice.preemptions == []
+    assert choice.spared["fresh"] == "admitted 60 s ago (not preempted before 600 s)"
+    assert choice.spared["often"] == "preempted 3 times: left alone for 3000 s more"
+    rested = [low("often", times=3, last_preempted_at=NOW - 4000, steps_lost=0)]
+    assert victims(choose([HIGH], rested, full(8), Quotas(), Policy(), NOW)) == [["often"]]
+
+
+def test_a_run_without_checkpoints_is_never_chosen_unless_the_policy_says_so() -> None:
+    running = [low("nock", steps_lost=None)]
+    choice = choose([HIGH], running, full(8), Quotas(), Policy(), NOW)
+    assert choice.preemptions == [] and choice.spared["nock"] == NO_CHECKPOINTS
+    lenient = Policy(without_checkpoints=True)
+    assert victims(choose([HIGH], running, full(8), Quotas(), lenient, NOW)) == [["nock"]]
+    assert Policy().at_submit(0, checkpoints=False) == NO_CHECKPOINTS
+    assert Policy().at_submit(2, checkpoints=False) == "priority high: never preempted"
+
+
+def test_only_lower_priorities_and_preemptible_ones_are_victims() -> None:
+    same = [low("peer", priority=2, steps_lost=0)]
+    assert choose([HIGH], same, full(8), Quotas(), Policy(), NOW).preemptions == []
+    normal = QueuedRun("n", "h", 1, shape(8))
+    assert victims(choose([normal], [low("l", steps_lost=0)], full(8), Quotas(), Policy(), NOW))
+    only_low = Policy(preemptible=frozenset({0}))
+    choice = choose([HIGH], [low("nm", priority=1, steps_lost=0)], full(8), Quotas(), only_low, NOW)
+    assert choice.preemptions == [] and choice.spared["nm"] == "priority normal is not preemptible"
+
+
+def test_no_team_preempts_its_way_over_its_quota() -> None:
+    running = [low("theirs", team="o", steps_lost=0), low("mine", team="h", steps_lost=5)]
+    assert choose([HIGH], running, full(8, 8), Quotas({"h": 8}), Policy(), NOW).preemptions == []
+    # Its own run's accelerators come back to its quota: preempting it keeps the team within.
+    mine_only = [low("mine", team="h", steps_lost=5)]
+    assert victims(choose([HIGH], mine_only, full(8), Quotas({"h": 8}), Policy(), NOW)) == [
+        ["mine"]
+    ]
+
+
+def test_runs_already_stopping_make_the_room_and_nothing_more_is_preempted() -> None:
+    running = [low("going", steps_lost=0, stopping=True), low("b", steps_lost=0)]
+    assert choose([HIGH], running, full(8, 8), Quotas(), Policy(), NOW).preemptions == []
+    # A second high run gets room of its own.
+    second = QueuedRun("urgent2", "h", 2, shape(8))
+    choice = choose([HIGH, second], running, full(8, 8), Quotas(), Policy(), NOW)
+    assert [(p.run.id, [v.id for v in p.victims]) for p in choice.preemptions] == [
+        ("urgent2", ["b"])
+    ]
