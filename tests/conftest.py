@@ -27,6 +27,7 @@ from service.store.status import TERMINAL as TERMINAL
 from service.store.tokens import Role
 from service.store.tokens import create as create_token
 from tests import postgres
+from tests.live import ServerThread
 
 # The session's one real verl run, for every test file that asks for it (tests/verl_run.py).
 pytest_plugins = ["tests.verl_run"]
@@ -128,16 +129,30 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
     """Each test that takes this runs once on SQLite and once on PostgreSQL, on a database
     migrated to head (a copy of the session's migrated file; emptied tables on PostgreSQL)."""
     if request.param == "sqlite":
-        path = Path(tmp_path) / "rlrun.db"
-        with (
-            contextlib.closing(sqlite3.connect(request.getfixturevalue("sqlite_migrated"))) as src,
-            contextlib.closing(sqlite3.connect(path)) as dst,
-        ):
-            src.backup(dst)
-        return f"sqlite:///{path}"
+        return _migrated_copy(request.getfixturevalue("sqlite_migrated"), Path(tmp_path))
     url: str = request.getfixturevalue("pg_database")
     _truncate(url)
     return url
+
+
+def _migrated_copy(migrated: Path, tmp_path: Path) -> str:
+    """The URL of a copy of the session's migrated SQLite file in ``tmp_path``."""
+    path = tmp_path / "rlrun.db"
+    with (
+        contextlib.closing(sqlite3.connect(migrated)) as src,
+        contextlib.closing(sqlite3.connect(path)) as dst,
+    ):
+        src.backup(dst)
+    return f"sqlite:///{path}"
+
+
+@pytest.fixture
+def sqlite_db(tmp_path: Path, sqlite_migrated: Path) -> Iterator[Database]:
+    """A migrated SQLite database of the test's own, for a test with no PostgreSQL twin (a
+    browser on a live service, say)."""
+    database = Database(_migrated_copy(sqlite_migrated, tmp_path))
+    yield database
+    database.dispose()
 
 
 @pytest.fixture
@@ -190,6 +205,15 @@ def auth_on(db_url: str, *users: tuple[str, str, Role]) -> Iterator[tuple[TestCl
     settings = make_settings(db_url, "http://127.0.0.1:9", run_loops=False, auth="on")
     with TestClient(create_app(settings)) as client:
         yield client, made
+
+
+@contextlib.contextmanager
+def served(db_url: str, **overrides: Any) -> Iterator[str]:
+    """The service over HTTP on ``db_url`` with no loops and no reachable Ray (``overrides`` of
+    its settings): its base URL."""
+    settings = make_settings(db_url, "http://127.0.0.1:9", run_loops=False, **overrides)
+    with ServerThread(create_app(settings)) as url:
+        yield url
 
 
 def cli_on(db_url: str, monkeypatch: pytest.MonkeyPatch) -> CliRunner:

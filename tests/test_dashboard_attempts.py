@@ -6,22 +6,18 @@ attempt resumed from step 8, every chart draws one dashed line at step 8, labell
 from __future__ import annotations
 
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from service.app import create_app
 from service.metrics import store
 from service.metrics.parse import MetricLine
-from service.store.db import Database, upgrade
+from service.store.db import Database
 from service.store.models import RunAttempt, RunLog, utcnow
 from service.store.status import RunStatus
 from tests.browser import needs_chromium
-from tests.conftest import make_settings
+from tests.conftest import served
 from tests.factories import new_run
-from tests.live import ServerThread
 from tests.test_dashboard import browser, page, until  # noqa: F401
 
 pytestmark = [
@@ -57,11 +53,9 @@ MARKS = """(title) => {
 }"""
 
 
-def _store_runs(url: str) -> None:
+def _store_runs(db: Database) -> None:
     """ "resumed": attempt 1 failed at step 9, attempt 2 resumed from step 8 and succeeded, one
     series across both; "once": one attempt, the same points."""
-    upgrade(url)
-    db = Database(url)
     ended = utcnow()
     with db.transaction() as s:
         for run_id, attempt in (("resumed", 2), ("once", 1)):
@@ -101,17 +95,14 @@ def _store_runs(url: str) -> None:
                 resumed_from_step=0,
             )
         )
-    db.dispose()
 
 
 def test_every_chart_marks_where_the_second_attempt_began_and_a_single_attempt_has_no_mark(
-    tmp_path: Path,
+    sqlite_db: Database,
     page: Any,  # noqa: F811
 ) -> None:
-    url = f"sqlite:///{tmp_path}/attempts.db"
-    _store_runs(url)
-    settings = make_settings(url, "http://127.0.0.1:9", run_loops=False, migrate_on_start=False)
-    with ServerThread(create_app(settings)) as base, httpx.Client(base_url=base):
+    _store_runs(sqlite_db)
+    with served(sqlite_db.url, migrate_on_start=False) as base:
         for run_id, markers in (("resumed", f"attempt 2@{RESUMED}"), ("once", "")):
             page.goto(f"{base}/ui/#/runs/{run_id}")
             for title in CHARTS:
@@ -140,24 +131,19 @@ def test_every_chart_marks_where_the_second_attempt_began_and_a_single_attempt_h
 
 
 def test_a_run_deciding_on_a_retry_and_one_in_its_backoff_show_how_the_last_attempt_ended(
-    tmp_path: Path,
+    sqlite_db: Database,
     page: Any,  # noqa: F811
 ) -> None:
-    url = f"sqlite:///{tmp_path}/retrying.db"
-    upgrade(url)
-    db = Database(url)
     now = utcnow()
     died = {"class": "actor_died", "summary": "", "hint": "", "evidence": []}
-    with db.transaction() as s:
+    with sqlite_db.transaction() as s:
         s.add(new_run("deciding", RunStatus.RETRYING, attempt_status="FAILED", ended_at=now))
         s.add(new_run("waiting", RunStatus.QUEUED, attempt=2, retry_at=now + timedelta(hours=1)))
         s.flush()
         s.add(
             RunAttempt(run_id="waiting", n=1, ray_job_id="waiting", status="FAILED", failure=died)
         )
-    db.dispose()
-    settings = make_settings(url, "http://127.0.0.1:9", run_loops=False, migrate_on_start=False)
-    with ServerThread(create_app(settings)) as base:
+    with served(sqlite_db.url, migrate_on_start=False) as base:
         for run_id, status, told in (
             ("deciding", "RETRYING", "attempt 1 FAILED: deciding on a next attempt"),
             ("waiting", "QUEUED", "attempt 1 FAILED (actor_died): attempt 2 from "),

@@ -6,20 +6,17 @@ from __future__ import annotations
 
 import random
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from service import usage
-from service.app import create_app
-from service.store.db import Database, upgrade
+from service.store.db import Database
 from service.store.status import RunStatus
 from tests.browser import needs_chromium
-from tests.conftest import make_settings
+from tests.conftest import served
 from tests.factories import new_run
-from tests.live import ServerThread
 from tests.test_dashboard import browser, page, shot, until  # noqa: F401
 
 pytestmark = [
@@ -29,10 +26,8 @@ pytestmark = [
 TEAMS = {"vision": 16, "nlp": 8, "speech": 4, "rl": 2, "infra": 1}
 
 
-def two_weeks_of_runs(url: str, today: datetime) -> None:
+def two_weeks_of_runs(db: Database, today: datetime) -> None:
     """Each team's runs of the last 14 days, ended (as the lifecycle leaves them)."""
-    upgrade(url)
-    db = Database(url)
     rng = random.Random(3)
     with db.transaction() as s:
         for d in range(14):
@@ -43,21 +38,18 @@ def two_weeks_of_runs(url: str, today: datetime) -> None:
                     s.add(run)
                     s.flush()
                     usage.accrue(s, run, run.submitted_at + timedelta(hours=rng.uniform(0.5, 6)))
-    db.dispose()
 
 
 def test_the_usage_view_stacks_teams_per_day_and_its_table_agrees_with_the_api(
-    tmp_path: Path,
+    sqlite_db: Database,
     page: Any,  # noqa: F811
 ) -> None:
-    url = f"sqlite:///{tmp_path}/usage.db"
     today = datetime.now(UTC).replace(hour=23, minute=0, second=0, microsecond=0)
     today -= timedelta(days=1)  # whole days only: nothing ends after now
-    two_weeks_of_runs(url, today)
+    two_weeks_of_runs(sqlite_db, today)
     start = (today - timedelta(days=13)).date().isoformat()
     end = (today + timedelta(days=1)).date().isoformat()
-    settings = make_settings(url, "http://127.0.0.1:9", run_loops=False, migrate_on_start=False)
-    with ServerThread(create_app(settings)) as base, httpx.Client(base_url=base) as http:
+    with served(sqlite_db.url, migrate_on_start=False) as base, httpx.Client(base_url=base) as http:
         expected = http.get("/usage", params={"from": start, "to": end}).json()
         page.goto(f"{base}/ui/#/usage?from={start}&to={end}")
         page.locator("#usage-table tbody tr[data-team]").nth(len(TEAMS) - 1).wait_for()
@@ -91,7 +83,7 @@ def test_the_usage_view_stacks_teams_per_day_and_its_table_agrees_with_the_api(
 
 
 def test_a_run_waiting_for_its_team_s_budget_says_by_how_much_on_its_page(
-    tmp_path: Path,
+    sqlite_db: Database,
     page: Any,  # noqa: F811
 ) -> None:
     from service.cluster.inventory_cache import InventoryCache
@@ -101,9 +93,7 @@ def test_a_run_waiting_for_its_team_s_budget_says_by_how_much_on_its_page(
     from tests.fake_ray import FakeRay
     from tests.test_budgets import used_this_month
 
-    url = f"sqlite:///{tmp_path}/budget.db"
-    upgrade(url)
-    db = Database(url)
+    db = sqlite_db
     used_this_month(db, "nlp", 8, 0.5)
     with db.transaction() as s:
         s.add(new_run("r1", RunStatus.QUEUED, team="nlp", npus=8))
@@ -111,8 +101,7 @@ def test_a_run_waiting_for_its_team_s_budget_says_by_how_much_on_its_page(
     Submitter(
         db, ray, InventoryCache(ray, 0.0), Quotas(), "me", 30.0, 10, budgets=Budgets({"nlp": 2})
     ).tick()
-    settings = make_settings(url, "http://127.0.0.1:9", run_loops=False, migrate_on_start=False)
-    with ServerThread(create_app(settings)) as base, httpx.Client(base_url=base) as http:
+    with served(db.url, migrate_on_start=False) as base, httpx.Client(base_url=base) as http:
         wait = http.get("/runs/r1").json()["budget_wait"]
         page.goto(f"{base}/ui/#/runs/r1")
         page.locator("#run-budget").wait_for()
@@ -121,4 +110,3 @@ def test_a_run_waiting_for_its_team_s_budget_says_by_how_much_on_its_page(
         assert "waits for budget" in page.locator("#run-budget").inner_text()
         assert f"for {wait['month']}" in page.locator("#run-budget").inner_text()
         page.goto("about:blank")  # its streams end before the service does
-    db.dispose()

@@ -14,9 +14,8 @@ from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.store.db import upgrade
-from tests.conftest import make_settings
-from tests.factories import migrated_with_tokens
-from tests.live import ServerThread
+from tests.conftest import make_settings, served
+from tests.factories import sqlite_with_tokens
 
 HEAD = (
     "POST /runs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -51,8 +50,10 @@ def answer_of(sock: socket.socket) -> bytes:
     return data
 
 
-def member_token(db_url: str) -> str:
-    return migrated_with_tokens(db_url, ("flooder", "vision", "member"))[0]
+def member_token(tmp_path: Any) -> tuple[str, str]:
+    """A migrated SQLite database of the test's with a member's token: its URL, the secret."""
+    url, [token] = sqlite_with_tokens(tmp_path, "db.sqlite", ("flooder", "vision", "member"))
+    return url, token
 
 
 def reads_stay_fast(url: str, seconds: float, headers: dict[str, str]) -> list[float]:
@@ -72,21 +73,16 @@ def test_stalled_bodies_hold_no_slot_other_callers_need(tmp_path: Any) -> None:
     """150 connections with the headers of a POST and no body (more than the 128 requests in
     progress the service admits): other callers' reads answer 200 within 1 s throughout."""
     url = f"sqlite:///{tmp_path}/db.sqlite"
-    settings = make_settings(url, "http://127.0.0.1:9", run_loops=False, body_timeout_s=30)
-    with ServerThread(create_app(settings)) as server, stalled_posts(server, 150):
+    with served(url, body_timeout_s=30) as server, stalled_posts(server, 150):
         time.sleep(0.5)  # every connection is in and waiting for its body
         latencies = reads_stay_fast(server, 3, {})
     assert max(latencies) < 1.0, max(latencies)
 
 
 def test_stalled_bodies_of_a_member_hold_no_slot_with_auth_on(tmp_path: Any) -> None:
-    url = f"sqlite:///{tmp_path}/db.sqlite"
-    token = member_token(url)
-    settings = make_settings(
-        url, "http://127.0.0.1:9", run_loops=False, auth="on", body_timeout_s=30
-    )
+    url, token = member_token(tmp_path)
     auth = {"Authorization": f"Bearer {token}"}
-    with ServerThread(create_app(settings)) as server, stalled_posts(server, 150, token):
+    with served(url, auth="on", body_timeout_s=30) as server, stalled_posts(server, 150, token):
         time.sleep(0.5)
         latencies = reads_stay_fast(server, 3, auth)
     assert max(latencies) < 1.0, max(latencies)
@@ -96,10 +92,7 @@ def test_the_caller_is_checked_before_the_body_is_read(tmp_path: Any) -> None:
     """Without a valid token the answer is a 401 at once, while the body is still missing."""
     url = f"sqlite:///{tmp_path}/db.sqlite"
     upgrade(url)
-    settings = make_settings(
-        url, "http://127.0.0.1:9", run_loops=False, auth="on", body_timeout_s=30
-    )
-    with ServerThread(create_app(settings)) as server:
+    with served(url, auth="on", body_timeout_s=30) as server:
         for token in (None, "rlrun_not-a-token"):
             with stalled_posts(server, 1, token) as [sock]:
                 sock.settimeout(5)
@@ -110,8 +103,7 @@ def test_the_caller_is_checked_before_the_body_is_read(tmp_path: Any) -> None:
 
 def test_a_body_that_does_not_arrive_in_time_is_a_408(tmp_path: Any) -> None:
     url = f"sqlite:///{tmp_path}/db.sqlite"
-    settings = make_settings(url, "http://127.0.0.1:9", run_loops=False, body_timeout_s=0.5)
-    with ServerThread(create_app(settings)) as server:
+    with served(url, body_timeout_s=0.5) as server:
         with stalled_posts(server, 1) as [sock]:
             sock.sendall(b'{"recipe": ')  # a start, then nothing
             sock.settimeout(10)

@@ -29,7 +29,7 @@ from service.metrics.broker import Broker, Cursor
 from service.store.db import Database, upgrade
 from service.store.models import Run
 from service.store.status import RunStatus
-from tests.conftest import make_settings
+from tests.conftest import make_settings, served
 from tests.factories import add_run
 from tests.live import ServerThread
 from tests.loadgen import SPEC, HealthProbe, Tally, flood, loop_ticks, quantile
@@ -91,18 +91,11 @@ def test_a_write_that_cannot_get_the_database_is_a_503_with_retry_after_while_re
 def test_past_the_limit_a_request_is_refused_at_once_and_healthz_still_answers(
     db_url: str,
 ) -> None:
-    settings = make_settings(
-        db_url, "http://127.0.0.1:9", run_loops=False, db_wait_s=5, max_requests_in_progress=2
-    )
-    app = create_app(settings)
-    with ServerThread(app) as url, httpx.Client(base_url=url, timeout=10) as http:
+    limit = {"db_wait_s": 5, "max_requests_in_progress": 2}
+    with served(db_url, **limit) as url, httpx.Client(base_url=url, timeout=10) as http:
         run_id = http.post("/runs", json=SPEC).json()["id"]
         # Two cancels wait for the database: the limit is reached.
-        with _two_cancels_waiting(url, db_url, run_id) as answered:
-            started = time.monotonic()
-            refused = http.get(f"/runs/{run_id}")
-            took = time.monotonic() - started
-            health = http.get("/healthz")
+        refused, took, health, answered = _read_while_two_cancels_wait(http, url, db_url, run_id)
     assert refused.status_code == 503, refused.text
     assert refused.headers["retry-after"] == "1"
     assert refused.json()["title"] == "Service busy"
@@ -115,16 +108,8 @@ def test_a_request_not_started_within_the_wait_is_a_503_and_live_streams_hold_no
     db_url: str,
 ) -> None:
     # One worker thread: two requests are in at a time, the others wait at the door.
-    settings = make_settings(
-        db_url,
-        "http://127.0.0.1:9",
-        run_loops=False,
-        db_wait_s=5,
-        request_threads=1,
-        max_request_wait_s=0.5,
-    )
-    app = create_app(settings)
-    with ServerThread(app) as url, httpx.Client(base_url=url, timeout=10) as http:
+    one_thread = {"db_wait_s": 5, "request_threads": 1, "max_request_wait_s": 0.5}
+    with served(db_url, **one_thread) as url, httpx.Client(base_url=url, timeout=10) as http:
         run_id = http.post("/runs", json=SPEC).json()["id"]
         # Three live streams, more than the two places inside: their headers are out, so
         # they hold none.
@@ -134,17 +119,27 @@ def test_a_request_not_started_within_the_wait_is_a_503_and_live_streams_hold_no
                 assert stream.status_code == 200
             assert http.get(f"/runs/{run_id}").status_code == 200
         # Two cancels wait for the database, inside: the places are taken.
-        with _two_cancels_waiting(url, db_url, run_id) as answered:
-            started = time.monotonic()
-            late = http.get(f"/runs/{run_id}")
-            waited = time.monotonic() - started
-            health = http.get("/healthz")
+        late, waited, health, answered = _read_while_two_cancels_wait(http, url, db_url, run_id)
     assert late.status_code == 503, late.text
     assert late.headers["retry-after"] == "1"
     assert "not started within 0.5 s" in late.json()["detail"]
     assert 0.4 < waited < 2
     assert health.status_code == 200
     assert answered == [200, 409]
+
+
+def _read_while_two_cancels_wait(
+    http: httpx.Client, url: str, db_url: str, run_id: str
+) -> tuple[httpx.Response, float, httpx.Response, list[int]]:
+    """``GET`` the run, then ``/healthz``, while two cancels of it wait on another writer's
+    lock: the read's answer and how long it took, healthz's answer, and the cancels' statuses
+    (sorted) once the lock is let go."""
+    with _two_cancels_waiting(url, db_url, run_id) as answered:
+        started = time.monotonic()
+        read = http.get(f"/runs/{run_id}")
+        took = time.monotonic() - started
+        health = http.get("/healthz")
+    return read, took, health, answered
 
 
 @contextmanager
