@@ -114,6 +114,24 @@ def _following(db: Database, limits: store.Limits) -> tuple[Follower, GrowingLog
     return Follower(db, ray, "me", 30.0, 10_000, HealthRules(), reader=reader, limits=limits), log
 
 
+def _followed(db_url: str, limits: store.Limits, *chunks: str) -> tuple[str, RunLog, str]:
+    """A run whose log grows by each of ``chunks`` between the follower's reads, and is read
+    once more at the end (finding nothing new, it notes nothing twice): the run's id, its
+    ``RunLog`` row after, and the whole log."""
+    db = Database(db_url)
+    run_id = add_run(db, "r-limits")
+    follower, log = _following(db, limits)
+    for chunk in chunks:
+        log.text += chunk
+        follower.tick()
+    follower.tick()
+    with db.transaction() as s:
+        runlog = s.get(RunLog, run_id)
+        assert runlog is not None
+    db.dispose()
+    return run_id, runlog, log.text
+
+
 def _stored(api: TestClient, run_id: str) -> dict[str, list[int]]:
     series = api.get(f"/runs/{run_id}/metrics", params={"max_points": 1000}).json()["series"]
     return {key: [p["step"] for p in points] for key, points in series.items()}
@@ -127,26 +145,18 @@ def _notes(api: TestClient, run_id: str, prefix: str) -> list[str]:
 def test_a_run_past_its_key_limit_keeps_its_keys_growing_and_stores_no_new_one(
     db_url: str, api: TestClient
 ) -> None:
-    db = Database(db_url)
-    run_id = add_run(db, "r-keys")
-    follower, log = _following(db, store.Limits(keys=3, points=1_000_000))
-    log.text = "step:1 - a:1.0 - b:1.0\n"
-    follower.tick()
-    log.text += "step:2 - a:2.0 - c:2.0 - d:2.0 - e:2.0\n"  # c is the third key; d, e are not
-    follower.tick()
     # More new keys in one line than one statement may bind.
     garbage = " - ".join(f"g{n}:1.0" for n in range(70_000))
-    log.text += f"step:3 - {garbage} - b:3.0 - c:3.0\nstep:4 - a:4.0\n"
-    for _ in range(2):  # the second read finds nothing new and notes nothing twice
-        follower.tick()
-    with db.transaction() as s:
-        runlog = s.get(RunLog, run_id)
-        assert runlog is not None
-        counted, offset = runlog.metric_keys, runlog.log_offset
-    db.dispose()
+    run_id, runlog, text = _followed(
+        db_url,
+        store.Limits(keys=3, points=1_000_000),
+        "step:1 - a:1.0 - b:1.0\n",
+        "step:2 - a:2.0 - c:2.0 - d:2.0 - e:2.0\n",  # c is the third key; d, e are not
+        f"step:3 - {garbage} - b:3.0 - c:3.0\nstep:4 - a:4.0\n",
+    )
     assert api.get(f"/runs/{run_id}/metrics/keys").json() == ["a", "b", "c"]
     assert _stored(api, run_id) == {"a": [1, 2, 4], "b": [1, 3], "c": [2, 3]}
-    assert counted == 3 and offset == len(log.text)
+    assert runlog.metric_keys == 3 and runlog.log_offset == len(text)
     [note] = _notes(api, run_id, store.KEYS_FULL)
     assert "3 keys (e.g. 'd')" in note
 
@@ -154,20 +164,13 @@ def test_a_run_past_its_key_limit_keeps_its_keys_growing_and_stores_no_new_one(
 def test_a_run_past_its_point_limit_stores_no_more_and_is_still_followed(
     db_url: str, api: TestClient
 ) -> None:
-    db = Database(db_url)
-    run_id = add_run(db, "r-points")
-    follower, log = _following(db, store.Limits(keys=100, points=5))
-    log.text = "step:1 - a:1.0 - b:1.0\nstep:2 - a:2.0 - b:2.0\nstep:3 - a:3.0 - b:3.0\n"
-    follower.tick()
-    log.text += "step:4 - a:4.0 - c:4.0\n"
-    for _ in range(2):
-        follower.tick()
-    with db.transaction() as s:
-        runlog = s.get(RunLog, run_id)
-        assert runlog is not None
-        counted, offset, last_step = runlog.metric_points, runlog.log_offset, runlog.last_step
-    db.dispose()
+    run_id, runlog, text = _followed(
+        db_url,
+        store.Limits(keys=100, points=5),
+        "step:1 - a:1.0 - b:1.0\nstep:2 - a:2.0 - b:2.0\nstep:3 - a:3.0 - b:3.0\n",
+        "step:4 - a:4.0 - c:4.0\n",
+    )
     assert _stored(api, run_id) == {"a": [1, 2, 3], "b": [1, 2]}
-    assert counted == 5 and offset == len(log.text)
-    assert last_step == 4  # progress printed still counts: the run is not stalled
+    assert runlog.metric_points == 5 and runlog.log_offset == len(text)
+    assert runlog.last_step == 4  # progress printed still counts: the run is not stalled
     assert _notes(api, run_id, store.POINTS_FULL) == [f"{store.POINTS_FULL} 5 points (from step 3)"]
