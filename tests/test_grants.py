@@ -22,10 +22,10 @@ from service.scheduling.shape import ResourceShape
 from service.store import audit, grants
 from service.store.db import Database
 from service.store.lifecycle import transition
-from service.store.models import Run, RunEvent, SecretGrant, Webhook, WebhookDelivery
+from service.store.models import Run, RunEvent, SecretGrant, WebhookDelivery
 from service.store.status import RunStatus
 from tests.conftest import make_settings
-from tests.factories import add_run
+from tests.factories import add_run, add_webhook
 from tests.live import ServerThread
 
 WANDB = "wandb-secret-value-0123456789"
@@ -128,17 +128,13 @@ def test_a_replayed_grant_is_an_event_of_its_run_and_a_webhook_message(
     client: TestClient, db: Database
 ) -> None:
     token = _granted(db)
-    with db.transaction() as session:
-        session.add(
-            Webhook(
-                id="whk_1",
-                team=None,
-                created_by="ops",
-                url="https://hooks.example/x",
-                rules={"events": ["run.grant_replayed"]},
-                secret="whsec_x",
-            )
-        )
+    add_webhook(
+        db,
+        ["run.grant_replayed"],
+        url="https://hooks.example/x",
+        created_by="ops",
+        secret="whsec_x",
+    )
     assert _redeem(client, token).status_code == 200
     for _ in range(3):  # told once, as the refusals are audited: once a minute per address
         assert _redeem(client, token).status_code == 401

@@ -40,10 +40,10 @@ from service.metrics.log_readers import WholeLogReader
 from service.recovery.retry import RetryConfig
 from service.scheduling.admission import Quotas
 from service.store.db import Database, upgrade
-from service.store.models import Run, Webhook, WebhookDelivery, utcnow
+from service.store.models import Run, WebhookDelivery, utcnow
 from service.store.status import TERMINAL, RunStatus
 from tests.conftest import make_settings
-from tests.factories import add_run
+from tests.factories import add_run, add_webhook
 from tests.fake_ray import FakeRay
 from tests.test_metrics_api import sse
 
@@ -112,17 +112,14 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Database, 
     url = f"sqlite:///{tmp_path_factory.mktemp('contract')}/contract.db"
     upgrade(url)
     db = Database(url)
-    with db.transaction() as s:
-        s.add(
-            Webhook(
-                id="wh1",
-                team=None,
-                created_by="admin",
-                url="https://hooks.example/in",
-                rules={"events": ["run.status", "run.failed", "run.attempt_ended"]},
-                secret="whsec_" + "A" * 32,
-            )
-        )
+    add_webhook(
+        db,
+        ["run.status", "run.failed", "run.attempt_ended"],
+        hook_id="wh1",
+        url="https://hooks.example/in",
+        created_by="admin",
+        secret="whsec_" + "A" * 32,
+    )
     app = create_app(make_settings(url, "http://127.0.0.1:9", run_loops=False, read_cache_s=0))
     with TestClient(app) as api:
         yield db, api
