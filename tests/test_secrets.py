@@ -3,11 +3,13 @@ answer, the script export and the run's stored rows; env values that look like k
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import re
 import shlex
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -426,6 +428,34 @@ def test_a_secret_missing_at_submit_time_fails_the_run_naming_it(db_url: str) ->
     assert ray.sent == []
 
 
+@contextlib.contextmanager
+def _granting(
+    tmp_path: Path, ray_cluster: Any, secret: str, value: str, **overrides: Any
+) -> Iterator[Any]:
+    """A service over HTTP on ``ray_cluster`` whose secrets dir holds ``value`` at ``secret``,
+    at the public URL its jobs redeem their grants from (``overrides`` of its settings): an
+    ``httpx.Client`` of it."""
+    import httpx
+
+    from tests.live import ServerThread, free_port
+
+    (tmp_path / "secrets" / secret).parent.mkdir(parents=True)
+    (tmp_path / "secrets" / secret).write_text(value)
+    port = free_port()
+    settings = make_settings(
+        f"sqlite:///{tmp_path}/db.sqlite",
+        ray_cluster.address,
+        secrets_dir=str(tmp_path / "secrets"),
+        public_url=f"http://127.0.0.1:{port}",
+        **overrides,
+    )
+    with (
+        ServerThread(create_app(settings), port=port) as url,
+        httpx.Client(base_url=url, timeout=30) as client,
+    ):
+        yield client
+
+
 def _digest(value: str) -> str:
     return hashlib.sha256(value.encode()).hexdigest()[:16]
 
@@ -440,23 +470,15 @@ def test_a_secret_reaches_the_jobs_processes_and_never_rays_job_table(
     import httpx
 
     from tests.conftest import TERMINAL, wait_for, wait_status
-    from tests.live import ServerThread, free_port
 
-    (tmp_path / "secrets" / "teams" / "default").mkdir(parents=True)
-    (tmp_path / "secrets" / "teams" / "default" / "wandb-key").write_text(WANDB + "\n")
-    port = free_port()
-    settings = make_settings(
-        f"sqlite:///{tmp_path}/db.sqlite",
-        ray_cluster.address,
-        secrets_dir=str(tmp_path / "secrets"),
-        public_url=f"http://127.0.0.1:{port}",
-        recipe_plugins="tests.recipes:register,tests.secret_probe:register",
-    )
     body = {"recipe": "test-secret-probe", "secrets": {"WANDB_API_KEY": "wandb-key"}}
-    with (
-        ServerThread(create_app(settings), port=port) as url,
-        httpx.Client(base_url=url, timeout=30) as client,
-    ):
+    with _granting(
+        tmp_path,
+        ray_cluster,
+        "teams/default/wandb-key",
+        WANDB + "\n",
+        recipe_plugins="tests.recipes:register,tests.secret_probe:register",
+    ) as client:
         resp = client.post("/runs", json=body)
         assert resp.status_code == 201, resp.text
         run_id = resp.json()["id"]
@@ -518,17 +540,7 @@ def test_tiny_grpo_redeems_its_grant_once_and_trains(
     import httpx
 
     from tests.conftest import wait_status
-    from tests.live import ServerThread, free_port
 
-    (tmp_path / "secrets" / "shared").mkdir(parents=True)
-    (tmp_path / "secrets" / "shared" / "wandb-key").write_text(WANDB)
-    port = free_port()
-    settings = make_settings(
-        f"sqlite:///{tmp_path}/db.sqlite",
-        ray_cluster.address,
-        secrets_dir=str(tmp_path / "secrets"),
-        public_url=f"http://127.0.0.1:{port}",
-    )
     body = {
         "recipe": "tiny-grpo",
         "total_rollout_steps": 16,
@@ -537,10 +549,7 @@ def test_tiny_grpo_redeems_its_grant_once_and_trains(
         "train_seconds": 0,
         "secrets": {"WANDB_API_KEY": "wandb-key"},
     }
-    with (
-        ServerThread(create_app(settings), port=port) as url,
-        httpx.Client(base_url=url, timeout=30) as client,
-    ):
+    with _granting(tmp_path, ray_cluster, "shared/wandb-key", WANDB) as client:
         run_id = client.post("/runs", json=body).json()["id"]
         run = wait_status(client, run_id, {"SUCCEEDED", "FAILED"}, timeout=180)
         assert run["status"] == "SUCCEEDED", client.get(f"/runs/{run_id}/logs").text
