@@ -8,7 +8,7 @@ import asyncio
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -101,6 +101,20 @@ class Reads:
         assert await asyncio.to_thread(self.gate.wait, 10)
         return Answer(self.body, "team")
 
+    async def held(self, cache: ReadCache, key: str) -> asyncio.Task[Answer]:
+        """A read of ``key`` through ``cache``, begun and held at the gate until it is set."""
+        self.gate.clear()
+        under_way = asyncio.create_task(cache.answer(key, ONE, self))
+        await asyncio.sleep(0.05)
+        return under_way
+
+    async def across(self, cache: ReadCache, key: str, write: Callable[[], object]) -> None:
+        """A read of ``key`` through ``cache`` while ``write`` is done."""
+        under_way = await self.held(cache, key)
+        write()
+        self.gate.set()
+        await under_way
+
 
 @pytest.fixture
 def database(tmp_path: Any) -> Any:
@@ -134,12 +148,9 @@ def test_a_request_after_a_write_does_not_join_a_read_that_began_before(
     add_run(database, "other")
 
     async def main() -> None:
-        read.gate.clear()
-        before = asyncio.create_task(cache.answer("k", ONE, read))
-        await asyncio.sleep(0.05)
+        before = await read.held(cache, "k")
         rename_run(database, "k", "new")  # a committed write: the read under way may not see it
-        after = asyncio.create_task(cache.answer("k", ONE, read))
-        await asyncio.sleep(0.05)
+        after = await read.held(cache, "k")
         read.gate.set()
         await asyncio.gather(before, after)
         assert read.calls == 2  # the second request read on its own
@@ -147,13 +158,10 @@ def test_a_request_after_a_write_does_not_join_a_read_that_began_before(
         await cache.answer("k", ONE, read)
         assert read.calls == 2
         # A write to another run leaves a read under way good to join.
-        read.gate.clear()
         rename_run(database, "k", "newer")
-        first = asyncio.create_task(cache.answer("k", ONE, read))
-        await asyncio.sleep(0.05)
+        first = await read.held(cache, "k")
         rename_run(database, "other", "new")
-        joined = asyncio.create_task(cache.answer("k", ONE, read))
-        await asyncio.sleep(0.05)
+        joined = await read.held(cache, "k")
         read.gate.set()
         await asyncio.gather(first, joined)
         assert read.calls == 3
@@ -211,20 +219,12 @@ def test_an_answer_read_while_its_run_was_written_is_not_kept(database: Database
     add_run(database, "other")
 
     async def main() -> None:
-        read.gate.clear()
-        under_way = asyncio.create_task(cache.answer("k", ONE, read))
-        await asyncio.sleep(0.05)
-        rename_run(database, "other", "new")  # another run: the answer under way stays good
-        read.gate.set()
-        await under_way
+        # Another run written: the answer under way stays good.
+        await read.across(cache, "k", lambda: rename_run(database, "other", "new"))
         await cache.answer("k", ONE, read)
         assert read.calls == 1
-        read.gate.clear()
-        under_way = asyncio.create_task(cache.answer("k again", ONE, read))
-        await asyncio.sleep(0.05)
-        rename_run(database, "k", "new")  # its own run: it may not have seen the write
-        read.gate.set()
-        await under_way
+        # Its own run written: it may not have seen the write.
+        await read.across(cache, "k again", lambda: rename_run(database, "k", "new"))
         await cache.answer("k again", ONE, read)
         assert read.calls == 3
 
@@ -240,9 +240,7 @@ def test_a_read_that_outlived_the_writes_remembered_is_not_kept(
         add_run(database, run_id)
 
     async def main() -> None:
-        read.gate.clear()
-        under_way = asyncio.create_task(cache.answer("k", ONE, read))
-        await asyncio.sleep(0.05)
+        under_way = await read.held(cache, "k")
         for run_id in ("a", "b", "c"):  # none is "k", but the first is forgotten
             rename_run(database, run_id, "new")
         read.gate.set()
@@ -274,12 +272,7 @@ def test_a_read_looks_only_at_the_writes_since_it_began(database: Database) -> N
         await cache.answer("k", ONE, read)
         assert looked == [50]  # the newest only: it is older than the read
         looked.clear()
-        read.gate.clear()
-        under_way = asyncio.create_task(cache.answer("k again", ONE, read))
-        await asyncio.sleep(0.05)
-        rename_run(database, "old-0", "new")
-        read.gate.set()
-        await under_way
+        await read.across(cache, "k again", lambda: rename_run(database, "old-0", "new"))
         assert looked == [51, 50]  # the write since the read began, then where to stop
 
     asyncio.run(main())
