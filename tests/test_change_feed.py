@@ -195,29 +195,37 @@ def test_another_replicas_write_is_seen_at_once_and_leaves_other_answers_kept(
 
 
 @pytest.mark.postgres
-def test_a_listener_that_lost_its_connection_listens_again_and_drops_what_it_kept(
-    replicas: list[TestClient], pg_database: str
+@pytest.mark.parametrize(
+    ("last_query", "connections", "told_first"),
+    [
+        # Each replica's listener: A's cancel is told by the feed once B listens again, or B's
+        # answers are dropped when it reconnects: either way soon.
+        pytest.param("LISTEN%", 2, False, id="listener-listens-again-and-drops-what-it-kept"),
+        # A's sender (B sent nothing): its sending fails; the sender connects again and tells
+        # everything, within its retry.
+        pytest.param("SELECT pg_notify%", 1, True, id="lost-write-is-sent-again-as-everything"),
+    ],
+)
+def test_a_replica_whose_feed_lost_its_connection_still_sees_the_others_write_soon(
+    replicas: list[TestClient],
+    pg_database: str,
+    last_query: str,
+    connections: int,
+    told_first: bool,
 ) -> None:
     a, b = replicas
     run_id = a.post("/runs", json=SPEC).json()["id"]
-    assert b.get(f"/runs/{run_id}").json()["status"] == "QUEUED"
-    assert _terminate(pg_database, "LISTEN%") == 2  # each replica's listener
-    assert a.post(f"/runs/{run_id}/cancel").status_code == 200
-    # Told by the feed once B listens again, or dropped when it reconnects: either way soon.
-    _until(lambda: b.get(f"/runs/{run_id}").json()["status"] == "CANCELLED", within_s=15)
 
+    def status() -> str:
+        return str(b.get(f"/runs/{run_id}").json()["status"])
 
-@pytest.mark.postgres
-def test_a_write_told_on_a_lost_connection_is_sent_again_as_everything(
-    replicas: list[TestClient], pg_database: str
-) -> None:
-    a, b = replicas
-    run_id = a.post("/runs", json=SPEC).json()["id"]
-    _until(lambda: b.get(f"/runs/{run_id}").json()["status"] == "QUEUED")
-    assert _terminate(pg_database, "SELECT pg_notify%") == 1  # A's sender (B sent nothing)
+    if told_first:  # B has been told of the insert before the connection goes
+        _until(lambda: status() == "QUEUED")
+    else:
+        assert status() == "QUEUED"
+    assert _terminate(pg_database, last_query) == connections
     assert a.post(f"/runs/{run_id}/cancel").status_code == 200
-    # Its sending fails; the sender connects again and tells everything, within its retry.
-    _until(lambda: b.get(f"/runs/{run_id}").json()["status"] == "CANCELLED", within_s=15)
+    _until(lambda: status() == "CANCELLED", within_s=15)
 
 
 @pytest.mark.postgres
