@@ -130,6 +130,20 @@ class ScriptSpec(RunSpec):
     actor_dies: bool = False
 
 
+def script_launch(
+    script: str, *args: str, cpus: float = 0.1, groups: tuple[Group, ...] = (), **more: Any
+) -> Launch:
+    """``python3 -c script args`` as a test job: on NPUs (``groups``), ``cpus`` for its driver,
+    stopped within 2 s; ``more``: the rest of its ``Launch``."""
+    return Launch(
+        argv=["python3", "-c", script, *args],
+        runtime_env={"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "2"}},
+        shape=ResourceShape(accelerator="NPU", groups=groups, driver_cpus=cpus),
+        entrypoint_num_cpus=cpus,
+        **more,
+    )
+
+
 class ScriptRecipe:
     """A job that prints, sleeps, exits with a chosen code and can hold NPUs while it runs."""
 
@@ -142,19 +156,19 @@ class ScriptRecipe:
         args = [name, str(spec.seconds), str(spec.exit_code), spec.message]
         if spec.groups:
             return self._with_env(spec, self._with_groups(spec, args))
-        argv = ["python3", "-c", SCRIPT, *args]
+        script, more = SCRIPT, []
         if spec.stop_job_url:
-            argv = ["python3", "-c", STOP_SCRIPT, *args, spec.stop_job_url]
+            script, more = STOP_SCRIPT, [spec.stop_job_url]
         if spec.actor_dies:
-            argv = ["python3", "-c", DYING_SCRIPT, *args]
+            script, more = DYING_SCRIPT, []
         if spec.actor_npus:
-            argv = ["python3", "-c", ACTOR_SCRIPT, *args, str(spec.actor_npus)]
+            script, more = ACTOR_SCRIPT, [str(spec.actor_npus)]
         groups = (Group("job", spec.npus, 0.0, size_field="npus"),) if spec.npus else ()
-        launch = Launch(
-            argv=argv,
-            runtime_env={"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "2"}},
-            shape=ResourceShape(accelerator="NPU", groups=groups, driver_cpus=0.1),
-            entrypoint_num_cpus=0.1,
+        launch = script_launch(
+            script,
+            *args,
+            *more,
+            groups=groups,
             entrypoint_resources={"NPU": float(spec.npus)} if spec.npus else {},
         )
         return self._with_env(spec, launch)
@@ -183,12 +197,7 @@ class ScriptRecipe:
         bundles = [
             {k: v for k, v in (("NPU", g.accelerators), ("CPU", g.cpus)) if v} for g in groups
         ]
-        return Launch(
-            argv=["python3", "-c", PG_SCRIPT, *args, json.dumps(bundles)],
-            runtime_env={"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "2"}},
-            shape=ResourceShape(accelerator="NPU", groups=groups, driver_cpus=0.1),
-            entrypoint_num_cpus=0.1,
-        )
+        return script_launch(PG_SCRIPT, *args, json.dumps(bundles), groups=groups)
 
 
 # `python3 -c METRICS_SCRIPT seconds every_s steps`: a verl-shaped metric line every ``every_s``
@@ -224,18 +233,12 @@ class MetricsRecipe:
 
     def build(self, spec: Any, ctx: LaunchContext) -> Launch:
         assert isinstance(spec, MetricsSpec)
-        return Launch(
-            argv=[
-                "python3",
-                "-c",
-                METRICS_SCRIPT,
-                str(spec.seconds),
-                str(spec.every_s),
-                str(spec.steps),
-            ],
-            runtime_env={"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "2"}},
-            shape=ResourceShape(accelerator="NPU", groups=(), driver_cpus=0.0),
-            entrypoint_num_cpus=0.0,
+        return script_launch(
+            METRICS_SCRIPT,
+            str(spec.seconds),
+            str(spec.every_s),
+            str(spec.steps),
+            cpus=0.0,
             total_steps=spec.total_steps,
         )
 

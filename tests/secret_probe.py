@@ -10,7 +10,7 @@ from pydantic import Field
 
 from service.recipes.base import Launch, LaunchContext, RunSpec
 from service.recipes.registry import RecipeRegistry
-from service.scheduling.shape import ResourceShape
+from tests.recipes import script_launch
 
 SCRIPT = """
 import hashlib, os, sys
@@ -65,12 +65,7 @@ class ProbeRecipe:
 
     def build(self, spec: Any, ctx: LaunchContext) -> Launch:
         assert isinstance(spec, ProbeSpec)
-        return Launch(
-            argv=["python3", "-c", SCRIPT, spec.var],
-            runtime_env={"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "2"}},
-            shape=ResourceShape(accelerator="NPU", driver_cpus=0.1),
-            entrypoint_num_cpus=0.1,
-        )
+        return script_launch(SCRIPT, spec.var)
 
 
 def register(registry: RecipeRegistry) -> None:
