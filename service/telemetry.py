@@ -7,16 +7,22 @@ when ``/metrics`` is read.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import usage
+from service.metrics import startup
 from service.operations import accept
 from service.store.models import Run
 from service.store.status import RunStatus
@@ -71,6 +77,9 @@ class _Current(Collector):
             rows = session.execute(select(Run.status, func.count()).group_by(Run.status))
             counts = {status: count for status, count in rows.tuples()}
             used = usage.lifetime(session)
+            started = session.execute(
+                select(Run.created_at, Run.startup).where(Run.startup.is_not(None))
+            ).all()
         runs = GaugeMetricFamily("rlrun_runs", "Runs by status.", labels=["status"])
         for status in RunStatus:
             runs.add_metric([status.value], counts.get(status.value, 0))
@@ -84,6 +93,7 @@ class _Current(Collector):
         for (team, kind), value in sorted(used.items()):
             seconds.add_metric([team, kind], value)
         yield seconds
+        yield first_steps(startup.first_step_seconds(at, marks) for at, marks in started)
         follower = services.follower
         if follower is not None:
             now = time.time()
@@ -125,6 +135,24 @@ class _Current(Collector):
             "Runs with live event subscribers on this replica.",
             services.broker.upstreams,
         )
+
+
+# Seconds from acceptance to the first training step: a laptop's minute to an hour at scale.
+FIRST_STEP_BUCKETS = (30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1200.0, 1800.0, 2700.0, 3600.0)
+
+
+def first_steps(values: Iterable[float | None]) -> HistogramMetricFamily:
+    """The histogram of every run's time to its first step (the database's, not this replica's
+    own: each replica answers the same)."""
+    seen = sorted(v for v in values if v is not None)
+    buckets = [(str(b), sum(1 for v in seen if v <= b)) for b in FIRST_STEP_BUCKETS]
+    buckets.append(("+Inf", len(seen)))
+    family = HistogramMetricFamily(
+        "rlrun_time_to_first_step_seconds",
+        "Seconds from a run's acceptance to its first training step (queue and start-up).",
+    )
+    family.add_metric([], buckets, sum(seen))
+    return family
 
 
 class TimeRequests:

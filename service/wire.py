@@ -183,6 +183,33 @@ class RunOut(RunSummary):
         None, description="when the current attempt is stopped (admission + max_duration_s)"
     )
     events: list[EventOut]
+    # Its start-up, phase by phase (``metrics.startup``), and the seconds from acceptance to
+    # its first training step (null before it).
+    startup: list[StartupPhaseOut] = Field(default_factory=list)
+    time_to_first_step: float | None = None
+
+
+class StartupPhaseOut(BaseModel):
+    """One phase of a run's start-up before its first step. ``start``/``end`` are when the
+    service saw it begin and end (its events, or when it read the line); a phase whose trace
+    never came is ``seen: false`` with ``note`` "not seen", never guessed. ``source`` names
+    what it is read from; ``queued``'s note says why it waited."""
+
+    phase: Literal[
+        "queued",
+        "runtime_env",
+        "preflight",
+        "workers_and_model",
+        "rollout_engine",
+        "first_weight_sync",
+        "first_step",
+    ]
+    start: datetime | None
+    end: datetime | None
+    seconds: float | None
+    seen: bool
+    source: str
+    note: str | None = None
 
 
 class RunPage(BaseModel):

@@ -27,8 +27,9 @@ from sqlalchemy.orm import Session
 from jobs import resume
 from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable
 from service.cluster.registry import Clusters, UnknownCluster
-from service.metrics import logcopy, store
+from service.metrics import logcopy, startup, store
 from service.metrics.health import HealthRules, evaluate
+from service.metrics.keys import TRAINER_STEP_KEY
 from service.metrics.log_readers import LogReader, TailReader
 from service.metrics.parse import MetricLine, parse_checkpoint, parse_line, parse_preflight
 from service.notify import thresholds
@@ -83,6 +84,7 @@ class _Read:
     saves: list[tuple[int, int]] = field(default_factory=list)
     # A final read made without the log's end (``DECIDE_WITHIN``): why.
     cut_short: str | None = None
+    marks: list[str] = field(default_factory=list)  # start-up marks (``metrics.startup``)
 
 
 def split_lines(text: str, start: int, final: bool) -> tuple[str, list[tuple[int, str]]]:
@@ -300,9 +302,13 @@ class Follower:
         ray_state = word.lines
         resumed = [s for _, line in lines if (s := resume.parse(line)) is not None]
         saves = [(end, s) for end, line in lines if (s := parse_checkpoint(line)) is not None]
-        return _Read(
-            held, new, parsed, reports, final, ray_state, resumed[-1] if resumed else None, saves
-        )
+        marks = startup.marks_in(line for _, line in lines)
+        if reports:
+            marks.append(startup.PREFLIGHT)
+        if any(TRAINER_STEP_KEY in m.values for _, m in parsed):
+            marks.append(startup.FIRST_STEP)
+        last = resumed[-1] if resumed else None
+        return _Read(held, new, parsed, reports, final, ray_state, last, saves, marks=marks)
 
     def _overdue(self, held: Held) -> bool:
         """Whether ``held``'s attempt ended longer than ``decide_within`` ago."""
@@ -373,6 +379,8 @@ class Follower:
                         saved = True
                 if read.reports:
                     run.preflight = read.reports[-1]
+                if read.marks and (marked := startup.record(run.startup, read.marks, now)):
+                    run.startup = marked
                 if read.resumed is not None:
                     run.resumed_from_step = read.resumed
                 if read.final:

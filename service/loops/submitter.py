@@ -165,7 +165,12 @@ class Submitter:
                     session.execute(
                         update(Run)
                         .where(Run.id == run_id)
-                        .values(queue_reason=reason, budget_wait=wait)
+                        .values(
+                            queue_reason=reason,
+                            budget_wait=wait,
+                            # kept for the run's start-up once it leaves the queue
+                            **({"queued_why": reason} if reason else {}),
+                        )
                     )
         return out
 

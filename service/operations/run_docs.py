@@ -9,6 +9,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from service.metrics import startup
 from service.metrics.keys import REWARD_KEY, STEP_KEY, TRAINER_STEP_KEY
 from service.recovery.attempts import history, job_id
 from service.scheduling.priority import PRIORITY_NAMES
@@ -90,6 +91,10 @@ def run_doc(
             "latest": {k: v for k, (_, v) in sorted(latest.items())},
         },
         "events": [event_doc(e) for e in events],
+        "startup": startup.phases(
+            run.created_at, events, run.startup, run.preflight, run.queued_why
+        ),
+        "time_to_first_step": startup.first_step_seconds(run.created_at, run.startup),
     }
 
 

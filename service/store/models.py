@@ -141,6 +141,10 @@ class Run(Base):
     stop_lost_steps: Mapped[int | None] = mapped_column(BigInteger)
     # When the current attempt must have ended (admission + max_duration_s; None: never).
     deadline_at: Mapped[datetime | None]
+    # Start-up marks: mark -> when the follower first read its line (``metrics.startup``).
+    startup: Mapped[dict[str, Any] | None]
+    # The last reason it waited in the queue, kept after it left (``queue_reason`` is cleared).
+    queued_why: Mapped[str | None] = mapped_column(SafeText)
 
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)

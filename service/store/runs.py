@@ -66,6 +66,8 @@ RUN_COLUMNS = (
     Run.stop_saved_step,
     Run.stop_lost_steps,
     Run.deadline_at,
+    Run.startup,
+    Run.queued_why,
 )
 EVENT_COLUMNS = (
     RunEvent.id,
