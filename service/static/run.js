@@ -46,6 +46,12 @@ export function runView(root, id, signal) {
   const charts = h("div", { id: "charts" }, empty("No metrics yet: the charts appear with the run's first step."));
   const picker = h("select", { id: "key-picker", "aria-label": "another metric" }, h("option", { value: "" }, "add a chart…"));
   const timeline = h("ol", { id: "events", class: "timeline" });
+  const startup = h("div", { id: "startup", class: "startup-strip" });
+  const startupNote = h("p", { id: "startup-total", class: "dim" });
+  const verdict = h("p", { id: "step-verdict" });
+  const stepNotes = h("ul", { id: "step-notes", class: "dim" });
+  const change = h("p", { id: "step-change", class: "queue-reason", hidden: true });
+  const stepChart = h("div", { id: "step-chart" });
   const latest = h("tbody");
   const spec = h("pre", { id: "spec" }), command = h("pre", { id: "command" });
   const env = h("pre", { id: "runtime-env" }), script = h("pre", { id: "script" });
@@ -57,6 +63,8 @@ export function runView(root, id, signal) {
     h("div", { class: "run-head" }, title, h("p", {}, status, " ", health, " ", progress, " ", cluster, " ", cancel, " ", clone), retry, queue, budget),
     h("div", { class: "toolbar" }, picker),
     charts,
+    h("section", { id: "startup-section" }, h("h3", {}, "Start-up"), startup, startupNote),
+    h("section", { id: "step-time" }, h("h3", {}, "Where a step's time goes"), verdict, stepNotes, change, stepChart),
     h("div", { class: "columns" },
       h("section", {}, h("h3", {}, "Status timeline"), timeline),
       h("section", {}, h("h3", {}, "Latest metrics"), h("table", { id: "latest" }, latest))),
@@ -107,9 +115,42 @@ export function runView(root, id, signal) {
       h("time", { datetime: e.at, title: e.at }, when(e.at)), " ",
       e.from_status === e.to_status ? "" : [badge(e.to_status), " "], e.reason,
       e.from_status && e.from_status !== e.to_status ? h("span", { class: "dim" }, ` (after ${since(lastAt(run.events, e), e.at)} ${e.from_status})`) : "")));
+    renderStartup(run);
     command.textContent = run.entrypoint;
     spec.textContent = JSON.stringify(run.spec, null, 2);
     env.textContent = JSON.stringify(run.runtime_env, null, 2);
+  }
+
+  // The phases before the first step, each as wide as its share of the time; a phase whose
+  // trace never came is shown as "not seen", never given a width it did not have.
+  function renderStartup(run) {
+    const phases = run.startup || [];
+    const total = phases.reduce((t, p) => t + (p.seconds || 0), 0);
+    startup.replaceChildren(...phases.map((p) => h("span", {
+      class: `phase ${p.seen ? "seen" : "unseen"}`, dataset: { phase: p.phase },
+      style: p.seen && total > 0 ? `flex-grow: ${Math.max(p.seconds / total, 0.02)}` : "flex-grow: 0.02",
+      title: `${p.source}${p.note ? ` — ${p.note}` : ""}`,
+    }, `${p.phase.replaceAll("_", " ")} `, h("strong", {}, p.seen ? `${num(p.seconds)} s` : "not seen"))));
+    startupNote.textContent = run.time_to_first_step === null || run.time_to_first_step === undefined
+      ? "no training step yet" : `first step ${num(run.time_to_first_step)} s after it was accepted`;
+  }
+
+  let stepPlot = null;
+  signal.addEventListener("abort", () => stepPlot && stepPlot.destroy());
+  async function drawStepTime() {
+    const a = await getJSON(`${path}/step-time`, signal);
+    verdict.replaceChildren(h("strong", { class: `verdict ${a.verdict}` }, a.verdict), ": ", a.summary);
+    stepNotes.replaceChildren(...a.notes.map((n) => h("li", {}, n)));
+    change.hidden = !a.change;
+    change.replaceChildren(...(a.change ? ["change: ", h("strong", {}, a.change.summary),
+      a.change.plan.feasible_now ? " (fits now) " : " (fits the cluster, not now) ",
+      link(`#/submit?from=${encodeURIComponent(id)}&split=1`, "submit it as a new run")] : []));
+    if (!a.steps.length) return;
+    if (!stepPlot) stepPlot = new Chart(stepChart, "step time", { yLabel: "seconds" });
+    const parts = ["wait", "update", "sync", "other"];
+    const labels = { wait: "wait for samples", update: "update", sync: "weight sync", other: "other" };
+    stepPlot.draw(parts.map((p, i) => ({ label: labels[p], stroke: COLORS[i % COLORS.length] })),
+      [a.steps.map((s) => s.step), ...parts.map((p) => a.steps.map((s) => s[p]))]);
   }
 
   async function drawCharts() {
@@ -189,6 +230,7 @@ export function runView(root, id, signal) {
         render(current);
         addKeys(await getJSON(`${path}/metrics/keys`, signal));
         await drawCharts();
+        await drawStepTime();
       } catch (err) {
         if (err instanceof ApiError && err.status === 404) root.replaceChildren(h("p", { class: "error" }, `no run ${id}`));
         else showError(err);

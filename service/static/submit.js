@@ -146,6 +146,9 @@ export function submitView(root, params, signal) {
       if (params.get("from")) {
         const source = await getJSON(`/runs/${encodeURIComponent(params.get("from"))}`, signal);
         spec = { ...source.spec, name: `${source.name} (clone)` };
+        // The run's own spec with the split of accelerators its step-time verdict offers.
+        const split = params.get("split") ? await getJSON(`/runs/${encodeURIComponent(params.get("from"))}/step-time`, signal) : null;
+        if (split && split.change) spec = { ...split.change.spec, name: `${source.name} (${split.change.summary})` };
       }
       render();
       root.dataset.ready = "true";
