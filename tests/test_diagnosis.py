@@ -13,7 +13,7 @@ from tests.benchmarks import bench_diagnosis
 from tests.failure_corpus import HELD_OUT, RULE_SET, held_out_by_hash, load, score
 
 # The share of held-out excerpts named right, as reached (raise it as the rules learn).
-HELD_OUT_RIGHT = 0.90
+HELD_OUT_RIGHT = 0.91
 # At most this share named wrong: a class the rules are unsure of is ``unknown``.
 HELD_OUT_WRONG = 0.03
 # The threads the first rules were written on, before the split: in the rule set whatever their
