@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import to_json
 
-from service.metrics.keys import REWARD_KEY
+from service.metrics.keys import REWARD_KEY, STEP_KEY
 
 
 def encode(doc: Any) -> bytes:
@@ -59,6 +59,9 @@ class ProgressOut(BaseModel):
     step: int | None = None
     total_steps: int | None = None
     trainer_step: int | None = None
+    # The metric ``step`` is read from: verl's fully async current_param_version, or the V1
+    # trainer's training/global_step (one weight sync a trainer step).
+    key: str = STEP_KEY
 
 
 class MetricsOut(BaseModel):

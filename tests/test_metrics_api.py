@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from service.app import create_app
 from service.client import parse_sse
 from service.metrics import logcopy, store
+from service.metrics.keys import STEP_KEY
 from service.metrics.parse import MetricLine
 from service.store.db import Database
 from service.store.models import RunLog, utcnow
@@ -61,7 +62,7 @@ def test_a_run_shows_progress_and_latest_metrics_with_nan_as_a_string(
     run_id = queued_run(api)
     seed(db_url, run_id)
     run = api.get(f"/runs/{run_id}").json()
-    assert run["progress"] == {"step": 3, "total_steps": 10, "trainer_step": 6}
+    assert run["progress"] == {"step": 3, "total_steps": 10, "trainer_step": 6, "key": STEP_KEY}
     assert run["metrics"]["step"] == 3
     assert run["metrics"]["latest"]["critic/score/mean"] == 0.3
     assert "actor/pg_loss" not in run["metrics"]["latest"]
@@ -129,7 +130,12 @@ def test_runs_list_carries_progress_and_reward_and_keys_are_listed(
     run_id, other = queued_run(api), queued_run(api)
     seed(db_url, run_id)
     items = {r["id"]: r for r in api.get("/runs").json()["items"]}
-    assert items[run_id]["progress"] == {"step": 3, "total_steps": 10, "trainer_step": 6}
+    assert items[run_id]["progress"] == {
+        "step": 3,
+        "total_steps": 10,
+        "trainer_step": 6,
+        "key": STEP_KEY,
+    }
     assert items[run_id]["reward"] == 0.3
     assert items[other]["reward"] is None and items[other]["progress"]["step"] is None
     assert api.get(f"/runs/{run_id}/metrics/keys").json() == [

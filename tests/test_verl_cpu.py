@@ -72,6 +72,31 @@ def test_process_group_backend_names_cpu_once(monkeypatch: pytest.MonkeyPatch) -
     assert seen == ["cpu:gloo", "cpu:gloo,cuda:nccl"]
 
 
+def test_separate_async_logger_takes_prints_flush_keyword(caplog: pytest.LogCaptureFixture) -> None:
+    # verl 0.9.1's V1 trainer with hybrid_engine=False calls logger.info(..., flush=True) at
+    # start: without the shim logging raises TypeError and the run fails before its first step.
+    import logging
+
+    name = "rlrun.test.separate_async"
+    log = logging.getLogger(name)
+    log.setLevel(logging.INFO)  # as verl sets its loggers (VERL_LOGGING_LEVEL, default INFO)
+    with pytest.raises(TypeError, match="flush"):
+        log.info("standalone replicas only", flush=True)  # type: ignore[call-arg]
+    plugin._logger_flush_keyword(name)
+    plugin._logger_flush_keyword(name)  # once only
+    with caplog.at_level(logging.INFO, logger=name):
+        log.info("standalone replicas %s", "only", flush=True)  # type: ignore[call-arg]
+    assert [r.getMessage() for r in caplog.records] == ["standalone replicas only"]
+    # The logger the shim patches by name is the one verl's module logs with, and it passes
+    # flush (read from the installed verl's source: importing it needs transfer_queue).
+    from service.recipes.verl.hydra_check import verl_root
+
+    module = plugin.SEPARATE_ASYNC_LOGGER.removeprefix("verl.").replace(".", "/") + ".py"
+    source = (verl_root() / module).read_text()
+    assert "logger = logging.getLogger(__name__)" in source
+    assert "flush=True" in source
+
+
 def _weights() -> Iterator[tuple[str, torch.Tensor]]:
     yield "a.weight", torch.arange(6, dtype=torch.float32).reshape(2, 3)
     yield "b.bias", torch.ones(4)

@@ -178,7 +178,7 @@ def test_spec_defaults_are_verls_defaults() -> None:
         "trainer.default_local_dir",
     }  # fmt: skip
     for key, loc in spec_keys().items():
-        if loc[0] == "resources" or key in chosen:
+        if loc[0] in ("resources", "trainer_mode") or key in chosen:
             continue
         megatron_only = ".megatron." in key or key.endswith(("lr_decay_steps", "lr_decay_style"))
         base = megatron if megatron_only else fsdp

@@ -16,6 +16,7 @@ def load() -> None:
 
     if enabled():
         _dedupe_process_group_backend()
+        _logger_flush_keyword()
         apply_vllm()
 
 
@@ -48,6 +49,31 @@ def _dedupe_process_group_backend() -> None:
 
     init_process_group._rlrun_dedupe = True  # type: ignore[attr-defined]
     dist.init_process_group = init_process_group
+
+
+# verl 0.9.1's V1 trainer in separate_async mode with actor_rollout_ref.hybrid_engine=False logs
+# its standalone rollout with ``logger.info(..., flush=True)`` (print's keyword), which logging
+# refuses: the run fails at start with "Logger._log() got an unexpected keyword argument
+# 'flush'" (trainer_separate_async.py, PPOTrainerSeparateAsync._setup), on any platform.
+SEPARATE_ASYNC_LOGGER = "verl.trainer.ppo.v1.trainer_separate_async"
+
+
+def _logger_flush_keyword(name: str = SEPARATE_ASYNC_LOGGER) -> None:
+    """Let that module's logger take (and drop) ``flush``: logging.getLogger returns the same
+    object for its name to verl's module, imported after this plugin."""
+    import logging
+
+    log = logging.getLogger(name)
+    if getattr(log, "_rlrun_flush", False):
+        return
+    original = log._log
+
+    def _log(level: int, msg: object, args: Any, **kwargs: Any) -> None:
+        kwargs.pop("flush", None)
+        original(level, msg, args, **kwargs)
+
+    log._log = _log  # type: ignore[method-assign,assignment]
+    log._rlrun_flush = True  # type: ignore[attr-defined]
 
 
 def apply_vllm() -> None:

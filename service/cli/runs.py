@@ -273,7 +273,7 @@ def follow_run(client: Client, run: RunOut, output: Output) -> int:
             )
             show(bar, task, run)
             for event in client.events(run.id):
-                on_event(client, bar, task, run.id, event)
+                on_event(client, bar, task, run.id, event, run.progress.key)
     final = client.get_run(run.id)
     if output == Output.table:
         say(final.id, final.status, style=STATUS_STYLE.get(final.status))
@@ -294,7 +294,9 @@ def show(bar: Progress, task: TaskID, run: RunOut) -> None:
         bar.update(task, reward=number(run.metrics.latest[REWARD_KEY]))
 
 
-def on_event(client: Client, bar: Progress, task: TaskID, run_id: str, event: Event) -> None:
+def on_event(
+    client: Client, bar: Progress, task: TaskID, run_id: str, event: Event, key: str = STEP_KEY
+) -> None:
     if event.kind == "status":
         data = event.data
         moved = data["from_status"] != data["to_status"]
@@ -305,8 +307,8 @@ def on_event(client: Client, bar: Progress, task: TaskID, run_id: str, event: Ev
             show(bar, task, client.get_run(run_id))
     elif event.kind == "metrics":
         values = event.data["values"]
-        if isinstance(values.get(STEP_KEY), int | float):
-            bar.update(task, completed=values[STEP_KEY])
+        if isinstance(values.get(key), int | float):
+            bar.update(task, completed=values[key])
         if REWARD_KEY in values:
             bar.update(task, reward=number(values[REWARD_KEY]))
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 # The parameter version: one per weight sync, the run's progress of ``total_steps``.
 STEP_KEY = "fully_async/count/current_param_version"
 TRAINER_STEP_KEY = "training/global_step"
@@ -22,3 +25,10 @@ ROLLOUTER_ACTIVE_KEY = "fully_async/rollouter/active_time"
 ROLLOUTER_VERSION_KEY = "fully_async/rollouter/version_time"
 V1_SWITCH_IDLE_KEY = "separate_async/switch/idle"
 V1_WAIT_SAMPLES_KEY = "separate_async/switch/wait_samples"
+
+
+def progress_key(launch: Mapping[str, Any] | None) -> str:
+    """The metric a run's progress reads, as its launch names it: verl's V1 trainer syncs
+    weights once a trainer step and logs no ``STEP_KEY``, so there it is ``TRAINER_STEP_KEY``."""
+    key = (launch or {}).get("progress_key")
+    return key if isinstance(key, str) and key else STEP_KEY

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from service.metrics import startup
-from service.metrics.keys import REWARD_KEY, STEP_KEY, TRAINER_STEP_KEY
+from service.metrics.keys import REWARD_KEY, STEP_KEY, TRAINER_STEP_KEY, progress_key
 from service.recovery.attempts import history, job_id
 from service.scheduling.priority import PRIORITY_NAMES
 from service.team_secrets import masked_runtime_env, masked_spec
@@ -27,6 +27,11 @@ def summary_doc(run: Any, latest: Latest | None = None) -> dict[str, Any]:
     latest = latest or {}
     reward = latest.get(REWARD_KEY)
     total = run.total_steps if hasattr(run, "total_steps") else run.launch.get("total_steps")
+    key = (
+        progress_key({"progress_key": run.progress_key})
+        if hasattr(run, "progress_key")
+        else progress_key(run.launch)
+    )
     return {
         "id": run.id,
         "name": run.name,
@@ -37,7 +42,7 @@ def summary_doc(run: Any, latest: Latest | None = None) -> dict[str, Any]:
         "health": {"status": run.health, "reason": run.health_reason},
         "queue_reason": run.queue_reason if run.status == "QUEUED" else None,
         "cluster": run.cluster,
-        "progress": progress_doc(total, latest),
+        "progress": progress_doc(total, latest, key),
         "reward": reward[1] if reward else None,
         "created_at": run.created_at,
         "submitted_at": run.submitted_at,
@@ -112,15 +117,19 @@ def stop_doc(run: Any) -> dict[str, Any] | None:
     }
 
 
-def progress_doc(total_steps: int | None, latest: Latest) -> dict[str, int | None]:
-    """``step`` is the parameter version (weight syncs) of ``total_steps`` planned syncs."""
+def progress_doc(
+    total_steps: int | None, latest: Latest, key: str = STEP_KEY
+) -> dict[str, int | str | None]:
+    """``step`` is the parameter version (weight syncs, read from ``key``) of ``total_steps``
+    planned syncs."""
 
     def count(key: str) -> int | None:
         value = latest.get(key, (0, math.nan))[1]
         return int(value) if math.isfinite(value) else None
 
     return {
-        "step": count(STEP_KEY),
+        "step": count(key),
         "total_steps": total_steps,
         "trainer_step": count(TRAINER_STEP_KEY),
+        "key": key,
     }

@@ -111,6 +111,8 @@ class Launch:
     warnings: list[str] = field(default_factory=list)
     # How many parameter syncs the run plans (progress is the current parameter version of it).
     total_steps: int | None = None
+    # The metric whose value is that version (None: metrics.keys.STEP_KEY, fully async's).
+    progress_key: str | None = None
     # Samples one sync consumes, when the job may plan fewer than the spec asks (verl takes the
     # smaller of total_rollout_steps and its data's size, and logs it): see recovery.ending.
     samples_per_sync: int | None = None
@@ -137,6 +139,7 @@ class Launch:
             "entrypoint_resources": self.entrypoint_resources,
             "warnings": self.warnings,
             "total_steps": self.total_steps,
+            "progress_key": self.progress_key,
             "samples_per_sync": self.samples_per_sync,
             "files": self.files,
             "secrets": self.secrets,

@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 from sqlalchemy.orm import Session
 
 from service.metrics import logcopy, store
-from service.metrics.keys import STEP_KEY
+from service.metrics.keys import progress_key
 from service.metrics.parse import parse_synced
 from service.recovery import explain, retry
 from service.recovery.classify import Evidence, Failure, classify
@@ -52,7 +52,7 @@ def verdict(session: Session, run: Run) -> Failure | None:
     text, start = explain.kept_tail(session, run.id)
     plan = run.launch.get("total_steps")
     total = plan if isinstance(plan, int) and plan > 0 else None
-    reached = _reached(session, run.id)
+    reached = _reached(session, run)
     if total is not None and reached < total:
         reached = max(reached, _synced_by_trainer(session, run.id))
         total = _planned_by_job(session, run, total)
@@ -144,9 +144,9 @@ def _synced_by_trainer(session: Session, run_id: str) -> int:
     return max((v for line in lines if (v := parse_synced(line)) is not None), default=0)
 
 
-def _reached(session: Session, run_id: str) -> int:
+def _reached(session: Session, run: Run) -> int:
     """The run's newest parameter version (its progress of ``total_steps``)."""
-    value = store.latest(session, run_id).get(STEP_KEY, (0, 0.0))[1]
+    value = store.latest(session, run.id).get(progress_key(run.launch), (0, 0.0))[1]
     return int(value) if math.isfinite(value) else 0
 
 

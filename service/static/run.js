@@ -5,14 +5,18 @@ import { COLORS, Chart, align, ansiSpans, badge, empty, h, link, num, progressCe
 
 const REWARD = [config.reward_key, ...config.reward_band_keys];
 // One quantity per chart (so per axis): a mean staleness of 0.5 is not drawn against a count
-// of 1,800 trajectories. verl itself logs the sync time under a doubled prefix.
+// of 1,800 trajectories. verl itself logs the sync time under a doubled prefix. A chart shows
+// the keys a run logs: verl's fully async trainer's (fully_async/*), or its V1 trainer's
+// (training/off_policy/*, timing_s/update_weights); one a run never logs is not drawn.
 const FIXED = [
   { title: "idle ratio", yLabel: "fraction of time idle", keys: ["fully_async/trainer/idle_ratio", "fully_async/rollouter/idle_ratio"] },
-  { title: "staleness", yLabel: "parameter versions behind", keys: ["fully_async/count/mean_staleness"] },
+  { title: "staleness", yLabel: "parameter versions behind", keys: ["fully_async/count/mean_staleness", "training/off_policy/trajectory_staleness/mean", "training/off_policy/trajectory_staleness/max"] },
   { title: "stale samples", yLabel: "samples in flight at the last sync", keys: ["fully_async/count/staleness_samples"] },
   { title: "stale trajectories", yLabel: "trajectories (cumulative)", keys: ["fully_async/count/stale_trajectory_processed"] },
+  { title: "evicted as too stale", yLabel: "prompt groups", keys: ["training/off_policy/evicted_samples"] },
   { title: "partial rollouts", yLabel: "fraction of rollouts", keys: ["fully_async/partial/partial_ratio"] },
-  { title: "sync time", yLabel: "seconds", keys: ["timing_s/param_sync", "timing_s/timing_s/param_sync"] },
+  { title: "versions per trajectory", yLabel: "model versions a trajectory spans", keys: ["training/off_policy/trajectory_spans/mean", "training/off_policy/trajectory_spans/max"] },
+  { title: "sync time", yLabel: "seconds", keys: ["timing_s/param_sync", "timing_s/timing_s/param_sync", "timing_s/update_weights"] },
 ];
 const LOG_LINES = 2000;
 const hours = (n) => Number(n).toLocaleString("en", { maximumFractionDigits: 1 });
@@ -216,7 +220,7 @@ export function runView(root, id, signal) {
     if (!current) return;
     addKeys(Object.keys(values));
     for (const [k, v] of Object.entries(values)) if (k in current.metrics.latest) current.metrics.latest[k] = v;
-    const version = values[config.step_key];
+    const version = values[current.progress.key || config.step_key];
     if (typeof version === "number") current.progress.step = version;
     render(current);
   }

@@ -40,6 +40,7 @@ SUMMARY_COLUMNS = (
     Run.ended_at,
     # A summary shows progress against the planned total, kept in the launch.
     Run.launch["total_steps"].as_integer().label("total_steps"),
+    Run.launch["progress_key"].as_string().label("progress_key"),
 )
 RUN_COLUMNS = (
     *SUMMARY_COLUMNS,

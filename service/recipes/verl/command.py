@@ -20,6 +20,12 @@ from service.scheduling.shape import Group, ResourceShape
 MODULE = "verl.experimental.fully_async_policy.fully_async_main"
 CONFIG_NAMES = {"megatron": "fully_async_ppo_megatron_trainer"}
 DEFAULT_CONFIG = "fully_async_ppo_trainer"
+# verl's V1 trainer (trainer_mode separate_async): its main entry point and config.
+V1_MODULE = "verl.trainer.main_ppo"
+V1_CONFIG_NAMES = {"megatron": "ppo_megatron_trainer"}
+V1_DEFAULT_CONFIG = "ppo_trainer"
+# The keys the service sets for the V1 trainer (the spec's trainer_mode owns them).
+V1_KEYS = {"trainer.use_v1": True, "trainer.v1.trainer_mode": "separate_async"}
 
 # verl's CPU-only actors: task runner 1, trainer 10, rollouter 10, message queue 2.
 DRIVER_CPUS = 1 + 10 + 10 + 2
@@ -32,6 +38,14 @@ RESOURCE_KEYS = {
     "trainer.n_gpus_per_node": "n_gpus_training",
     "rollout.nnodes": "n_nodes_rollout",
     "rollout.n_gpus_per_node": "n_gpus_rollout",
+    "trainer.device": "accelerator",
+}
+# The V1 trainer sizes its standalone rollout pool under actor_rollout_ref.rollout.
+V1_RESOURCE_KEYS = {
+    "trainer.nnodes": "n_nodes_train",
+    "trainer.n_gpus_per_node": "n_gpus_training",
+    "actor_rollout_ref.rollout.nnodes": "n_nodes_rollout",
+    "actor_rollout_ref.rollout.n_gpus_per_node": "n_gpus_rollout",
     "trainer.device": "accelerator",
 }
 DEVICE = {"npu": "npu", "gpu": "cuda", "cpu": "cpu"}
@@ -61,8 +75,46 @@ class Unexpressible(ValueError):
         self.loc = loc
 
 
+def is_v1(spec: VerlFullyAsyncSpec) -> bool:
+    return spec.trainer_mode == "separate_async"
+
+
 def config_name(spec: VerlFullyAsyncSpec) -> str:
+    if is_v1(spec):
+        return V1_CONFIG_NAMES.get(spec.actor.strategy, V1_DEFAULT_CONFIG)
     return CONFIG_NAMES.get(spec.actor.strategy, DEFAULT_CONFIG)
+
+
+def resource_keys(spec: VerlFullyAsyncSpec) -> dict[str, str]:
+    """The verl keys the ``resources`` block sets, for the spec's trainer."""
+    return V1_RESOURCE_KEYS if is_v1(spec) else RESOURCE_KEYS
+
+
+def rollout_pool(v1: bool) -> tuple[str, str]:
+    """The keys of the rollout pool's nodes and accelerators per node."""
+    prefix = "actor_rollout_ref.rollout" if v1 else "rollout"
+    return f"{prefix}.nnodes", f"{prefix}.n_gpus_per_node"
+
+
+def unread_fields(spec: VerlFullyAsyncSpec) -> list[tuple[Loc, str]]:
+    """(field path, why) for each field the spec sets that its trainer does not read."""
+    out: list[tuple[Loc, str]] = []
+    if is_v1(spec):
+        for name in sorted(spec.async_training.model_fields_set):
+            out.append((("async_training", name), "the V1 trainer (trainer_mode separate_async) "
+                        "has no async_training; its keys are in the v1 block "
+                        "(v1.parameter_sync_step, v1.max_off_policy_threshold)"))  # fmt: skip
+        if "total_rollout_steps" in spec.rollout.model_fields_set:
+            out.append((("rollout", "total_rollout_steps"), "the V1 trainer's length is "
+                        "trainer.total_training_steps (or trainer.total_epochs)"))  # fmt: skip
+        if "gen_batch_size" in spec.data.model_fields_set:
+            out.append((("data", "gen_batch_size"), "the V1 trainer samples data.train_batch_size "
+                        "prompts a step; gen_batch_size is fully_async_policy's"))  # fmt: skip
+    else:
+        for name in sorted(spec.v1.model_fields_set):
+            out.append((("v1", name), "read only by the V1 trainer: set trainer_mode to "
+                        "separate_async, or use the async_training block"))  # fmt: skip
+    return out
 
 
 def overrides(spec: VerlFullyAsyncSpec, checkpoint_dir: str) -> list[Item]:
@@ -78,11 +130,22 @@ def user_overrides(spec: VerlFullyAsyncSpec) -> list[Item]:
 def field_overrides(spec: VerlFullyAsyncSpec, checkpoint_dir: str) -> list[Item]:
     """The overrides the spec's fields set, in the launch script's block order."""
     items: list[Item] = []
+    v1 = is_v1(spec)
     for block in spec.BLOCKS:
         model = getattr(spec, block)
-        _walk(model, type(model).prefix, (block,), items)
+        if (block == "async_training" and v1) or (block == "v1" and not v1):
+            continue  # refused by name when set (unread_fields)
+        _walk(model, type(model).prefix, (block,), items, skip=V0_KEYS if v1 else frozenset())
+        if block == "data" and v1 and "train_batch_size" not in spec.data.model_fields_set:
+            # V1 trains parameter_sync_step mini-batches a step: the batch follows from them.
+            batch = spec.v1.parameter_sync_step * spec.actor.ppo_mini_batch_size
+            items.append(Item(f"data.train_batch_size={batch}", ("data", "train_batch_size")))
         if block == "trainer":
-            for key, field in RESOURCE_KEYS.items():
+            if v1:
+                for key, value in V1_KEYS.items():
+                    items.append(Item(f"{key}={hydra_value(value, ('trainer_mode',))}",
+                                      ("trainer_mode",)))  # fmt: skip
+            for key, field in resource_keys(spec).items():
                 value = getattr(spec.resources, field)
                 if field == "accelerator":
                     value = DEVICE[value]
@@ -104,13 +167,19 @@ def _keyed(model: type[BaseModel], prefix: str) -> Iterator[tuple[str, str, bool
         yield name, str(extra.get("verl_key") or f"{prefix}.{name}"), bool(extra.get("always"))
 
 
-def _walk(model: BaseModel, prefix: str, loc: Loc, out: list[Item]) -> None:
+# Keys always passed to fully_async_policy that the V1 trainer sets otherwise or lacks.
+V0_KEYS = frozenset({"data.train_batch_size", "data.gen_batch_size"})
+
+
+def _walk(
+    model: BaseModel, prefix: str, loc: Loc, out: list[Item], skip: frozenset[str] = frozenset()
+) -> None:
     for name, key, always in _keyed(type(model), prefix):
-        if name not in model.model_fields_set and not always:
+        if name not in model.model_fields_set and (not always or key in skip):
             continue
         value = getattr(model, name)
         if isinstance(value, Block):
-            _walk(value, key, (*loc, name), out)
+            _walk(value, key, (*loc, name), out, skip)
         else:
             out.append(Item(f"{key}={hydra_value(value, (*loc, name))}", (*loc, name)))
 
@@ -152,7 +221,7 @@ def argv(spec: VerlFullyAsyncSpec, items: Sequence[Item | Override]) -> list[str
     return [
         "python3",
         "-m",
-        MODULE,
+        V1_MODULE if is_v1(spec) else MODULE,
         "--config-path=config",
         f"--config-name={config_name(spec)}.yaml",
         *(item.text for item in items),
@@ -181,11 +250,12 @@ def rollout_replica_size(cfg: dict[str, Any]) -> int:
     return pools.replica_size(cfg, "actor_rollout_ref.rollout")
 
 
-def shape(cfg: dict[str, Any], accelerator: str) -> ResourceShape:
+def shape(cfg: dict[str, Any], accelerator: str, v1: bool = False) -> ResourceShape:
     """What the run holds: one trainer group per node, one rollout group per replica, and the
     groups of every other pool verl builds from the config (reward model, teacher)."""
     t_nodes, t_per = int(select(cfg, "trainer.nnodes")), int(select(cfg, "trainer.n_gpus_per_node"))
-    r_nodes, r_per = int(select(cfg, "rollout.nnodes")), int(select(cfg, "rollout.n_gpus_per_node"))
+    nodes_key, per_key = rollout_pool(v1)
+    r_nodes, r_per = int(select(cfg, nodes_key)), int(select(cfg, per_key))
     # size_field/count_field name the spec fields behind a group, so that admission can say
     # which field to change (and to what) when a shape can never fit the cluster.
     trainer = [
@@ -217,19 +287,27 @@ def shape(cfg: dict[str, Any], accelerator: str) -> ResourceShape:
     )
 
 
-def planned_syncs(cfg: dict[str, Any]) -> int | None:
+def planned_syncs(cfg: dict[str, Any], v1: bool = False) -> int | None:
     """Parameter syncs the run will make: its progress is the parameter version against this.
 
-    ``total_rollout_steps / (ppo_mini_batch_size * require_batches * trigger_parameter_sync_step)``
+    ``total_rollout_steps / (ppo_mini_batch_size * require_batches * trigger_parameter_sync_step)``;
+    the V1 trainer syncs once per trainer step: ``trainer.total_training_steps`` when set (else
+    only the job knows: its data's size x epochs / train_batch_size).
     """
+    if v1:
+        steps = select(cfg, "trainer.total_training_steps")
+        return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
     per_sync = samples_per_sync(cfg)
     total = select(cfg, "rollout.total_rollout_steps")
     ok = per_sync is not None and isinstance(total, int) and total > 0
     return total // per_sync if ok else None
 
 
-def samples_per_sync(cfg: dict[str, Any]) -> int | None:
-    """The rollout samples one parameter sync consumes."""
+def samples_per_sync(cfg: dict[str, Any], v1: bool = False) -> int | None:
+    """The rollout samples one parameter sync consumes (fully_async_policy: the job may plan
+    fewer syncs than the spec, see recovery.ending; V1 plans by trainer steps)."""
+    if v1:
+        return None
     per_sync = 1
     for key in (
         "actor_rollout_ref.actor.ppo_mini_batch_size",
@@ -245,7 +323,10 @@ def samples_per_sync(cfg: dict[str, Any]) -> int | None:
 
 def spec_keys() -> dict[str, Loc]:
     """Every verl key a spec field maps to, with that field's path."""
-    out: dict[str, Loc] = {f"{k}": ("resources", f) for k, f in RESOURCE_KEYS.items()}
+    out: dict[str, Loc] = {
+        k: ("resources", f) for k, f in (RESOURCE_KEYS | V1_RESOURCE_KEYS).items()
+    }
+    out |= {k: ("trainer_mode",) for k in V1_KEYS}
 
     def walk(model: type[BaseModel], prefix: str, loc: Loc) -> None:
         for name, key, _ in _keyed(model, prefix):

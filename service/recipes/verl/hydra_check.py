@@ -116,10 +116,15 @@ def _compose(
 
     root = root or verl_root()
     searchpath = f"hydra.searchpath=[file://{root / TRAINER_CONFIG}]"
+    # The entry config's own dir: fully async's, or (its V1 trainer's ppo_trainer) verl's
+    # trainer config, which Hydra does not search for a primary config.
+    own = root / FULLY_ASYNC_CONFIG
+    if not (own / f"{config_name}.yaml").is_file() and (root / TRAINER_CONFIG).is_dir():
+        own = root / TRAINER_CONFIG
     # Hydra's global state is process-wide: one composition at a time.
     with (
         _lock,
-        initialize_config_dir(config_dir=str(root / FULLY_ASYNC_CONFIG), version_base=None),
+        initialize_config_dir(config_dir=str(own), version_base=None),
     ):
         try:
             cfg = compose(config_name, overrides=[searchpath, *overrides])

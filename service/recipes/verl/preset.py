@@ -212,9 +212,36 @@ def cpu_smoke(settings: Settings) -> dict[str, Any]:
     }
 
 
+SMOKE_V1_STEPS = 2  # V1 trainer steps, each a weight sync of parameter_sync_step updates
+
+
+def cpu_smoke_v1(settings: Settings) -> dict[str, Any]:
+    """``cpu-smoke`` on verl's V1 trainer (``trainer_mode: separate_async``): the same model,
+    data, CPU shims and pools; 2 trainer steps of 2 updates each (parameter_sync_step 2 x
+    ppo_mini_batch_size 2 = train_batch_size 4 prompts), one weight sync and one checkpoint a
+    step. verl's transfer queue keeps one storage unit (its default 8 are 8 more processes)."""
+    body = cpu_smoke(settings)
+    del body["async_training"]
+    del body["rollout"]["total_rollout_steps"]
+    body["trainer_mode"] = "separate_async"
+    body["actor"] = {**body["actor"], "ppo_mini_batch_size": 2}
+    body["trainer"] = {
+        **body["trainer"],
+        "experiment_name": "cpu_smoke_v1",
+        "total_training_steps": SMOKE_V1_STEPS,
+    }
+    body["v1"] = {"parameter_sync_step": 2, "max_off_policy_threshold": 2}
+    body["overrides"] = [
+        *body["overrides"],
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+    ]
+    return body
+
+
 PRESETS: dict[str, Preset] = {
     "geo3k-qwen3vl-8b-npu": geo3k_qwen3vl_8b_npu,
     "cpu-smoke": cpu_smoke,
+    "cpu-smoke-v1": cpu_smoke_v1,
 }
 
 

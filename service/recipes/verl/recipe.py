@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 from pydantic import ValidationError
 
 from service.errors import InvalidSpec, dotted, field_error, invalid_from_pydantic
+from service.metrics.keys import TRAINER_STEP_KEY
 from service.recipes.base import Launch, LaunchContext, RunSpec
 from service.recipes.verl import (
     command,
@@ -72,7 +73,8 @@ class VerlFullyAsyncRecipe:
     def guard(self, full: VerlFullyAsyncSpec, ctx: LaunchContext) -> Guarded:
         """The spec's own overrides parsed (the only time), and what the service refuses."""
         own = overrides.parse_all(command.user_overrides(full))
-        refused = guard.check_overrides(own, self.settings.override_allow)
+        refused = [field_error(loc, why, "verl_rule") for loc, why in command.unread_fields(full)]
+        refused += guard.check_overrides(own, self.settings.override_allow)
         refused += guard.check_runtime_env(
             full.runtime_env.env_vars,
             full.runtime_env.pip,
@@ -171,10 +173,11 @@ class VerlFullyAsyncRecipe:
                 command.argv(full, c.overrides),
             ),
             runtime_env=command.runtime_env(full, stop_grace_s),
-            shape=command.shape(cfg, full.resources.accelerator),
+            shape=command.shape(cfg, full.resources.accelerator, command.is_v1(full)),
             warnings=k.warnings,
-            total_steps=command.planned_syncs(cfg),
-            samples_per_sync=command.samples_per_sync(cfg),
+            total_steps=command.planned_syncs(cfg, command.is_v1(full)),
+            progress_key=TRAINER_STEP_KEY if command.is_v1(full) else None,
+            samples_per_sync=command.samples_per_sync(cfg, command.is_v1(full)),
             files=dict(full.files),
             reads=k.reads,
         )

@@ -31,8 +31,11 @@ def warning(get: Callable[[str], Any]) -> str:
         moved.append(
             f"data.train_batch_size={sync * mini} (parameter_sync_step x ppo_mini_batch_size)"
         )
+    spec = f"v1.parameter_sync_step={sync}, " if isinstance(sync, int) else ""
     return (
         f"verl retires the fully_async_policy trainer for its V1 trainer ({V1_LAUNCH}); "
         f"the V1 keys: {'; '.join(moved)}; async_training.staleness_threshold (a share of "
-        f"samples) has no like value: V1 bounds staleness in model versions, {STALENESS}"
+        f"samples) has no like value: V1 bounds staleness in model versions, {STALENESS}. "
+        f"Here: trainer_mode=separate_async with {spec}v1.max_off_policy_threshold in place "
+        "of the async_training block"
     )

@@ -8,7 +8,14 @@ from typing import Any
 
 from service.errors import field_error
 from service.recipes.verl import pools, retiring
-from service.recipes.verl.command import DEVICE, RESOURCE_KEYS, rollout_replica_size
+from service.recipes.verl.command import (
+    DEVICE,
+    V1_KEYS,
+    is_v1,
+    resource_keys,
+    rollout_pool,
+    rollout_replica_size,
+)
 from service.recipes.verl.hydra_check import select
 from service.recipes.verl.overrides import Loc, Override
 from service.recipes.verl.spec import VerlFullyAsyncSpec
@@ -58,6 +65,8 @@ def check(
     """Errors (422 entries) and warnings for a composed config."""
     errors: list[dict[str, Any]] = []
     accel = spec.resources.accelerator
+    v1 = is_v1(spec)
+    owner = resource_keys(spec)
 
     def get(key: str, default: Any = None) -> Any:
         return select(cfg, key, default)
@@ -72,15 +81,23 @@ def check(
     for item in where.items:
         key = item.key
         if item.loc[0] == "overrides" and key is not None:
-            owned = [k for k in RESOURCE_KEYS if k == key or k.startswith(key + ".")]
+            owned = [k for k in owner if k == key or k.startswith(key + ".")]
             if owned:
-                fields = ", ".join(f"resources.{RESOURCE_KEYS[k]}" for k in owned)
+                fields = ", ".join(f"resources.{owner[k]}" for k in owned)
                 errors.append(field_error(item.loc, f"{key} is set by {fields}", "verl_rule"))
 
-    need("data.train_batch_size", lambda v: v == 0, "fully async requires 0")
-    need("data.gen_batch_size", lambda v: v == 1, "fully async requires 1")
-    need("actor_rollout_ref.hybrid_engine", lambda v: v is False, "fully async requires False")
-    need("actor_rollout_ref.rollout.mode", lambda v: v == "async", "fully async requires async")
+    if v1:
+        _check_v1(get, err)
+        need(
+            "actor_rollout_ref.hybrid_engine",
+            lambda v: v is False,
+            "must be False: the service runs V1's standalone rollout pool only",
+        )
+    else:
+        need("data.train_batch_size", lambda v: v == 0, "fully async requires 0")
+        need("data.gen_batch_size", lambda v: v == 1, "fully async requires 1")
+        need("actor_rollout_ref.hybrid_engine", lambda v: v is False, "fully async requires False")
+    need("actor_rollout_ref.rollout.mode", lambda v: v == "async", "must be async")
     need("actor_rollout_ref.rollout.calculate_log_probs", lambda v: v is True, "must be True")
     engines = ROLLOUT_ENGINES[accel]
     need(
@@ -88,26 +105,31 @@ def check(
         lambda v: v in engines,
         f"on {accel} one of {sorted(engines)}",
     )
-    need(
-        "async_training.staleness_threshold",
-        lambda v: _num(v) is not None and v >= 0,
-        "must be >= 0",
-    )
-    need(
-        "async_training.trigger_parameter_sync_step", lambda v: (_int(v) or 0) >= 1, "must be >= 1"
-    )
-    need("async_training.require_batches", lambda v: (_int(v) or 0) >= 1, "must be >= 1")
+    if not v1:
+        need(
+            "async_training.staleness_threshold",
+            lambda v: _num(v) is not None and v >= 0,
+            "must be >= 0",
+        )
+        need(
+            "async_training.trigger_parameter_sync_step",
+            lambda v: (_int(v) or 0) >= 1,
+            "must be >= 1",
+        )
+        need("async_training.require_batches", lambda v: (_int(v) or 0) >= 1, "must be >= 1")
     need("ray_kwargs.ray_init", lambda v: isinstance(v, dict), "must be a mapping")
     need("ray_kwargs.ray_init.num_cpus", lambda v: v is None, "must stay null inside a Ray job")
     need("trainer.device", lambda v: v == DEVICE[accel], f"must be {DEVICE[accel]} on {accel}")
     for key in ("data.train_files", "data.val_files", "actor_rollout_ref.model.path"):
         if where.set_by(key) is None:
             err(key, "must be set (verl's default is a placeholder path)")
-    if where.set_by("rollout.total_rollout_steps") is None:
+    if v1:
+        pass  # its length: trainer.total_training_steps, or the data's size x total_epochs
+    elif where.set_by("rollout.total_rollout_steps") is None:
         err("rollout.total_rollout_steps", "must be set (the total number of prompts to roll out)")
     else:
         need("rollout.total_rollout_steps", lambda v: (_int(v) or 0) >= 1, "must be a count >= 1")
-    _check_parallelism(get, err)
+    _check_parallelism(get, err, v1)
     for key, msg in pools.problems(cfg):
         err(key, msg)
     _check_rollout_correction(get, err)
@@ -117,13 +139,46 @@ def check(
     return [], _warnings(get, spec, configured_loggers, where.items)
 
 
-def _check_parallelism(get: Callable[..., Any], err: Callable[[str, str], None]) -> None:
-    for key in (
-        "trainer.nnodes",
-        "trainer.n_gpus_per_node",
-        "rollout.nnodes",
-        "rollout.n_gpus_per_node",
-    ):
+V1 = "trainer.v1"
+SYNC_STEP = f"{V1}.separate_async.parameter_sync_step"
+OFF_POLICY = f"{V1}.sampler.max_off_policy_threshold"
+
+
+def _check_v1(get: Callable[..., Any], err: Callable[[str, str], None]) -> None:
+    """What verl 0.9.1's V1 trainer asserts at start (trainer_separate_async.py,
+    replay_buffer.py), checked here instead."""
+    for key, value in V1_KEYS.items():
+        if get(key) != value:
+            err(key, f"must be {value!r} with trainer_mode separate_async (got {get(key)!r})")
+    sync = _int(get(SYNC_STEP))
+    mini = _int(get("actor_rollout_ref.actor.ppo_mini_batch_size"))
+    if sync is None or sync < 1:
+        err(SYNC_STEP, f"must be an integer >= 1 (got {get(SYNC_STEP)!r})")
+    elif mini is not None and get("data.train_batch_size") != sync * mini:
+        err(
+            "data.train_batch_size",
+            f"must equal parameter_sync_step x ppo_mini_batch_size = {sync} x {mini} = "
+            f"{sync * mini} in separate async training (got {get('data.train_batch_size')!r})",
+        )
+    threshold = get(OFF_POLICY)
+    if threshold is not None and (_int(threshold) or 0) < 1:
+        err(OFF_POLICY, f"must be null or an integer >= 1 (got {threshold!r})")
+    strategy = f"{V1}.sampler.max_off_policy_strategy"
+    if get(strategy) not in ("drop", "wait"):
+        err(strategy, f"must be drop or wait (got {get(strategy)!r})")
+    backend = "actor_rollout_ref.rollout.checkpoint_engine.backend"
+    if get(backend) == "naive":
+        err(
+            backend,
+            "separate async training cannot sync weights with the naive engine (it needs the "
+            "trainer and rollout colocated): use nccl, hccl, nixl, mooncake or a custom backend",
+        )
+
+
+def _check_parallelism(
+    get: Callable[..., Any], err: Callable[[str, str], None], v1: bool = False
+) -> None:
+    for key in ("trainer.nnodes", "trainer.n_gpus_per_node", *rollout_pool(v1)):
         if (_int(get(key)) or 0) < 1:
             err(key, f"must be a positive integer (got {get(key)!r})")
             return
@@ -170,8 +225,9 @@ def _check_parallelism(get: Callable[..., Any], err: Callable[[str, str], None])
             err(f"{rollout}.{part}", "must be a positive integer")
             return
     replica = rollout_replica_size({"actor_rollout_ref": {"rollout": get(rollout)}})
-    per_node = get("rollout.n_gpus_per_node")
-    r_world = get("rollout.nnodes") * per_node
+    nodes_key, per_key = rollout_pool(v1)
+    per_node = get(per_key)
+    r_world = get(nodes_key) * per_node
     if r_world % replica:
         err(
             f"{rollout}.tensor_model_parallel_size",
@@ -263,7 +319,8 @@ def _warnings(
     configured_loggers: list[str],
     where_items: list[Override],
 ) -> list[str]:
-    out: list[str] = [retiring.warning(get)]
+    v1 = is_v1(spec)
+    out: list[str] = [] if v1 else [retiring.warning(get)]
     if (
         get(f"{RC}.rollout_is") is not None
         and get(f"{RC}.bypass_mode") is True
@@ -282,7 +339,7 @@ def _warnings(
         or get(f"{optim}.lr_scheduler_type", "constant") not in (None, "constant")
         or get(f"{optim}.lr_decay_style", "constant") not in (None, "constant")
     )
-    if sync > 1 and scheduled:
+    if sync > 1 and scheduled and not v1:  # V1 scales the schedule by parameter_sync_step
         out.append(
             f"actor.optim: a learning-rate warmup/decay schedule advances {sync}x too fast under "
             f"trigger_parameter_sync_step={sync} (its length counts weight syncs, it steps every "
@@ -305,11 +362,11 @@ def _warnings(
             "rollout.n (top level) is unused by verl; responses per prompt are "
             "actor_rollout_ref.rollout.n (the spec's rollout.n)"
         )
-    out += _resume_warnings(get)
+    out += _resume_warnings(get, v1)
     return out
 
 
-def _resume_warnings(get: Callable[..., Any]) -> list[str]:
+def _resume_warnings(get: Callable[..., Any], v1: bool = False) -> list[str]:
     """Combinations verl 0.9.1's fully async resume is known to lose work with."""
     out: list[str] = []
     resume = get("trainer.resume_mode")
@@ -322,7 +379,7 @@ def _resume_warnings(get: Callable[..., Any]) -> list[str]:
             "a restart by hand does not"
         )
     sync = _int(get("async_training.trigger_parameter_sync_step")) or 1
-    if resume in ("auto", "resume_path"):
+    if resume in ("auto", "resume_path") and not v1:
         out.append(
             f"trainer.resume_mode={resume}: verl 0.9.1's fully async resume counts the trainer "
             f"step twice (verl #7933): resumed from global_step_N, its first step is labelled "

@@ -271,6 +271,31 @@ class AsyncTrainingSpec(Block):
     use_trainer_do_validate: bool = V(False)
 
 
+class V1Spec(Block):
+    """verl's V1 trainer (``trainer_mode: separate_async``) only: what takes the place of
+    ``async_training``. One weight sync per trainer step; a step trains ``data.train_batch_size
+    = parameter_sync_step x actor.ppo_mini_batch_size`` prompts in ``parameter_sync_step``
+    updates; staleness is bounded in model versions, not as a share of samples."""
+
+    prefix: ClassVar[str] = "trainer.v1"
+    parameter_sync_step: int = V(4, key="trainer.v1.separate_async.parameter_sync_step", ge=1)
+    num_warmup_batches: float = V(1, key="trainer.v1.separate_async.num_warmup_batches", ge=0)
+    max_off_policy_threshold: int | None = V(
+        8,
+        key="trainer.v1.sampler.max_off_policy_threshold",
+        ge=1,
+        description="model versions a trajectory may span; null: no version control",
+    )
+    max_off_policy_strategy: Literal["drop", "wait"] = V(
+        "drop", key="trainer.v1.sampler.max_off_policy_strategy"
+    )
+
+
+# The trainer verl runs: its fully_async_policy entry point (retiring), or its V1 trainer in
+# separate_async mode (verl.trainer.main_ppo, trainer.use_v1).
+TrainerMode = Literal["fully_async_policy", "separate_async"]
+
+
 class ResourcesSpec(OnlySet):
     """Accelerator groups: trainer and rollout each on ``n_nodes_*`` nodes x ``n_gpus_*``."""
 
@@ -315,6 +340,11 @@ class VerlFullyAsyncSpec(RunSpec, OnlySet):
 
     recipe: Literal["verl-fully-async"] = "verl-fully-async"
     preset: str | None = None
+    trainer_mode: TrainerMode = Field(
+        default="fully_async_policy",
+        description="fully_async_policy: verl's fully_async_main (async_training block); "
+        "separate_async: verl's V1 trainer (trainer.use_v1, v1 block)",
+    )
     verl_version: str | None = Field(
         default=None,
         pattern=r"^\d+\.\d+\.\d+(?:(?:rc|\.post|\.dev)\d+)?$",
@@ -329,6 +359,7 @@ class VerlFullyAsyncSpec(RunSpec, OnlySet):
     algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
     trainer: TrainerSpec = Field(default_factory=TrainerSpec)
     async_training: AsyncTrainingSpec = Field(default_factory=AsyncTrainingSpec)
+    v1: V1Spec = Field(default_factory=V1Spec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     runtime_env: RuntimeEnvSpec = Field(default_factory=RuntimeEnvSpec)
     files: dict[str, str] = Field(
@@ -375,4 +406,5 @@ class VerlFullyAsyncSpec(RunSpec, OnlySet):
         "algorithm",
         "trainer",
         "async_training",
+        "v1",
     )
