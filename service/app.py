@@ -287,6 +287,7 @@ def build_services(
             groups=backlog.node_groups(settings),
             budgets=Budgets.of_settings(settings),
             half_life_s=settings.fair_share_half_life_s,
+            preemption=backlog.preemption_policy(settings),
             team_max_duration_s=settings.team_max_duration_s,
         )
         reconciler = Reconciler(

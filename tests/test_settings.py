@@ -46,6 +46,7 @@ SAMPLES: dict[str, list[Any]] = {
     "data_roots": ["/shared", "hdfs://nn/data"],
     "oidc_algorithms": ["RS256", "EdDSA"],
     "local_npus": [8, 8],
+    "preemptible_priorities": ["low", "normal"],
 }
 
 
@@ -130,3 +131,11 @@ def test_readyz_for_an_admin_and_the_logs_show_no_credential(
     assert checks["ray"]["ok"] is False and checks["ray"]["error"], "an admin sees the error"
     for text in (answer.text, shown, caplog.text):
         assert RAY_TOKEN not in text and DB_PASSWORD not in text
+
+
+def test_a_preemption_policy_naming_an_unknown_priority_stops_the_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("RLRUN_PREEMPTIBLE_PRIORITIES", "low,urgent")
+    with pytest.raises(ValidationError, match="names 'urgent': the priorities are low, normal"):
+        Settings()

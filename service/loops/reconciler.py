@@ -38,6 +38,7 @@ from service.scheduling import deadlines
 from service.store import audit
 from service.store.db import Database
 from service.store.lifecycle import (
+    preempting,
     request_yield,
     set_health,
     transition,
@@ -241,6 +242,12 @@ def apply(
         return
     yielded = yield_end(run) if target is RunStatus.STOPPED else None
     if yielded is not None:  # stopped at (or waiting for) its next checkpoint, as asked
+        if preempting(run):
+            n = run.attempt + 1
+            retry.preempted(
+                session, run, f"{yielded[1]}; attempt {n} waits to resume from its checkpoint"
+            )
+            return
         transition(session, run, *yielded)
         return
     if target is RunStatus.FAILED:

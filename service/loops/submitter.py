@@ -13,10 +13,10 @@ job's processes, so they are not in Ray's job table.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from sqlalchemy import update
@@ -32,18 +32,20 @@ from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable, stop_
 from service.cluster.registry import ClusterHandle, Clusters, cluster_quotas
 from service.recipes.base import RUN_FILES_DIR
 from service.recovery.attempts import job_id
-from service.scheduling import backlog, deadlines
-from service.scheduling.across import decide_across
+from service.scheduling import backlog, deadlines, preemption
+from service.scheduling.across import ClusterDecision, ClusterState, decide_across
 from service.scheduling.admission import Quotas
 from service.scheduling.budgets import Budgets
 from service.scheduling.fair_share import recent_accelerators
 from service.scheduling.inventory import Inventory
 from service.scheduling.node_groups import NodeGroups
-from service.store import grants
+from service.scheduling.outside import held_outside
+from service.scheduling.preemption import Policy
+from service.store import announce, grants
 from service.store.db import Database
-from service.store.lifecycle import transition
+from service.store.lifecycle import note, request_yield, transition
 from service.store.models import Run, utcnow
-from service.store.status import RunStatus
+from service.store.status import ACTIVE, RunStatus
 from service.team_secrets import SecretStore, missing_message, redact
 
 JOBS_DIR = Path(jobs.__file__).parent
@@ -68,6 +70,7 @@ class Submitter:
     groups: NodeGroups = field(default_factory=NodeGroups)  # of the primary cluster
     budgets: Budgets = field(default_factory=Budgets)
     half_life_s: float = 0.0  # of past usage in a team's fair-share standing (0: no memory)
+    preemption: Policy | None = None  # None: nothing running is preempted
     # Team -> the longest an attempt may last ("*": every team not named); with the spec's
     # ``max_duration_s``, the attempt's deadline from its admission.
     team_max_duration_s: Mapping[str, float] = field(default_factory=dict)
@@ -140,6 +143,8 @@ class Submitter:
         for r in offered:
             if not candidates[r.run.id]:
                 reasons[r.run.id] = "no declared cluster may take this run now"
+        if self.preemption is not None and len(states) == 1:
+            self._preempt(session, now, states[0], offered, decision, reasons)
         admitted = dict(decision.admit)
         out = []
         for row in rows:
@@ -173,6 +178,67 @@ class Submitter:
                         )
                     )
         return out
+
+    def _preempt(
+        self,
+        session: Session,
+        now: datetime,
+        state: ClusterState,
+        offered: Sequence[backlog.QueuedRow],
+        decision: ClusterDecision,
+        reasons: dict[str, str],
+    ) -> None:
+        """Preempt for the runs left waiting for capacity (in this round's transaction, under
+        the admission lock: with several replicas, one decision): each victim is asked to stop
+        at its next checkpoint within the grace; the run it makes room for says so."""
+        policy = self.preemption
+        inventory = state.inventory
+        lowest = min(policy.preemptible, default=None) if policy else None
+        if policy is None or inventory is None or lowest is None:
+            return
+        rank = {run_id: i for i, run_id in enumerate(decision.order)}
+        waiting = sorted(
+            (r.run for r in offered if preemption.waits_for_room(r.run, decision.reasons)),
+            key=lambda r: rank[r.id],
+        )
+        if not any(r.priority > lowest for r in waiting):
+            return
+        primary = state.name == self.clusters.primary.name
+        running = backlog.running(session, now, state.name, primary)
+        outside = held_outside(state.outside)
+        choice = preemption.choose(
+            waiting, running, inventory, self.quotas, policy, now.timestamp(), outside
+        )
+        for p in choice.preemptions:
+            stopping = []
+            for v in p.victims:
+                row = session.get(Run, v.id, with_for_update=True)
+                if row is None or row.status not in ACTIVE:
+                    continue
+                event = note(
+                    session,
+                    row,
+                    f"{p.reason}: asked to stop at its next checkpoint within "
+                    f"{policy.grace_s:g} s ({v.steps_lost} steps since its last save)",
+                    kind="preempted",
+                )
+                announce.event(
+                    session, row, event, "run.preempted", by=p.run.id, steps_lost=v.steps_lost
+                )
+                request_yield(session, row, policy.grace_s, p.reason)
+                stopping.append(v.id)
+            reasons[p.run.id] = (
+                f"preempting {', '.join(stopping)} (lower priority): they stop at their next "
+                f"checkpoint, within {policy.grace_s:g} s"
+            )
+        for run_id, ids in choice.waits_on.items():
+            reasons[run_id] = f"waits for {', '.join(ids)} to stop (at a checkpoint, or in time)"
+        if choice.spared:
+            chosen = {p.run.id for p in choice.preemptions} | set(choice.waits_on)
+            said = "; ".join(f"{i} {why}" for i, why in list(choice.spared.items())[:3])
+            for run in waiting[: preemption.TRIES]:
+                if run.id not in chosen and run.priority > lowest and run.id in reasons:
+                    reasons[run.id] += f"; not preempted: {said}"
 
     def _candidates(self, row: backlog.QueuedRow) -> list[str]:
         return self.clusters.for_queued(row.run.team, row.launch, row.cluster)

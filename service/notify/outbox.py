@@ -21,6 +21,7 @@ EventType = Literal[
     "run.failed",
     "run.retrying",
     "run.attempt_ended",
+    "run.preempted",
     "metric.threshold",
     "run.grant_replayed",
 ]

@@ -124,6 +124,9 @@ class Launch:
     # Absolute paths and URIs the job reads on the nodes: a cluster with data roots must hold
     # them all to take the run.
     reads: list[str] = field(default_factory=list)
+    # Whether the job saves checkpoints a later attempt resumes from (preemption spares a run
+    # that saves none, and its plan says so).
+    checkpoints: bool = False
 
     @property
     def entrypoint(self) -> str:
@@ -144,6 +147,7 @@ class Launch:
             "files": self.files,
             "secrets": self.secrets,
             "reads": self.reads,
+            "checkpoints": self.checkpoints,
         }
 
 

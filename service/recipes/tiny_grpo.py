@@ -102,6 +102,7 @@ class TinyGrpoRecipe:
             options["checkpoint_dir"] = str(Path(self.checkpoint_root) / ctx.run_id)
         argv = to_argv(options)
         return Launch(
+            checkpoints=bool(spec.save_every),
             argv=argv,
             runtime_env={
                 "env_vars": {

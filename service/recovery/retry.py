@@ -123,6 +123,14 @@ def by_hand(session: Session, run: Run, resume: ResumeFrom, who: str) -> None:
     _next(session, run, resume, 0.0, f"retrying: attempt {n} from {resume}, asked by {who}")
 
 
+def preempted(session: Session, run: Run, why: str) -> None:
+    """A preempted run whose job stopped: its attempt ends STOPPED and the next one waits in
+    the queue at once, resuming from its checkpoint (one run, one history; no retry policy
+    is asked, and no attempt of its policy is spent)."""
+    lifecycle.end_preempted(session, run)
+    _next(session, run, "checkpoint", 0.0, why)
+
+
 def _next(session: Session, run: Run, resume: ResumeFrom, backoff_s: float, why: str) -> None:
     attempts.archive(session, run)
     runlog = session.get(RunLog, run.id, with_for_update=True)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Row, case, or_, select, text
+from sqlalchemy import ColumnElement, Row, case, func, or_, select, text
 from sqlalchemy.orm import Session
 
 from service.scheduling.across import FITS_NOW, ClusterState, decide_across
@@ -17,9 +17,10 @@ from service.scheduling.fit import on_empty_cluster
 from service.scheduling.inventory import Inventory
 from service.scheduling.node_groups import NodeGroups, decide_grouped
 from service.scheduling.outside import ClusterJob, unmanaged
+from service.scheduling.preemption import Policy, Running
 from service.scheduling.shape import ResourceShape
 from service.settings import Settings
-from service.store.models import Run
+from service.store.models import Run, RunEvent, RunLog
 from service.store.status import ACTIVE, RunStatus
 
 # Ray's per-node usage (``/api/cluster_status``) is refreshed about every 5 s. Until a run has
@@ -33,6 +34,84 @@ _ADMISSION_LOCK = 0x726C72756E
 
 def quotas(settings: Settings) -> Quotas:
     return Quotas(dict(settings.team_quotas), settings.default_team_quota)
+
+
+def preemption_policy(settings: Settings) -> Policy | None:
+    """The deployment's preemption policy (None: preemption is off)."""
+    if settings.preemption != "on":
+        return None
+    return Policy.of(
+        settings.preemption_grace_s,
+        settings.preemption_min_admitted_s,
+        settings.preemption_max_times,
+        settings.preemption_rest_s,
+        settings.preemption_without_checkpoints,
+        settings.preemptible_priorities,
+    )
+
+
+def running(session: Session, now: datetime, cluster: str, primary: bool) -> list[Running]:
+    """The admitted runs that have not ended on ``cluster`` (the ``primary`` holds those that
+    record none), in
+    admission order, as preemption sees them: what each would lose now (steps logged since its
+    last complete save, None when it saves none), how often it was preempted and when last."""
+    query = (
+        select(
+            Run.id,
+            Run.team,
+            Run.priority,
+            Run.launch,
+            Run.status,
+            Run.submitted_at,
+            Run.started_at,
+            Run.stop_requested_at,
+            Run.yield_by,
+            Run.checkpoint_step,
+            Run.resumed_from_step,
+            RunLog.last_step,
+        )
+        .outerjoin(RunLog, RunLog.run_id == Run.id)
+        .where(Run.status.in_(ACTIVE))
+        .order_by(Run.submitted_at, Run.id)
+    )
+    on = Run.cluster == cluster
+    query = query.where(or_(on, Run.cluster.is_(None)) if primary else on)
+    rows = session.execute(query).all()
+    if not rows:
+        return []
+    times = {
+        run_id: (n, at)
+        for run_id, n, at in session.execute(
+            select(RunEvent.run_id, func.count(), func.max(RunEvent.at))
+            .where(RunEvent.kind == "preempted", RunEvent.run_id.in_([r.id for r in rows]))
+            .group_by(RunEvent.run_id)
+        )
+    }
+    out = []
+    for r in rows:
+        saves = bool(r.launch.get("checkpoints")) or r.checkpoint_step is not None
+        base = r.checkpoint_step if r.checkpoint_step is not None else r.resumed_from_step
+        lost = max(0, (r.last_step or 0) - (base or 0)) if saves else None
+        n, last = times.get(r.id, (0, None))
+        submitted = r.submitted_at or now
+        out.append(
+            Running(
+                r.id,
+                r.team,
+                r.priority,
+                ResourceShape.from_dict(r.launch["shape"]),
+                admitted_at=submitted.timestamp(),
+                started_at=r.started_at.timestamp() if r.started_at else None,
+                steps_lost=lost,
+                times=n,
+                last_preempted_at=last.timestamp() if last else None,
+                stopping=r.stop_requested_at is not None or r.yield_by is not None,
+                settled=r.status == RunStatus.RUNNING
+                and r.started_at is not None
+                and r.started_at <= now - timedelta(seconds=SETTLE_S),
+            )
+        )
+    return out
 
 
 def unclaimed(now: datetime) -> ColumnElement[bool]:

@@ -32,6 +32,7 @@ from service.scheduling.inventory import Inventory
 from service.scheduling.placement import EPS, Placement, Pool, pack
 from service.scheduling.priority import PRIORITIES, PRIORITY_NAMES
 from service.scheduling.shape import ResourceShape
+from service.store.status import PREEMPTED_FOR
 
 NO_CHECKPOINTS = "saves no checkpoints: never preempted"
 # Waiting runs a round tries to make room for, at most (the first in queue order).
@@ -124,7 +125,7 @@ class Preemption:
     @property
     def reason(self) -> str:
         """What each victim's history says."""
-        return f"preempted for run {self.run.id} ({name(self.run.priority)})"
+        return f"{PREEMPTED_FOR}{self.run.id} ({name(self.run.priority)})"
 
 
 @dataclass
@@ -132,6 +133,8 @@ class Choice:
     preemptions: list[Preemption] = field(default_factory=list)
     # Run id -> why it is not preempted (only runs a waiting run could have used).
     spared: dict[str, str] = field(default_factory=dict)
+    # Waiting run id -> the runs already stopping whose room it will have.
+    waits_on: dict[str, list[str]] = field(default_factory=dict)
 
 
 def waits_for_room(run: QueuedRun, reasons: Mapping[str, str]) -> bool:
@@ -293,6 +296,8 @@ def choose(
             room = _Room(inventory, running, outside or {})
         made = room.fits(run.shape, stopping)
         if made is not None:  # what is already stopping makes its room: nothing more to stop
+            if stopping:
+                choice.waits_on[run.id] = [r.id for r in stopping]
             room.take(made, run.shape, stopping)
             stopping = []
             continue

@@ -31,7 +31,7 @@ from service.settings.runs import (
     StopSettings,
 )
 from service.settings.server import DatabaseSettings, ServerSettings
-from service.settings.sharing import FairShareSettings
+from service.settings.sharing import FairShareSettings, PreemptionSettings
 from service.settings.signals import MetricsSettings, WebhookSettings
 from service.settings.verl import VerlSettings
 
@@ -58,6 +58,7 @@ class Settings(
     LimitSettings,
     AdmissionSettings,
     FairShareSettings,
+    PreemptionSettings,
     LoopSettings,
     RetrySettings,
     StopSettings,

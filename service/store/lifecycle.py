@@ -17,6 +17,7 @@ from service.store.models import Run, RunEvent
 from service.store.status import (
     ACTIVE,
     ENDED,
+    PREEMPTED_FOR,
     RETRIED_OUTCOMES,
     TERMINAL,
     Health,
@@ -115,7 +116,7 @@ def requeue(session: Session, run: Run, reason: str) -> RunEvent:
     or from a terminal status (by hand: the one move out of one). The caller has archived the
     attempt that ended (``recovery.attempts.archive``)."""
     src = RunStatus(run.status)
-    if src not in ENDED:
+    if src not in ENDED and not (src in ACTIVE and run.attempt_status == RunStatus.STOPPED):
         raise IllegalTransition(f"run {run.id} has not ended: it is {src}")
     now = utcnow()
     run.attempt += 1
@@ -139,6 +140,27 @@ def requeue(session: Session, run: Run, reason: str) -> RunEvent:
     announce.event(session, run, event, "run.status")
     announce.event(session, run, event, "run.retrying", attempt=run.attempt)
     return event
+
+
+def preempting(run: Run) -> bool:
+    """Whether ``run`` stops because a preemption asked it to: its yield was for one, and its
+    stop came from that yield (a cancel meanwhile ends it as a cancel would)."""
+    reason = run.yield_reason or ""
+    return reason.startswith(PREEMPTED_FOR) and run.stop_lost_steps is not None
+
+
+def end_preempted(session: Session, run: Run) -> None:
+    """End a preempted run's attempt, its job stopped (at its checkpoint, or when its grace ran
+    out), without ending the run: its accelerator time is counted and its grants purged, and
+    the attempt reads STOPPED (``attempt_status``) until ``requeue`` starts the next one in the
+    same transaction, so the run never reads a terminal status."""
+    if run.status not in ACTIVE:
+        raise IllegalTransition(f"run {run.id} is not active: it is {run.status}")
+    now = utcnow()
+    run.ended_at = now
+    run.attempt_status = RunStatus.STOPPED
+    announce.ended(session, run, now)
+    grants.purge(session, run.id)
 
 
 def note(

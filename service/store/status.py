@@ -100,4 +100,10 @@ def is_allowed(src: RunStatus, dst: RunStatus) -> bool:
 def attempt_outcome(status: str, attempt_status: str | None) -> str:
     """Where the current attempt stands: how it ended while its run is RETRYING, else the
     run's status."""
-    return attempt_status if status == RunStatus.RETRYING and attempt_status else status
+    if attempt_status and (status == RunStatus.RETRYING or status in ACTIVE):
+        return attempt_status  # RETRYING, or a preempted attempt about to be requeued
+    return status
+
+
+# How a preempted run's stop is asked for and said (``lifecycle.request_yield``'s reason).
+PREEMPTED_FOR = "preempted for run "

@@ -180,6 +180,7 @@ class VerlFullyAsyncRecipe:
             samples_per_sync=command.samples_per_sync(cfg, command.is_v1(full)),
             files=dict(full.files),
             reads=k.reads,
+            checkpoints=int(cfg.get("trainer", {}).get("save_freq", -1) or -1) > 0,
         )
 
 
