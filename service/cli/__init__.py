@@ -18,19 +18,22 @@ __all__ = ["app", "clean"]
 app = typer.Typer(
     help="rlrun: asynchronous RL training runs on a shared Ray cluster.", no_args_is_help=True
 )
-app.command()(serve.serve)
-app.command()(serve.migrate)
-app.command()(runs.submit)
-app.command("list")(runs.list_runs)
-app.command()(runs.status)
-app.command()(runs.cancel)
-app.command()(runs.retry)
-app.command()(logs.logs)
-app.command()(logs.metrics)
-app.command("why-slow")(why_slow.why_slow)
-app.command()(clusters.script)
-app.command()(clusters.cluster)
-app.command("usage")(usage.usage_report)
+for name, command in (
+    ("serve", serve.serve),
+    ("migrate", serve.migrate),
+    ("submit", runs.submit),
+    ("list", runs.list_runs),
+    ("status", runs.status),
+    ("cancel", runs.cancel),
+    ("retry", runs.retry),
+    ("logs", logs.logs),
+    ("metrics", logs.metrics),
+    ("why-slow", why_slow.why_slow),
+    ("script", clusters.script),
+    ("cluster", clusters.cluster),
+    ("usage", usage.usage_report),
+):
+    app.command(name)(command)
 app.add_typer(clusters.verl_app, name="verl")
 app.add_typer(tokens.token_app, name="token")
 app.add_typer(webhooks.webhook_app, name="webhook")
