@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event, select
 
 from service import usage
+from service.loops.follower import Follower
+from service.metrics.health import HealthRules
+from service.metrics.log_readers import WholeLogReader
 from service.recipes.base import Launch
 from service.scheduling.shape import Group, ResourceShape
 from service.store.db import Database, upgrade
@@ -61,6 +64,28 @@ def add_run(
     with db.transaction() as s:
         s.add(new_run(run_id, status, **kwargs))
     return run_id
+
+
+def add_used(
+    db: Database, run_id: str, team: str, npus: int, since: datetime, until: datetime
+) -> None:
+    """A run of ``team`` that held ``npus`` from ``since`` until it ended at ``until``, its
+    usage accrued (as the lifecycle leaves it)."""
+    with db.transaction() as s:
+        run = new_run(
+            run_id, RunStatus.SUCCEEDED, team=team, npus=npus, submitted_at=since, ended_at=until
+        )
+        s.add(run)
+        s.flush()
+        usage.accrue(s, run, until)
+
+
+def whole_log_follower(db: Database, ray: Any, **hooks: Any) -> Follower:
+    """A follower of every run on ``ray`` (a ``FakeRay``) that reads each log whole; ``hooks``:
+    what it calls on an end or a checkpoint."""
+    return Follower(
+        db, ray, "me", 30.0, 100_000, HealthRules(), reader=WholeLogReader(ray), **hooks
+    )
 
 
 def read_run(db: Database, run_id: str = "r1") -> tuple[Run, list[str]]:

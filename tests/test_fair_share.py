@@ -16,7 +16,7 @@ from service.scheduling.shape import Group, ResourceShape
 from service.store.db import Database
 from service.store.models import Run, utcnow
 from service.store.status import RunStatus
-from tests.factories import add_run, new_run, read_run
+from tests.factories import add_run, add_used, read_run
 from tests.fake_ray import FakeRay
 
 DAY = 86400.0
@@ -56,18 +56,8 @@ def test_the_submitter_admits_the_team_with_less_recent_usage_and_says_why(
 ) -> None:
     db = Database(db_url)
     now = utcnow()
-    with db.transaction() as s:  # team a held 8 accelerators for 12 hours until a day ago
-        ended = new_run(
-            "old",
-            RunStatus.SUCCEEDED,
-            team="a",
-            npus=8,
-            submitted_at=now - timedelta(hours=36),
-            ended_at=now - timedelta(hours=24),
-        )
-        s.add(ended)
-        s.flush()
-        usage.accrue(s, ended, now - timedelta(hours=24))
+    # Team a held 8 accelerators for 12 hours until a day ago.
+    add_used(db, "old", "a", 8, now - timedelta(hours=36), now - timedelta(hours=24))
     add_run(db, "a1", RunStatus.QUEUED, team="a", npus=8)
     add_run(db, "b1", RunStatus.QUEUED, team="b", npus=8)
     with db.read() as s:
@@ -95,18 +85,7 @@ def test_the_submitter_admits_the_team_with_less_recent_usage_and_says_why(
 
 def test_without_a_memory_the_older_run_goes_first(db: Database) -> None:
     now = utcnow()
-    with db.transaction() as s:
-        ended = new_run(
-            "old",
-            RunStatus.SUCCEEDED,
-            team="a",
-            npus=8,
-            submitted_at=now - timedelta(hours=2),
-            ended_at=now - timedelta(hours=1),
-        )
-        s.add(ended)
-        s.flush()
-        usage.accrue(s, ended, now - timedelta(hours=1))
+    add_used(db, "old", "a", 8, now - timedelta(hours=2), now - timedelta(hours=1))
     add_run(db, "a1", RunStatus.QUEUED, team="a", npus=8)
     add_run(db, "b1", RunStatus.QUEUED, team="b", npus=8)
     ray = FakeRay({"n1": {"NPU": 8.0, "CPU": 8.0}})
