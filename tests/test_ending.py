@@ -12,9 +12,7 @@ from sqlalchemy import select
 from service.loops.follower import Follower
 from service.loops.reconciler import Reconciler
 from service.metrics import store
-from service.metrics.health import HealthRules
 from service.metrics.keys import STEP_KEY
-from service.metrics.log_readers import WholeLogReader
 from service.operations import run_docs
 from service.recipes.base import Launch
 from service.recovery import ending
@@ -22,7 +20,7 @@ from service.scheduling.shape import ResourceShape
 from service.store.db import Database
 from service.store.models import Run, RunEvent, utcnow
 from service.store.status import RunStatus
-from tests.factories import add_run, read_run
+from tests.factories import add_run, read_run, whole_log_follower
 from tests.fake_ray import FakeRay
 
 
@@ -38,18 +36,7 @@ def _planned(total: int | None) -> dict[str, object]:
 
 
 def _loops(db: Database, ray: FakeRay, ended: list[bool]) -> tuple[Reconciler, Follower]:
-    reconciler = Reconciler(db, ray)
-    follower = Follower(
-        db,
-        ray,
-        "me",
-        30.0,
-        100_000,
-        HealthRules(),
-        reader=WholeLogReader(ray),
-        on_end=lambda: ended.append(True),
-    )
-    return reconciler, follower
+    return Reconciler(db, ray), whole_log_follower(db, ray, on_end=lambda: ended.append(True))
 
 
 def _seen_long_enough_ago(db: Database) -> None:

@@ -14,14 +14,12 @@ from sqlalchemy import select
 from jobs import checkpoints
 from service.loops.follower import Follower
 from service.loops.reconciler import Reconciler
-from service.metrics.health import HealthRules
-from service.metrics.log_readers import WholeLogReader
 from service.metrics.parse import parse_checkpoint
 from service.store.db import Database
 from service.store.lifecycle import request_yield
 from service.store.models import Run, RunEvent, utcnow
 from service.store.status import RunStatus
-from tests.factories import add_run, read_run
+from tests.factories import add_run, read_run, whole_log_follower
 from tests.fake_ray import FakeRay
 
 
@@ -37,18 +35,24 @@ def _saved(n: int) -> str:
 
 
 def _loops(db: Database, ray: FakeRay, woken: list[str]) -> tuple[Reconciler, Follower]:
-    reconciler = Reconciler(db, ray, deadline_margin_s=60.0)
-    follower = Follower(
-        db,
-        ray,
-        "me",
-        30.0,
-        100_000,
-        HealthRules(),
-        reader=WholeLogReader(ray),
-        on_checkpoint=lambda: woken.append("reconciler"),
-    )
-    return reconciler, follower
+    follower = whole_log_follower(db, ray, on_checkpoint=lambda: woken.append("reconciler"))
+    return Reconciler(db, ray, deadline_margin_s=60.0), follower
+
+
+def _wait_over(
+    db: Database, reconciler: Reconciler, run_id: str = "r1", deadline: bool = False
+) -> tuple[Run, list[str]]:
+    """The run's wait for a checkpoint has run out (with ``deadline``, its deadline passed too);
+    the reconciler ticks twice (asks Ray to stop, records the end): the run and its reasons."""
+    with db.transaction() as s:
+        run = s.get(Run, run_id)
+        assert run is not None and run.yield_by is not None
+        run.yield_by = utcnow() - timedelta(seconds=1)
+        if deadline:
+            run.deadline_at = run.yield_by
+    reconciler.tick()
+    reconciler.tick()
+    return read_run(db, run_id)
 
 
 def _events(db: Database, run_id: str = "r1") -> list[tuple[str | None, int | None, str]]:
@@ -125,13 +129,7 @@ def test_when_the_wait_runs_out_the_run_stops_with_the_steps_since_its_last_save
     _yield(db, 3600)
     reconciler.tick()
     assert read_run(db)[0].stop_requested_at is None  # an hour to go
-    with db.transaction() as s:  # the hour has passed
-        run = s.get(Run, "r1")
-        assert run is not None and run.yield_by is not None
-        run.yield_by = utcnow() - timedelta(seconds=1)
-    reconciler.tick()
-    reconciler.tick()
-    run, reasons = read_run(db)
+    run, reasons = _wait_over(db, reconciler)  # the hour has passed
     assert run.status == RunStatus.STOPPED and (run.stop_saved_step, run.stop_lost_steps) == (2, 3)
     assert "no checkpoint in time: 3 steps lost since step 2" in reasons[-2]
     assert reasons[-1] == "cancelled by alice: stopped at checkpoint step 2, 3 steps lost"
@@ -162,13 +160,7 @@ def test_a_run_near_its_deadline_is_asked_to_stop_at_its_next_checkpoint_and_sto
     assert run.yield_by is not None and abs((run.yield_by - run.deadline_at).total_seconds()) < 2
     assert re.match(r"stop at the next checkpoint requested \(within (29|30) s\)", reasons[-1])
     assert reasons[-1].endswith("deadline: 100 s from admission")
-    with db.transaction() as s:  # the deadline passes before any save
-        r2 = s.get(Run, "r2")
-        assert r2 is not None
-        r2.yield_by = r2.deadline_at = utcnow() - timedelta(seconds=1)
-    reconciler.tick()
-    reconciler.tick()
-    run, reasons = read_run(db, "r2")
+    run, reasons = _wait_over(db, reconciler, "r2", deadline=True)  # before any save
     assert run.status == RunStatus.STOPPED
     assert reasons[-1] == "deadline: 100 s from admission: stopped with no checkpoint, 1 steps lost"
 
