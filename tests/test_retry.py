@@ -284,6 +284,34 @@ def test_a_later_attempt_s_points_replace_the_earlier_ones_from_its_first_step(
     assert latest["critic/score/mean"] == 0.5
 
 
+def test_a_resumed_attempt_keeps_the_earlier_record_up_to_its_checkpoint_s_step(
+    api: TestClient, db_url: str
+) -> None:
+    _, loops = _submitted(db_url)
+    # verl's way: a step's training figures come one sync late, so attempt 1's line at step 3
+    # holds those of the step its checkpoint 3 saved; it died after logging step 4.
+    first = "".join(f"step:{s} - critic/score/mean:{s / 10} - r/idle:1\n" for s in range(1, 5))
+    loops.end("r1", "FAILED", first + DIED.splitlines(keepends=True)[-1])
+    loops.submitter.tick()
+    loops.ray.set_status("r1-a2", "RUNNING")
+    loops.reconciler.tick()
+    # Resumed from checkpoint 3: verl says step 3 again at start (its sync, the rollouter's
+    # figures), then trains on; its first training figures come at step 5.
+    loops.ray.log["r1-a2"] = (
+        'rlrun resume: {"step": 3, "path": "/c/r1/global_step_3"}\n'
+        "step:3 - r/idle:0.5\n"
+        "step:4 - r/idle:0.4\n"
+        + "".join(f"step:{s} - critic/score/mean:{s / 100} - r/idle:0.3\n" for s in (5, 6))
+    )
+    loops.follower.tick()
+    series = api.get("/runs/r1/metrics", params={"max_points": 1000}).json()["series"]
+    score = [(p["step"], p["value"]) for p in series["critic/score/mean"]]
+    # Attempt 1's up to its checkpoint's step, attempt 2's after: one history, no step twice.
+    assert score == [(1, 0.1), (2, 0.2), (3, 0.3), (5, 0.05), (6, 0.06)]
+    idle = [(p["step"], p["value"]) for p in series["r/idle"]]
+    assert idle == [(1, 1.0), (2, 1.0), (3, 1.0), (4, 0.4), (5, 0.3), (6, 0.3)]
+
+
 def test_a_policy_names_known_classes_and_attempts_within_bounds(api: TestClient) -> None:
     base = {"recipe": "tiny-grpo"}
     cases = [

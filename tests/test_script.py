@@ -13,6 +13,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 
 import jobs
+from service.loops.submitter import CLUSTER_EVENTS_OFF
 
 PRESET = {"recipe": "verl-fully-async", "preset": "geo3k-qwen3vl-8b-npu"}
 # A stand-in `ray` that records the arguments it was called with as JSON.
@@ -61,7 +62,8 @@ def test_script_is_valid_bash_and_submits_the_same_job(api: TestClient, tmp_path
     options = dict(zip(args[2:cut:2], args[3:cut:2], strict=True))
     assert options["--submission-id"] == run["id"]
     runtime_env = json.loads(options["--runtime-env-json"])
-    assert runtime_env["env_vars"] == run["runtime_env"]["env_vars"]
+    # As the submitter sends them: the run's env vars and Ray's scheduler events off.
+    assert runtime_env["env_vars"] == run["runtime_env"]["env_vars"] | CLUSTER_EVENTS_OFF
     assert runtime_env["py_modules"] == [str(Path(jobs.__file__).parent)]
 
 

@@ -167,3 +167,14 @@ def test_the_v1_config_dir_is_verls_trainer_config() -> None:
     assert (hydra_check.verl_root() / hydra_check.TRAINER_CONFIG / "ppo_trainer.yaml").is_file()
     fully_async = hydra_check.verl_root() / hydra_check.FULLY_ASYNC_CONFIG
     assert not Path(fully_async / "ppo_trainer.yaml").exists()
+
+
+def test_async_save_on_v1_is_warned_that_its_own_auto_resume_restarts_from_step_0() -> None:
+    # verl 0.9.1's V1 trainer skips the tracker when async_save is set (trainer_base.py),
+    # whatever the strategy; its fully async trainer writes it (test_verl_recipe).
+    saving = V1 | {
+        "overrides": [*PRESET_OVERRIDES, "actor_rollout_ref.actor.checkpoint.async_save=True"]
+    }
+    (warned,) = [w for w in build(saving).warnings if "#7952" in w]
+    assert "V1 trainer then skips latest_checkpointed_iteration.txt" in warned
+    assert not any("#7952" in w for w in build(V1).warnings)

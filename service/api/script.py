@@ -19,6 +19,7 @@ from fastapi.responses import PlainTextResponse
 
 from service.api.auth import Viewer, visible_run
 from service.api.deps import ServicesDep
+from service.loops.submitter import CLUSTER_EVENTS_OFF
 from service.recipes.base import RUN_FILES_DIR
 from service.team_secrets import MASK, masked_runtime_env
 
@@ -61,6 +62,8 @@ def render_script(
     address is theirs to give: hosts are for admins to see)."""
     q = shlex.quote
     runtime_env = masked_runtime_env(launch["runtime_env"])
+    # As the submitter sends it: the same env vars, Ray's scheduler events off included.
+    runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **CLUSTER_EVENTS_OFF}
     masked = [k for k, v in runtime_env.get("env_vars", {}).items() if v == MASK]
     from_env = sorted({*masked, *launch.get("secrets", {})})
     for var in from_env:

@@ -367,6 +367,8 @@ class Follower:
                 ):
                     continue  # another replica took over meanwhile
                 logged_before = runlog.last_step
+                if read.resumed is not None:  # known before its points: they are kept by it
+                    run.resumed_from_step = read.resumed
                 self._ingest(session, run, runlog, read.new, read.parsed, now, hooks)
                 for end, step in read.saves:
                     # The newest step logged when the save was said: what a stop then loses.
@@ -381,8 +383,6 @@ class Follower:
                     run.preflight = read.reports[-1]
                 if read.marks and (marked := startup.record(run.startup, read.marks, now)):
                     run.startup = marked
-                if read.resumed is not None:
-                    run.resumed_from_step = read.resumed
                 if read.final:
                     runlog.finished_at = now
                     runlog.lease_owner = None
@@ -435,7 +435,13 @@ class Follower:
         parsed, dropped = store.storable(parsed)
         if parsed and store.superseded(session, runlog):
             # A later attempt's first points: what earlier ones logged from here on is replaced.
-            store.supersede(session, runlog, min(m.step for _, m in parsed))
+            # Not what they logged up to the checkpoint it resumed from, which holds those steps:
+            # verl says that step again as it starts (its weight sync, its rollouter's figures),
+            # and the earlier attempt's figures of that step are kept (its training metrics, which
+            # verl prints one step late, above all).
+            first = min(m.step for _, m in parsed)
+            kept = run.resumed_from_step or 0
+            store.supersede(session, runlog, max(first, kept + 1) if kept else first)
         if parsed:
             stored, over = store.ingest(session, runlog, parsed, self.limits)
             self.points_ingested += stored

@@ -367,23 +367,46 @@ def _warnings(
 
 
 def _resume_warnings(get: Callable[..., Any], v1: bool = False) -> list[str]:
-    """Combinations verl 0.9.1's fully async resume is known to lose work with."""
+    """Combinations verl 0.9.1's resume is known to lose work with, as its source and a real
+    run (a cpu-smoke trainer SIGKILLed after its second checkpoint, with ``async_save`` asked
+    for) show them."""
     out: list[str] = []
     resume = get("trainer.resume_mode")
-    if get("actor_rollout_ref.actor.checkpoint.async_save") is True and resume == "auto":
-        out.append(
-            "actor.checkpoint.async_save with trainer.resume_mode=auto: verl writes "
-            "latest_checkpointed_iteration.txt only after a synchronous save, so its own auto "
-            "resume finds no checkpoint and restarts from step 0 (verl #7952); the service's "
-            "later attempts resume from the newest complete global_step_N by resume_from_path, "
-            "a restart by hand does not"
-        )
+    if get("actor_rollout_ref.actor.checkpoint.async_save") is True:
+        if v1:
+            if resume == "auto":
+                out.append(
+                    "actor.checkpoint.async_save with trainer.resume_mode=auto: verl 0.9.1's V1 "
+                    "trainer then skips latest_checkpointed_iteration.txt, so its own auto "
+                    "resume finds no checkpoint and restarts from step 0 (verl #7952); the "
+                    "service's later attempts resume from the newest complete global_step_N by "
+                    "resume_from_path, a restart by hand does not"
+                )
+        elif get("actor_rollout_ref.actor.strategy") in ("fsdp", "fsdp2"):
+            out.append(
+                "actor.checkpoint.async_save has no effect with the FSDP strategies in verl "
+                "0.9.1 (Megatron only): the saves stay synchronous and the fully async trainer "
+                "writes latest_checkpointed_iteration.txt after each, so resume works as "
+                "without it (verl #7952, a restart from step 0, is its other trainers', which "
+                "skip the tracker)"
+            )
+        elif resume == "auto":
+            out.append(
+                "actor.checkpoint.async_save with trainer.resume_mode=auto: verl 0.9.1's fully "
+                "async trainer writes latest_checkpointed_iteration.txt once it has asked for "
+                "the save (its other trainers skip it and restart from step 0, verl #7952), so "
+                "a failure during a save leaves the tracker naming an incomplete "
+                "global_step_N, which verl's own resume loads; the service's later attempts "
+                "resume from the newest complete one (resume_from_path), a restart by hand "
+                "does not"
+            )
     sync = _int(get("async_training.trigger_parameter_sync_step")) or 1
     if resume in ("auto", "resume_path") and not v1:
         out.append(
-            f"trainer.resume_mode={resume}: verl 0.9.1's fully async resume counts the trainer "
-            f"step twice (verl #7933): resumed from global_step_N, its first step is labelled "
-            f"N x {sync} + 2, so training/global_step and the logged step skip one there (no "
-            "step is trained twice)"
+            f"trainer.resume_mode={resume}: verl 0.9.1's fully async trainer, resumed from "
+            f"global_step_N, labels its first step N x {sync} + 2 (verl #7933), so "
+            "training/global_step skips one there; the logged steps (parameter versions) go "
+            "on from N + 1 and no step is trained twice, but the training figures a failed "
+            "attempt had not printed yet (verl prints a step's one sync late) are lost"
         )
     return out
