@@ -133,3 +133,25 @@ def test_a_run_admitted_lately_is_not_preempted_and_the_waiting_run_says_so(db: 
     assert read_run(db, "fresh")[0].yield_by is None
     reason = read_run(db, "hi")[0].queue_reason or ""
     assert "not preempted: fresh admitted 3" in reason and "(not preempted before 600 s)" in reason
+
+
+def test_a_plan_says_what_preemption_would_do_to_the_run(db_url: str) -> None:
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+    from tests.conftest import make_settings
+
+    settings = make_settings(db_url, "http://127.0.0.1:9", run_loops=False, preemption="on")
+    with TestClient(create_app(settings)) as api:
+
+        def plan(**spec: object) -> dict[str, object]:
+            body = {"recipe": "tiny-grpo", "total_rollout_steps": 16} | spec
+            answer = api.post("/runs", params={"dry_run": "true"}, json=body)
+            assert answer.status_code == 200, answer.text
+            return dict(answer.json()["plan"])
+
+        assert plan(priority="low")["preemption"] == "saves no checkpoints: never preempted"
+        assert str(plan(priority="low", save_every=1)["preemption"]).startswith(
+            "may be preempted by a higher priority: asked to stop at its next checkpoint"
+        )
+        assert plan(priority="high")["preemption"] == "priority high: never preempted"

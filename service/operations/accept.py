@@ -189,6 +189,18 @@ def plan_run(parts: Parts, principal: Principal, body: Any) -> dict[str, Any]:
             plan = backlog.plan(
                 session, built.inventory, candidate, built.quotas, utcnow(), built.groups
             )
+            policy = backlog.preemption_policy(parts.settings)
+            if policy is not None:
+                plan |= backlog.plan_preemption(
+                    session,
+                    built.inventory,
+                    candidate,
+                    plan,
+                    built.quotas,
+                    policy,
+                    launch,
+                    clusters.primary.name,
+                )
         else:
             now = utcnow()
             rows = backlog.queued(session, now)

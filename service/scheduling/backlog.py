@@ -16,11 +16,11 @@ from service.scheduling.admission import HeldRun, QueuedRun, Quotas
 from service.scheduling.fit import on_empty_cluster
 from service.scheduling.inventory import Inventory
 from service.scheduling.node_groups import NodeGroups, decide_grouped
-from service.scheduling.outside import ClusterJob, unmanaged
-from service.scheduling.preemption import Policy, Running
+from service.scheduling.outside import ClusterJob, held_outside, unmanaged
+from service.scheduling.preemption import Policy, Running, choose, waits_for_room
 from service.scheduling.shape import ResourceShape
 from service.settings import Settings
-from service.store.models import Run, RunEvent, RunLog
+from service.store.models import Run, RunEvent, RunLog, utcnow
 from service.store.status import ACTIVE, RunStatus
 
 # Ray's per-node usage (``/api/cluster_status``) is refreshed about every 5 s. Until a run has
@@ -314,6 +314,37 @@ def plan(
         "warnings": warning,
         "node_group": groups.group_of(candidate.team) if groups else None,
     }
+
+
+def plan_preemption(
+    session: Session,
+    inventory: Inventory | None,
+    candidate: QueuedRun,
+    plan: dict[str, Any],
+    quotas: Quotas,
+    policy: Policy,
+    launch: Any,
+    cluster: str,
+) -> dict[str, Any]:
+    """What preemption would do about ``candidate`` (a dry run on one cluster): ``preemption``,
+    what would happen to it if a higher run needed its room ("saves no checkpoints: never
+    preempted"), and ``preempts``, the runs it would preempt now, each with the steps it would
+    lose if its grace ran out at once."""
+    out: dict[str, Any] = {
+        "preemption": policy.at_submit(candidate.priority, bool(launch.checkpoints)),
+        "preempts": [],
+    }
+    reasons = {candidate.id: plan["reasons"][0]} if plan.get("reasons") else {}
+    if inventory is None or plan.get("feasible_now") or not waits_for_room(candidate, reasons):
+        return out
+    now = utcnow()
+    outside = held_outside(outside_jobs(session, inventory))
+    held_runs = running(session, now, cluster, primary=True)
+    choice = choose([candidate], held_runs, inventory, quotas, policy, now.timestamp(), outside)
+    out["preempts"] = [v.as_dict() for p in choice.preemptions for v in p.victims]
+    if not out["preempts"] and choice.spared:
+        out["spared"] = dict(choice.spared)
+    return out
 
 
 def plan_across(
