@@ -62,7 +62,7 @@ from service.loops.reconciler import Reconciler
 from service.loops.submitter import Submitter
 from service.loops.unmanaged import UnmanagedJobs
 from service.loops.watchdog import Watchdog
-from service.metrics import store
+from service.metrics import samples, store
 from service.metrics.broker import Broker
 from service.metrics.health import HealthRules
 from service.metrics.rl_signals import SignalRules
@@ -326,6 +326,9 @@ def build_services(
             broker.notify,
             on_end=lambda: loops["submitter"].wake(),
             limits=store.Limits(settings.metric_keys_per_run, settings.metric_points_per_run),
+            sample_bounds=samples.Bounds(
+                settings.samples_per_step, settings.samples_per_run, settings.samples_chars_per_run
+            ),
             claim_new=settings.follower_claim_new,
             retry=retry_config(settings),
             on_retry=lambda: loops["submitter"].wake(),

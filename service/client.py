@@ -24,6 +24,7 @@ from service.wire import (
     RunOut,
     RunPage,
     RunSummary,
+    SamplesPage,
     SeriesOut,
     StepTimeOut,
 )
@@ -233,6 +234,31 @@ class Client:
         """Where the run's step time goes, the verdict with its figures, and a change of split."""
         resp = self._request("GET", f"/runs/{run_id}/step-time")
         return StepTimeOut.model_validate(resp.json())
+
+    def samples(
+        self,
+        run_id: str,
+        step: int | None = None,
+        min_score: float | None = None,
+        max_score: float | None = None,
+        q: str | None = None,
+        prompt_id: str | None = None,
+        cursor: int | None = None,
+        limit: int = 50,
+    ) -> SamplesPage:
+        """A page of the run's rollout samples, newest first."""
+        given = {
+            "step": step,
+            "min_score": min_score,
+            "max_score": max_score,
+            "q": q,
+            "prompt_id": prompt_id,
+            "cursor": cursor,
+        }
+        params: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+        params["limit"] = limit
+        resp = self._request("GET", f"/runs/{run_id}/samples", params=params)
+        return SamplesPage.model_validate(resp.json())
 
     def latest_metrics(self, run_id: str) -> LatestOut:
         """Every key the run logged, with its value at the newest step it was logged."""

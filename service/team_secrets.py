@@ -22,6 +22,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from jobs.samples import MASK as MASK
+from jobs.samples import redact as redact
+
 # What a spec may write as a secret's name (its form only; whether it can exist is ``valid``).
 SECRET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 SEPARATOR = "__"
@@ -29,7 +32,6 @@ TEAM_PREFIX = "RLRUN_SECRET_"
 SHARED_PREFIX = "RLRUN_SHARED_SECRET_"
 # The service's own secrets (a Ray cluster's token): no spec can name them, unlike shared ones.
 SERVICE_PREFIX = "RLRUN_SERVICE_SECRET_"
-MASK = "***"
 # Names and values that look like credentials: masked in every answer.
 SECRET_WORDS = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|PRIVATE|SIGNATURE", re.I)
 SECRET_VALUE = re.compile(
@@ -147,11 +149,3 @@ def masked_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(out.get("runtime_env"), dict):
         out["runtime_env"] = masked_runtime_env(out["runtime_env"])
     return out
-
-
-def redact(text: str, values: list[str]) -> str:
-    """``text`` with every secret value in ``values`` replaced by the mask."""
-    for value in sorted(values, key=len, reverse=True):
-        if len(value) >= 4:
-            text = text.replace(value, MASK)
-    return text

@@ -318,6 +318,60 @@ class LatestOut(BaseModel):
     latest: dict[str, LatestPointOut]
 
 
+# Rollout samples
+
+
+class SampleOut(BaseModel):
+    """One rollout sample as the job wrote it (text fields cut at a bound, named in ``cut``)."""
+
+    id: int
+    step: int
+    prompt_id: str = Field(description="the same for the same prompt at every step")
+    score: float
+    input: str
+    output: str
+    gts: str
+    extras: dict[str, Any] = Field(description="the reward function's other fields")
+    cut: list[str] = Field(description="fields whose text was cut at the bound")
+    of: int | None = Field(description="samples the job's file held for this step")
+
+
+class SampleStepOut(BaseModel):
+    step: int
+    count: int
+    mean: float
+    min: float
+    max: float
+    of: int | None
+
+
+class SamplesPage(BaseModel):
+    run_id: str
+    items: list[SampleOut]
+    next_cursor: int | None = Field(description="pass back as cursor for the next page")
+    kept: int = Field(description="samples the run holds")
+    chars: int = Field(description="characters of sample text the run holds")
+    skipped: int = Field(description="sample lines skipped as unreadable or past a bound")
+    steps: list[SampleStepOut] | None = Field(
+        default=None, description="per step held (with steps=true): count and scores"
+    )
+
+
+def sample_doc(row: Any) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "step": row.step,
+        "prompt_id": row.prompt_id,
+        "score": row.score,
+        "input": row.input,
+        "output": row.output,
+        "gts": row.gts,
+        "extras": row.extras,
+        "cut": [c for c in row.cut.split(",") if c],
+        "of": row.of,
+    }
+
+
 # Recipes
 
 

@@ -17,16 +17,18 @@ import uvicorn
 from fastapi import FastAPI
 from typer.testing import CliRunner
 
+from jobs import samples as job_samples
 from service.app import create_app
 from service.cli import app as cli
 from service.cli import clean
 from service.client import ApiError, Client
 from service.cluster.local_ray import LocalRayCluster
 from service.cluster.ray_jobs import RayJobs
-from service.metrics import store
+from service.metrics import samples, store
 from service.metrics.parse import MetricLine
 from service.recipes.verl.hydra_check import FULLY_ASYNC_CONFIG
 from service.store.db import Database
+from service.store.models import RunLog
 from tests.conftest import make_settings
 from tests.live import ServerThread
 
@@ -286,6 +288,35 @@ def test_metrics_shows_every_key_latest_value_and_keys_filters(
     assert sorted(json.loads(out)["latest"]) == ["critic/score/mean", "custom/k1"]
     code, out, _ = rlrun("metrics", run_id, "--keys", "none/*", "--server", server)
     assert code == 0 and "no key matches" in out
+
+
+def test_samples_lists_a_runs_samples_filtered_and_whole_in_json(
+    server_db: tuple[str, str],
+) -> None:
+    server, db_url = server_db
+    run_id = httpx.post(f"{server}/runs", json={"recipe": "test-script"}).json()["id"]
+    framed = [
+        job_samples.PREFIX
+        + json.dumps(
+            {"input": "2+2=\x1b[31m", "output": "4" * 300, "gts": "4", "score": s, "step": step}
+        )
+        for step, s in ((1, 0.0), (1, 1.0), (2, 1.0))
+    ]
+    db = Database(db_url)
+    with db.transaction() as session:
+        runlog = RunLog(run_id=run_id, log_offset=0)
+        session.add(runlog)
+        session.flush()
+        samples.ingest(session, runlog, samples.parse(framed), samples.Bounds())
+    db.dispose()
+    code, out, _ = rlrun("samples", run_id, "--server", server)
+    assert code == 0 and "3 samples kept" in out and "\x1b" not in out
+    code, out, _ = rlrun(
+        "samples", run_id, "--step", "1", "--min-score", "0.5", "--server", server, "-o", "json"
+    )
+    body = json.loads(out)
+    assert code == 0 and [(s["step"], s["score"]) for s in body["items"]] == [(1, 1.0)]
+    assert body["items"][0]["output"] == "4" * 300
 
 
 def test_serve_refuses_a_busy_port_in_one_line_before_start_up(tmp_path: Path) -> None:

@@ -37,7 +37,12 @@ DELIBERATE = {
     "actor_rollout_ref.model.path": "/mnt/models/Qwen3-VL-8B-Instruct",
     "trainer.logger": ["console"],  # wandb needs credentials this deployment lacks
 }
-ADDED = {"trainer.device": "npu", "trainer.default_local_dir": "/mnt/ckpt/run-golden"}
+ADDED = {
+    "trainer.device": "npu",
+    "trainer.default_local_dir": "/mnt/ckpt/run-golden",
+    # Rollout samples are on by default: verl writes them in the run's own directory.
+    "trainer.rollout_data_dir": "/mnt/ckpt/run-golden/rollout-samples",
+}
 
 
 def build(body: dict[str, Any], settings: Settings = SETTINGS, run_id: str = "run-x") -> Launch:

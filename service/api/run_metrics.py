@@ -28,11 +28,11 @@ from service.api.auth import (
 from service.api.deps import INT64_MAX, Services, ServicesDep
 from service.api.revocation import until_set
 from service.errors import InvalidSpec, field_error
-from service.metrics import logcopy, store
+from service.metrics import logcopy, samples, store
 from service.metrics.ansi import strip_ansi
 from service.metrics.broker import Cursor, Item
 from service.operations.step_time import step_time
-from service.wire import LatestOut, SeriesOut, StepTimeOut, encode
+from service.wire import LatestOut, SamplesPage, SeriesOut, StepTimeOut, encode, sample_doc
 
 router = APIRouter(prefix="/runs", tags=["metrics"])
 
@@ -97,6 +97,44 @@ def metric_latest(services: ServicesDep, principal: Viewer, run_id: str) -> Resp
     step = max((s for s, _ in found.values()), default=None)
     body = encode({"run_id": run_id, "step": step, "latest": latest})
     return Response(body, media_type="application/json")
+
+
+@router.get("/{run_id}/samples", response_model=SamplesPage)
+def run_samples(
+    services: ServicesDep,
+    principal: Viewer,
+    run_id: str,
+    step: Annotated[int | None, Query(ge=0, le=INT64_MAX)] = None,
+    min_score: Annotated[float | None, Query(allow_inf_nan=False)] = None,
+    max_score: Annotated[float | None, Query(allow_inf_nan=False)] = None,
+    q: Annotated[
+        str | None, Query(max_length=200, description="text in the prompt or the response")
+    ] = None,
+    prompt_id: Annotated[str | None, Query(pattern=r"^[0-9a-f]{16}$")] = None,
+    cursor: Annotated[int | None, Query(ge=0, le=INT64_MAX)] = None,
+    limit: Annotated[int, Query(ge=1, le=samples.PAGE_MAX)] = 50,
+    steps: Annotated[bool, Query(description="also the per-step counts and scores")] = False,
+) -> Response:
+    """The run's rollout samples, newest first, a page at a time (``next_cursor``)."""
+    if min_score is not None and max_score is not None and max_score < min_score:
+        msg = "max_score must not be below min_score"
+        raise InvalidSpec(msg, [field_error(["query", "max_score"], msg)])
+    query = samples.Query(step, min_score, max_score, q, prompt_id, cursor, limit)
+    with services.db.read() as session:
+        require_visible(session, principal, run_id)
+        rows, next_cursor = samples.page(session, run_id, query)
+        kept, chars, skipped = samples.counters(session, run_id)
+        per_step = samples.steps(session, run_id) if steps else None
+        doc = {
+            "run_id": run_id,
+            "items": [sample_doc(r) for r in rows],
+            "next_cursor": next_cursor,
+            "kept": kept,
+            "chars": chars,
+            "skipped": skipped,
+            "steps": per_step,
+        }
+    return Response(encode(doc), media_type="application/json")
 
 
 @router.get(

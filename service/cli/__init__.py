@@ -9,7 +9,17 @@ One module per command group; ``app`` is built here from their commands.
 
 import typer
 
-from service.cli import clusters, logs, runs, serve, tokens, usage, webhooks, why_slow
+from service.cli import (
+    clusters,
+    logs,
+    runs,
+    samples,
+    serve,
+    tokens,
+    usage,
+    webhooks,
+    why_slow,
+)
 from service.cli.common import clean
 
 __all__ = ["app", "clean"]
@@ -29,6 +39,7 @@ for name, command in (
     ("logs", logs.logs),
     ("metrics", logs.metrics),
     ("why-slow", why_slow.why_slow),
+    ("samples", samples.samples),
     ("script", clusters.script),
     ("cluster", clusters.cluster),
     ("usage", usage.usage_report),

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 from jobs import resume
 from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable
 from service.cluster.registry import Clusters, UnknownCluster
-from service.metrics import logcopy, startup, store
+from service.metrics import logcopy, samples, startup, store
 from service.metrics.health import HealthRules, evaluate
 from service.metrics.keys import TRAINER_STEP_KEY
 from service.metrics.log_readers import LogReader, TailReader
@@ -85,6 +85,25 @@ class _Read:
     # A final read made without the log's end (``DECIDE_WITHIN``): why.
     cut_short: str | None = None
     marks: list[str] = field(default_factory=list)  # start-up marks (``metrics.startup``)
+    # Rollout samples the lines framed, and the rest of the text in pieces at their offsets
+    # (the kept log copy holds no sample).
+    samples: samples.Parsed = field(default_factory=lambda: samples.Parsed([], {}))
+    parts: list[tuple[int, str]] = field(default_factory=list)
+
+
+def log_parts(lines: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """The text of ``lines`` (each with its end offset) without framed sample lines, in
+    contiguous pieces at their own offsets."""
+    parts: list[tuple[int, str]] = []
+    for end, line in lines:
+        if samples.is_frame(line):
+            continue
+        start = end - len(line)
+        if parts and parts[-1][0] + len(parts[-1][1]) == start:
+            parts[-1] = (parts[-1][0], parts[-1][1] + line)
+        else:
+            parts.append((start, line))
+    return parts
 
 
 def split_lines(text: str, start: int, final: bool) -> tuple[str, list[tuple[int, str]]]:
@@ -149,6 +168,8 @@ class Follower:
     reader: LogReader | None = None
     # What one run may store (keys and points); the rest is dropped with a note.
     limits: store.Limits = field(default_factory=store.Limits)
+    # What one run may hold of rollout samples (``metrics.samples``).
+    sample_bounds: samples.Bounds = field(default_factory=samples.Bounds)
     # Runs stored per transaction; runs that no replica holds taken per tick.
     batch: int = 50
     claim_new: int = 100
@@ -296,7 +317,9 @@ class Follower:
             final = False  # Ray's health checks may yet find the unreachable actor's node dead
         if text is None and not final:
             return None  # Ray does not know the job (yet, or any more): the reconciler decides.
-        new, lines = split_lines(text or "", held.offset, final)
+        new, every = split_lines(text or "", held.offset, final)
+        # A sample's text is the job's data, never a metric line or a launcher's report.
+        lines = [(end, line) for end, line in every if not samples.is_frame(line)]
         parsed = [(end, m) for end, line in lines if (m := parse_line(line)) is not None]
         reports = [r for _, line in lines if (r := parse_preflight(line)) is not None]
         ray_state = word.lines
@@ -308,7 +331,20 @@ class Follower:
         if any(TRAINER_STEP_KEY in m.values for _, m in parsed):
             marks.append(startup.FIRST_STEP)
         last = resumed[-1] if resumed else None
-        return _Read(held, new, parsed, reports, final, ray_state, last, saves, marks=marks)
+        framed = [line for _, line in every if samples.is_frame(line)]
+        return _Read(
+            held,
+            new,
+            parsed,
+            reports,
+            final,
+            ray_state,
+            last,
+            saves,
+            marks=marks,
+            samples=samples.parse(framed) if framed else samples.Parsed([], {}),
+            parts=log_parts(every) if framed else [(held.offset, new)],
+        )
 
     def _overdue(self, held: Held) -> bool:
         """Whether ``held``'s attempt ended longer than ``decide_within`` ago."""
@@ -369,7 +405,7 @@ class Follower:
                 logged_before = runlog.last_step
                 if read.resumed is not None:  # known before its points: they are kept by it
                     run.resumed_from_step = read.resumed
-                self._ingest(session, run, runlog, read.new, read.parsed, now, hooks)
+                self._ingest(session, run, runlog, read, now, hooks)
                 for end, step in read.saves:
                     # The newest step logged when the save was said: what a stop then loses.
                     logged = max(
@@ -423,16 +459,24 @@ class Follower:
         session: Session,
         run: Run,
         runlog: RunLog,
-        new: str,
-        parsed: list[tuple[int, MetricLine]],
+        read: _Read,
         now: datetime,
         hooks: Sequence[Webhook],
     ) -> None:
+        new = read.new
         if new:
-            logcopy.append(session, run.id, runlog.log_offset, new, self.keep_chars)
-            runlog.log_offset += len(new)
+            end = runlog.log_offset + len(new)
+            logcopy.append_parts(session, run.id, read.parts, end, self.keep_chars)
+            runlog.log_offset = end
             run.last_output_at = now
-        parsed, dropped = store.storable(parsed)
+        if read.samples.samples or read.samples.skipped:
+            samples.ingest(session, runlog, read.samples, self.sample_bounds)
+        parsed, dropped = store.storable(read.parsed)
+        for reason in read.samples.skipped:
+            dropped[f"rollout sample lines skipped ({reason})"] = (
+                f"rollout sample lines skipped ({reason}): each is counted in the run's samples"
+                " (skipped), the rest are kept"
+            )
         if parsed and store.superseded(session, runlog):
             # A later attempt's first points: what earlier ones logged from here on is replaced.
             # Not what they logged up to the checkpoint it resumed from, which holds those steps:

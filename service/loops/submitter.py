@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 import jobs
 from jobs import grant as job_grant
 from jobs import resume
+from jobs import samples as job_samples
 from service import usage
 from service.client import DEFAULT_URL
 from service.cluster.inventory_cache import InventoryCache
@@ -274,6 +275,9 @@ class Submitter:
                 job_grant.GRANT_URL_ENV: self.grant_url,
             }
             runtime_env["worker_process_setup_hook"] = job_grant.WORKER_HOOK
+        if job_samples.DIR_ENV in runtime_env.get("env_vars", {}):
+            # The sample shipper starts in the job's workers (and redeems the grant first).
+            runtime_env["worker_process_setup_hook"] = job_samples.WORKER_HOOK
         try:
             runtime_env["py_modules"] = [
                 *runtime_env.get("py_modules", []),

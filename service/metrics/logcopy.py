@@ -28,6 +28,25 @@ def append(session: Session, run_id: str, start: int, text: str, keep_chars: int
     session.flush()
 
 
+def append_parts(
+    session: Session, run_id: str, parts: list[tuple[int, str]], end: int, keep_chars: int
+) -> None:
+    """Store the pieces ``parts`` (each at its own log offset; what lies between them is kept
+    elsewhere, e.g. rollout samples) of a read that ends at ``end``."""
+    for start, text in parts:
+        if text:
+            session.add(LogChunk(run_id=run_id, start_offset=start, text=text))
+    if end <= keep_chars:
+        return
+    session.execute(
+        delete(LogChunk).where(
+            LogChunk.run_id == run_id,
+            LogChunk.start_offset + func.length(LogChunk.text) <= end - keep_chars,
+        )
+    )
+    session.flush()
+
+
 def tail(session: Session, run_id: str, lines: int | None) -> str:
     """The last ``lines`` lines of the kept copy (all of it when ``lines`` is None)."""
     parts: list[str] = []

@@ -29,6 +29,20 @@ class PlacementSpec(BaseModel):
     )
 
 
+class SamplesOption(BaseModel):
+    """Which rollout samples the job ships to the service (``GET /runs/{id}/samples``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(default=True, description="false: the run keeps no samples")
+    every: int = Field(
+        default=1, ge=1, le=100_000, description="ship every N-th step (and the first)"
+    )
+    per_step: int = Field(
+        default=64, ge=1, le=1024, description="samples shipped per step at most (the first ones)"
+    )
+
+
 class RunSpec(BaseModel):
     """Fields every run request carries; a recipe's spec model extends this."""
 
@@ -70,6 +84,10 @@ class RunSpec(BaseModel):
         description="the longest an attempt may last, counted from admission (set-up counts); "
         "near the end it is asked to stop at its next checkpoint, at the end it is stopped "
         "(its team's RLRUN_TEAM_MAX_DURATION_S may be shorter)",
+    )
+    samples: SamplesOption = Field(
+        default_factory=SamplesOption,
+        description="rollout samples brought back from the trainer's node (on by default)",
     )
 
     @field_validator("secrets")

@@ -24,6 +24,15 @@ class MetricsSettings(Section):
     together share them); runs of a replica whose lease lapsed are all taken at once."""
     log_keep_chars: int = 8_000_000
     """Characters of a run's log kept in the database (the newest)."""
+    samples_per_step: int = Field(default=1024, ge=1)
+    """Rollout samples one step of a run keeps at most (the rest of the step are counted as
+    skipped)."""
+    samples_per_run: int = Field(default=100_000, ge=1)
+    """Rollout samples one run keeps at most; past it, old steps are thinned (never the
+    newest)."""
+    samples_chars_per_run: int = Field(default=64_000_000, ge=1)
+    """Characters of rollout sample text one run keeps at most; past it, old steps are thinned
+    (never the newest)."""
     stall_after_s: float = 600.0
     """Health stalled: a RUNNING run logs no new step this long."""
     collapse_window: int = 20

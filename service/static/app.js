@@ -1,5 +1,6 @@
 // rlrun dashboard: hash-routed views over the public API (the same calls as curl and the CLI).
 //   #/runs            runs, filters, paging        #/runs/{id}        one run
+//   #/runs/{id}/samples?step=&min_score=&q=&prompt=  its rollout samples
 //   #/submit          plan and submit a run        #/cluster          nodes, teams, queue
 //   #/compare?runs=A,B  metrics of runs overlaid   #/usage?from=&to=  accelerator-hours by team
 //   #/webhooks?id=    subscriptions, deliveries
@@ -9,11 +10,13 @@ import { config } from "./config.js";
 import { compareView } from "./compare.js";
 import { runView } from "./run.js";
 import { runsView } from "./runs.js";
+import { samplesView } from "./samples.js";
 import { submitView } from "./submit.js";
 import { usageView } from "./usage.js";
 import { webhooksView } from "./webhooks.js";
 
 const ROUTES = [
+  [/^\/runs\/([^/?]+)\/samples$/, (root, m, params, signal) => samplesView(root, decodeURIComponent(m[1]), params, signal), "runs"],
   [/^\/runs\/([^/?]+)$/, (root, m, params, signal) => runView(root, decodeURIComponent(m[1]), signal), "runs"],
   [/^\/runs$/, (root, m, params, signal) => runsView(root, params, signal), "runs"],
   [/^\/submit$/, (root, m, params, signal) => submitView(root, params, signal), "submit"],

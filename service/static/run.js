@@ -47,6 +47,8 @@ export function runView(root, id, signal) {
   const retry = h("p", { id: "run-retry", class: "queue-reason", hidden: true });
   const cancel = h("button", { id: "cancel", class: "danger", hidden: true }, "cancel");
   const clone = link(`#/submit?from=${encodeURIComponent(id)}`, "clone", "button");
+  const samples = link(`#/runs/${encodeURIComponent(id)}/samples`, "samples", "button");
+  samples.id = "run-samples";
   const charts = h("div", { id: "charts" }, empty("No metrics yet: the charts appear with the run's first step."));
   const picker = h("select", { id: "key-picker", "aria-label": "another metric" }, h("option", { value: "" }, "add a chart…"));
   const timeline = h("ol", { id: "events", class: "timeline" });
@@ -64,7 +66,7 @@ export function runView(root, id, signal) {
   noLog.id = "no-log";
 
   root.append(
-    h("div", { class: "run-head" }, title, h("p", {}, status, " ", health, " ", progress, " ", cluster, " ", cancel, " ", clone), retry, queue, budget),
+    h("div", { class: "run-head" }, title, h("p", {}, status, " ", health, " ", progress, " ", cluster, " ", cancel, " ", clone, " ", samples), retry, queue, budget),
     h("div", { class: "toolbar" }, picker),
     charts,
     h("section", { id: "startup-section" }, h("h3", {}, "Start-up"), startup, startupNote),

@@ -277,6 +277,41 @@ class RunLog(Base):
     # per-run limits without counting the points).
     metric_keys: Mapped[int] = mapped_column(default=0, server_default="0")
     metric_points: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # The run's rollout samples held (``RunSample``), their stored characters, and the sample
+    # lines skipped as unreadable (``metrics.samples``).
+    samples_kept: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    samples_chars: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    samples_skipped: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+
+
+class RunSample(Base):
+    """One rollout sample of a run as the job shipped it (``jobs.samples``): text fields cut to
+    a bound (``cut`` names them), ``prompt_id`` the same for the same prompt at every step.
+    Pages read newest first by ``id``."""
+
+    __tablename__ = "run_samples"
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer(), "sqlite"), primary_key=True, autoincrement=True
+    )
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(BigInteger)
+    prompt_id: Mapped[str] = mapped_column(String(16))
+    score: Mapped[float] = mapped_column(Float)
+    input: Mapped[str] = mapped_column(SafeText)
+    output: Mapped[str] = mapped_column(SafeText)
+    gts: Mapped[str] = mapped_column(SafeText)
+    extras: Mapped[dict[str, Any]] = mapped_column(JSONDoc)
+    cut: Mapped[str] = mapped_column(String(400), default="")
+    # How many samples the job's file held for this step (all kept when it equals the rows).
+    of: Mapped[int | None] = mapped_column(Integer)
+    chars: Mapped[int] = mapped_column(Integer)
+
+    __table_args__ = (
+        Index("ix_run_samples_run_id", "run_id", "id"),
+        Index("ix_run_samples_run_step", "run_id", "step", "id"),
+        Index("ix_run_samples_run_prompt", "run_id", "prompt_id", "id"),
+    )
 
 
 class LogChunk(Base):

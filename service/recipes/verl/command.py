@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from jobs import samples as job_samples
 from service.recipes.verl import pools
 from service.recipes.verl.hydra_check import parse, select
 from service.recipes.verl.overrides import Item as Item
@@ -77,6 +78,20 @@ class Unexpressible(ValueError):
 
 def is_v1(spec: VerlFullyAsyncSpec) -> bool:
     return spec.trainer_mode == "separate_async"
+
+
+# Where verl writes the run's rollout samples, under its own directory.
+SAMPLES_SUBDIR = "rollout-samples"
+
+
+def samples_env(spec: VerlFullyAsyncSpec, cfg: dict[str, Any]) -> dict[str, str]:
+    """The variables that start the job's sample shipper (``jobs.samples``): the directory verl
+    writes (as composed: an override may have moved it), how much to ship, and the env names
+    whose values are masked."""
+    directory = (cfg.get("trainer") or {}).get("rollout_data_dir")
+    if not spec.samples.enabled or not isinstance(directory, str) or not directory:
+        return {}
+    return job_samples.env(directory, spec.samples.every, spec.samples.per_step, spec.secrets)
 
 
 def config_name(spec: VerlFullyAsyncSpec) -> str:
@@ -151,6 +166,10 @@ def field_overrides(spec: VerlFullyAsyncSpec, checkpoint_dir: str) -> list[Item]
                     value = DEVICE[value]
                 loc = ("resources", field)
                 items.append(Item(f"{key}={hydra_value(value, loc)}", loc))
+            if spec.samples.enabled:  # in the run's own dir, on the trainer's node
+                at: Loc = ("samples",)
+                where = f"{checkpoint_dir}/{SAMPLES_SUBDIR}"
+                items.append(Item(f"trainer.rollout_data_dir={hydra_value(where, at)}", at))
             if spec.trainer.default_local_dir is None:  # unset or null: the run's own dir
                 loc = ("trainer", "default_local_dir")
                 items = [item for item in items if item.loc != loc]
@@ -244,6 +263,10 @@ def runtime_env(spec: VerlFullyAsyncSpec, stop_grace_s: int) -> dict[str, Any]:
     if spec.runtime_env.pip:
         out["pip"] = list(spec.runtime_env.pip)
     return out
+
+
+def with_env(runtime_env: dict[str, Any], more: dict[str, str]) -> dict[str, Any]:
+    return {**runtime_env, "env_vars": {**runtime_env["env_vars"], **more}} if more else runtime_env
 
 
 def rollout_replica_size(cfg: dict[str, Any]) -> int:

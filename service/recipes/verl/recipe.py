@@ -172,7 +172,9 @@ class VerlFullyAsyncRecipe:
                 ),
                 command.argv(full, c.overrides),
             ),
-            runtime_env=command.runtime_env(full, stop_grace_s),
+            runtime_env=command.with_env(
+                command.runtime_env(full, stop_grace_s), command.samples_env(full, cfg)
+            ),
             shape=command.shape(cfg, full.resources.accelerator, command.is_v1(full)),
             warnings=k.warnings,
             total_steps=command.planned_syncs(cfg, command.is_v1(full)),
