@@ -77,11 +77,12 @@ def test_the_run_dir_applied_after_the_kept_composition_gives_hydras_config() ->
     full = recipe.resolve(spec)
     items = overrides.parse_all(command.overrides(full, "/checkpoints/run-x"))
     shared, own = _per_run(items)
-    assert [i.loc for i in own] == [("trainer", "default_local_dir")]
+    assert sorted(i.loc for i in own) == [("samples",), ("trainer", "default_local_dir")]
     name = command.config_name(full)
     ours = hydra_check.compose_typed(name, shared, then=own)
     assert ours == hydra_check._compose(name, tuple(i.text for i in items))
     assert ours["trainer"]["default_local_dir"] == "/checkpoints/run-x"
+    assert ours["trainer"]["rollout_data_dir"] == "/checkpoints/run-x/rollout-samples"
 
 
 def test_a_later_override_of_the_run_dir_keeps_it_in_the_composition() -> None:

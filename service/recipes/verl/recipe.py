@@ -29,7 +29,7 @@ from service.recipes.verl import (
     versions,
 )
 from service.recipes.verl.hydra_check import OverrideError, base_config, compose_typed
-from service.recipes.verl.overrides import Override
+from service.recipes.verl.overrides import Loc, Override
 from service.recipes.verl.preset import PRESETS, deep_merge
 from service.recipes.verl.spec import VerlFullyAsyncSpec
 from service.settings import Settings
@@ -215,25 +215,31 @@ class Checked:
 
 
 RUN_DIR_LOC = ("trainer", "default_local_dir")
+# The overrides that name the run's own directory (new with every run id), by where they come
+# from: the checkpoint dir and the rollout samples' dir in it.
+PER_RUN: dict[Loc, str] = {
+    RUN_DIR_LOC: "trainer.default_local_dir",
+    ("samples",): "trainer.rollout_data_dir",
+}
 
 
 def _per_run(items: list[Override]) -> tuple[list[Override], list[Override]]:
-    """The overrides split into those a composition is kept by, and the run's own checkpoint
-    dir (new with every run id), applied after it when no other override touches its key: a
-    spec checked again (a repeated dry run) is then not composed again."""
-    own = [item for item in items if item.loc == RUN_DIR_LOC]
-    if len(own) != 1:
+    """The overrides split into those a composition is kept by, and those naming the run's own
+    directory (new with every run id), applied after it when no other override touches their
+    keys: a spec checked again (a repeated dry run) is then not composed again."""
+    own = [item for item in items if item.loc in PER_RUN]
+    if not own or len({item.loc for item in own}) != len(own):
         return items, []
-    key = "trainer.default_local_dir"
-    for item in items:
-        if item is own[0]:
-            continue
-        other = item.key
-        if other is None:
-            return items, []
-        if other == key or key.startswith(other + ".") or other.startswith(key + "."):
-            return items, []
-    return [item for item in items if item is not own[0]], own
+    for key in (PER_RUN[item.loc] for item in own):
+        for item in items:
+            if item in own:
+                continue
+            other = item.key
+            if other is None:
+                return items, []
+            if other == key or key.startswith(other + ".") or other.startswith(key + "."):
+                return items, []
+    return [item for item in items if item not in own], own
 
 
 def _untyped(
