@@ -254,14 +254,23 @@ def _params(keys: Sequence[str], points: int) -> dict[str, Any]:
     return {"keys": ",".join(keys), "max_points": points}
 
 
-def bench_ingest(label: str, url: str, mlflow: Mlflow | None, steps: int) -> list[Row]:
-    """Ingest alone: a new run filled with ``steps`` steps, beside MLflow's ``log-batch``."""
-    db = Database(url)
+def new_filled_run(
+    db: Database, mlflow: Mlflow | None, steps: int
+) -> tuple[str, float, float | None]:
+    """A new run (and MLflow's, beside it) filled with ``steps`` steps of ``KEYS``: its id and
+    ``fill``'s rates."""
     run_id = f"r{uuid.uuid4().hex[:20]}"
     add_run(db, run_id)
     if mlflow is not None:
         mlflow.new_run()
     ingest, peer = fill(db, run_id, KEYS, 0, steps, mlflow)
+    return run_id, ingest, peer
+
+
+def bench_ingest(label: str, url: str, mlflow: Mlflow | None, steps: int) -> list[Row]:
+    """Ingest alone: a new run filled with ``steps`` steps, beside MLflow's ``log-batch``."""
+    db = Database(url)
+    _, ingest, peer = new_filled_run(db, mlflow, steps)
     db.dispose()
     goal = f"ingest, {BATCH_STEPS * len(KEYS):,} points a batch"
     return [Row(goal, label, ingest, peer, "points/s")]
@@ -271,11 +280,7 @@ def bench_database(
     label: str, url: str, workdir: Path, mlflow: Mlflow | None, steps: int, grow_to: int
 ) -> list[Row]:
     db = Database(url)
-    run_id = f"r{uuid.uuid4().hex[:20]}"
-    add_run(db, run_id)
-    if mlflow is not None:
-        mlflow.new_run()
-    ingest, peer_ingest = fill(db, run_id, KEYS, 0, steps, mlflow)
+    run_id, ingest, peer_ingest = new_filled_run(db, mlflow, steps)
     service = ServiceProcess(url, "http://127.0.0.1:9", workdir / f"service-{label}.log")
     service.env["RLRUN_RUN_LOOPS"] = "false"
     service.start()
