@@ -70,12 +70,11 @@ def submit(caller: Caller, **body: Any) -> Any:
     return caller.post("/runs", json={"recipe": "test-script", **body})
 
 
-def test_role_by_operation_matrix(secured: dict[str, Any]) -> None:
-    c = secured["callers"]
-    own = submit(c["member"]).json()["id"]
-    other = submit(c["other"]).json()["id"]
+def check_role_matrix(callers: dict[str, Caller], own: str, other: str) -> None:
+    """What each role may do: ``own`` is a run of TEAM's member, ``other`` one of OTHER's member
+    (``other``); the viewer and the member are of TEAM, the admin of either team."""
     expected: list[tuple[str, str, str, int]] = [
-        # (who, method, path, status)
+        # (who, method, path, status); the cancels last: they end the runs
         ("anonymous", "get", "/runs", 401),
         ("anonymous", "get", f"/runs/{own}", 401),
         ("anonymous", "post", f"/runs/{own}/cancel", 401),
@@ -97,6 +96,8 @@ def test_role_by_operation_matrix(secured: dict[str, Any]) -> None:
         ("member", "post", f"/runs/{other}/cancel", 404),
         ("member", "get", "/tokens", 403),
         ("member", "get", "/audit", 403),
+        ("admin", "get", f"/runs/{other}", 200),
+        ("other", "get", f"/runs/{own}", 404),
         ("member", "post", f"/runs/{own}/cancel", 200),
         ("admin", "get", f"/runs/{own}", 200),
         ("admin", "get", "/tokens", 200),
@@ -104,10 +105,17 @@ def test_role_by_operation_matrix(secured: dict[str, Any]) -> None:
         ("admin", "post", f"/runs/{other}/cancel", 200),
     ]
     got = [
-        (who, method, path, getattr(c[who], method)(path).status_code)
+        (who, method, path, getattr(callers[who], method)(path).status_code)
         for who, method, path, _ in expected
     ]
     assert got == expected
+
+
+def test_role_by_operation_matrix(secured: dict[str, Any]) -> None:
+    c = secured["callers"]
+    own = submit(c["member"]).json()["id"]
+    other = submit(c["other"]).json()["id"]
+    check_role_matrix(c, own, other)
     assert submit(c["viewer"]).status_code == 403
     unauthorized = c["anonymous"].get("/runs")
     assert unauthorized.headers["www-authenticate"] == "Bearer"
