@@ -19,6 +19,7 @@ import httpx
 from service.backoff import Backoff
 from service.store.status import TERMINAL as TERMINAL
 from service.wire import (
+    BaselineOut,
     LatestOut,
     RecipeOut,
     RunOut,
@@ -164,8 +165,11 @@ class Client:
         team: str | None = None,
         limit: int = 50,
         cursor: str | None = None,
+        baseline: bool = False,
     ) -> RunPage:
         params: dict[str, Any] = {"limit": limit, "status": list(status)}
+        if baseline:
+            params["baseline"] = "true"
         if team:
             params["team"] = team
         if cursor:
@@ -206,6 +210,13 @@ class Client:
         """Start the next attempt of an ended run, from its checkpoint or from scratch."""
         resp = self._request("POST", f"/runs/{run_id}/retry", json={"from": resume})
         return RunOut.model_validate(resp.json())
+
+    def pin_baseline(self, run_id: str) -> BaselineOut:
+        """Make the run the baseline of its team and recipe."""
+        return BaselineOut.model_validate(self._request("PUT", f"/runs/{run_id}/baseline").json())
+
+    def unpin_baseline(self, run_id: str) -> None:
+        self._request("DELETE", f"/runs/{run_id}/baseline")
 
     def script(self, run_id: str) -> str:
         return self._request("GET", f"/runs/{run_id}/script").text

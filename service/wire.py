@@ -76,6 +76,36 @@ class HealthOut(BaseModel):
     reason: str | None
 
 
+class DifferenceOut(BaseModel):
+    """A run's newest value of a key, the baseline's at the same step (its newest point at or
+    before it) and the run's less the baseline's."""
+
+    step: int
+    value: float
+    baseline_step: int
+    baseline_value: float
+    difference: float
+
+
+class BaselineDiffOut(BaseModel):
+    """The run's team's and recipe's baseline and the run's difference from it (null where
+    either has not logged the key; none for the baseline itself)."""
+
+    run_id: str
+    is_baseline: bool
+    reward: DifferenceOut | None = None
+    response_length: DifferenceOut | None = None
+    step_time: DifferenceOut | None = None
+
+
+class BaselineOut(BaseModel):
+    team: str
+    recipe: str
+    run_id: str
+    pinned_by: str
+    pinned_at: datetime
+
+
 class RunSummary(BaseModel):
     id: str
     name: str
@@ -93,6 +123,9 @@ class RunSummary(BaseModel):
     started_at: datetime | None
     ended_at: datetime | None
     links: dict[str, str]
+    baseline: BaselineDiffOut | None = Field(
+        None, description="its difference from the baseline of its team and recipe, if pinned"
+    )
 
 
 class EvidenceOut(BaseModel):

@@ -62,7 +62,8 @@ class DirectRunReads:
         self.route = _route(runs.get_run)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "GET":
+        # A query (``baseline=true``) goes to the route.
+        if scope["type"] == "http" and scope["method"] == "GET" and not scope["query_string"]:
             match = RUN_PATH.fullmatch(scope["path"])
             services: Services | None = getattr(scope["app"].state, "services", None)
             if (

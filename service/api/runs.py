@@ -23,11 +23,12 @@ from service.api.json_answer import json_response
 from service.api.read_cache import Answer, OneRun, Page, respond
 from service.metrics import store
 from service.operations import accept, cancel, over_budget, retry
+from service.operations import baseline as _baseline
 from service.operations.idempotency import Accepted
 from service.operations.run_docs import SUMMARY_KEYS, run_doc, summary_doc
 from service.store.runs import ended_attempts, page_query, run_page
 from service.store.status import RunStatus
-from service.wire import RunOut, RunPage, encode
+from service.wire import BaselineOut, RunOut, RunPage, encode
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 
@@ -94,6 +95,8 @@ async def validation_slot(services: ServicesDep, principal: Member) -> AsyncIter
 
 
 ValidationSlot = Annotated[None, Depends(validation_slot)]
+# A page of runs reads its summaries' keys and those its baseline differences are taken on.
+LIST_KEYS = tuple(dict.fromkeys((*SUMMARY_KEYS, *_baseline.KEYS)))
 
 
 NOT_MODIFIED: dict[int | str, dict[str, Any]] = {
@@ -110,9 +113,13 @@ async def list_runs(
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: str | None = None,
     if_none_match: Annotated[str | None, Header(max_length=MAX_IF_NONE_MATCH)] = None,
+    baseline: Annotated[
+        bool, Query(description="with each run's difference from its team's and recipe's baseline")
+    ] = False,
 ) -> Response:
     """A page of runs, newest first; pass ``next_cursor`` back as ``cursor`` for the next.
-    A non-admin sees its own team's runs only."""
+    A non-admin sees its own team's runs only. ``baseline=true`` adds each run's difference
+    from its baseline (a query more, and one per compared value)."""
     if principal.role != "admin":
         team = principal.team
     query = page_query(bool(status), bool(team), bool(cursor))
@@ -124,8 +131,10 @@ async def list_runs(
         with services.db.read() as session:
             rows = session.connection().execute(query, params).all()
             page = rows[:limit]
-            latest = store.latest_of_runs(session, [r.id for r in page], SUMMARY_KEYS)
-        items = [summary_doc(r, latest.get(r.id)) for r in page]
+            keys = LIST_KEYS if baseline else SUMMARY_KEYS
+            latest = store.latest_of_runs(session, [r.id for r in page], keys)
+            compared = _baseline.diffs(session, page, latest) if baseline else {}
+        items = [summary_doc(r, latest.get(r.id), compared.get(r.id)) for r in page]
         more = len(rows) > limit
         next_cursor = page[-1].id if more else None
         read_scope = replace(
@@ -134,9 +143,8 @@ async def list_runs(
         return Answer(encode({"items": items, "next_cursor": next_cursor}), scope=read_scope)
 
     # The key is everything the page depends on, the team it is limited to included.
-    answer = await services.reads.answer(
-        f"runs:{to_json(params).decode()}", scope, lambda: services.db.run_read(read_page)
-    )
+    key = f"runs:{to_json(params).decode()}" + (":baseline" if baseline else "")
+    answer = await services.reads.answer(key, scope, lambda: services.db.run_read(read_page))
     return respond(answer, if_none_match)
 
 
@@ -146,23 +154,31 @@ async def get_run(
     principal: Viewer,
     run_id: str,
     if_none_match: Annotated[str | None, Header(max_length=MAX_IF_NONE_MATCH)] = None,
+    baseline: Annotated[
+        bool, Query(description="with its difference from its team's and recipe's baseline")
+    ] = False,
 ) -> Response:
     """The run with its progress and latest metrics (three queries, whatever the run holds;
-    none while the run has not changed since the last caller read it)."""
-    answer = await read_run(services, run_id)
+    none while the run has not changed since the last caller read it); ``baseline=true``
+    adds its difference from its baseline."""
+    answer = await read_run(services, run_id, baseline)
     ensure_sees(principal, answer.team, run_id)
     return respond(answer, if_none_match)
 
 
-async def read_run(services: Services, run_id: str) -> Answer:
+async def read_run(services: Services, run_id: str, baseline: bool = False) -> Answer:
     """The answer of ``GET /runs/{run_id}``, kept or read (for any caller: check who sees it)."""
 
     async def read() -> Answer:
         run, events, latest = await run_page(services.db, run_id)
         ended = await ended_attempts(services.db, run)
-        return Answer(encode(run_doc(run, events, latest, ended)), run.team)
+        compared = None
+        if baseline:
+            compared = await services.db.run_read(lambda: _compared(services, run))
+        return Answer(encode(run_doc(run, events, latest, ended, compared)), run.team)
 
-    return await services.reads.answer(f"run:{run_id}", OneRun(run_id), read)
+    key = f"run:{run_id}" + (":baseline" if baseline else "")
+    return await services.reads.answer(key, OneRun(run_id), read)
 
 
 class CancelIn(BaseModel):
@@ -174,6 +190,35 @@ class CancelIn(BaseModel):
 
     at: Literal["now", "next_checkpoint"] = "now"
     within_s: float | None = Field(None, ge=0, allow_inf_nan=False)
+
+
+def _compared(services: Services, run: Any) -> dict[str, Any] | None:
+    """The run's difference from its baseline (two small reads, and one a compared key)."""
+    with services.db.read() as session:
+        latest = store.latest_of_runs(session, [run.id], _baseline.KEYS)
+        return _baseline.diffs(session, [run], latest).get(run.id)
+
+
+@router.put("/{run_id}/baseline", response_model=BaselineOut)
+def pin_baseline(
+    services: ServicesDep, principal: Member, request: Request, run_id: str
+) -> Response:
+    """Make the run the baseline of its team and recipe (replacing the one before, audited):
+    the team's other runs of that recipe show their difference from it at the same step."""
+    return json_response(_baseline.pin(services, principal, run_id, client_of(request)))
+
+
+@router.delete(
+    "/{run_id}/baseline",
+    status_code=204,
+    responses={409: {"description": "the run is not the baseline"}},
+)
+def unpin_baseline(
+    services: ServicesDep, principal: Member, request: Request, run_id: str
+) -> Response:
+    """Take the run off as the baseline of its team and recipe (audited)."""
+    _baseline.unpin(services, principal, run_id, client_of(request))
+    return Response(status_code=204)
 
 
 @router.post(

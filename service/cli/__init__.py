@@ -36,6 +36,7 @@ for name, command in (
     ("status", runs.status),
     ("cancel", runs.cancel),
     ("retry", runs.retry),
+    ("baseline", runs.baseline),
     ("logs", logs.logs),
     ("metrics", logs.metrics),
     ("why-slow", why_slow.why_slow),

@@ -33,7 +33,7 @@ from service.cli_tables import Column, print_table
 from service.client import Client, Event, Unreachable
 from service.clock import utcnow
 from service.metrics.keys import REWARD_KEY, STEP_KEY
-from service.wire import RunOut
+from service.wire import RunOut, RunSummary
 
 
 def load_spec(path: str, preset: str | None, sets: list[str]) -> dict[str, Any]:
@@ -154,7 +154,7 @@ def list_runs(
 ) -> None:
     """List runs, newest first (full ids, ready to paste into other commands)."""
     with connect(server, token) as client:
-        page = client.list_runs(status or (), team, limit, cursor)
+        page = client.list_runs(status or (), team, limit, cursor, baseline=True)
     if output == Output.json:
         emit_json(page)
         return
@@ -169,6 +169,7 @@ def list_runs(
             Text(clean(r.health.status), style="" if r.health.status == "ok" else "red"),
             Text(step_of(r.progress.step, r.progress.total_steps)),
             Text(number(r.reward)),
+            Text(versus(r)),
             Text(ago(now, r.created_at)),
         ]
         for r in page.items
@@ -188,8 +189,45 @@ LIST_COLUMNS = (
     Column("health", drop=6),
     Column("step", drop=3),
     Column("reward", drop=1),
+    Column("vs baseline", drop=8),
     Column("age", drop=4),
 )
+
+
+def versus(run: RunSummary) -> str:
+    """The run against its baseline at the same step: reward, response length, step time."""
+    b = run.baseline
+    if b is None:
+        return ""
+    if b.is_baseline:
+        return "baseline"
+    parts = [
+        f"{name} {d.difference:+.3g}"
+        for name, d in (("reward", b.reward), ("len", b.response_length), ("s/step", b.step_time))
+        if d is not None
+    ]
+    return ", ".join(parts) or "no common step"
+
+
+def baseline(
+    run_id: str,
+    unpin: Annotated[bool, typer.Option("--unpin", help="Take it off as the baseline")] = False,
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+    output: OutputOpt = Output.table,
+) -> None:
+    """Pin the run as the baseline of its team and recipe (the team's other runs of that recipe
+    then show their difference from it at the same step in `rlrun list`); --unpin takes it off."""
+    with connect(server, token) as client:
+        if unpin:
+            client.unpin_baseline(run_id)
+            say(f"{run_id} is no longer a baseline")
+            return
+        pinned = client.pin_baseline(run_id)
+    if output == Output.json:
+        emit_json(pinned)
+        return
+    say(f"{run_id} is the baseline of team {pinned.team}, recipe {pinned.recipe}")
 
 
 def step_of(step: int | None, total: int | None) -> str:

@@ -25,6 +25,7 @@ ROLLOUTER_ACTIVE_KEY = "fully_async/rollouter/active_time"
 ROLLOUTER_VERSION_KEY = "fully_async/rollouter/version_time"
 V1_SWITCH_IDLE_KEY = "separate_async/switch/idle"
 V1_WAIT_SAMPLES_KEY = "separate_async/switch/wait_samples"
+RESPONSE_LENGTH_KEY = "response_length/mean"
 
 
 def progress_key(launch: Mapping[str, Any] | None) -> str:

@@ -22,8 +22,10 @@ SUMMARY_KEYS = (STEP_KEY, TRAINER_STEP_KEY, REWARD_KEY)
 Latest = dict[str, tuple[int, float]]
 
 
-def summary_doc(run: Any, latest: Latest | None = None) -> dict[str, Any]:
-    """A ``RunSummary``."""
+def summary_doc(
+    run: Any, latest: Latest | None = None, baseline: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A ``RunSummary``; ``baseline`` its difference from its baseline (``operations.baseline``)."""
     latest = latest or {}
     reward = latest.get(REWARD_KEY)
     total = run.total_steps if hasattr(run, "total_steps") else run.launch.get("total_steps")
@@ -52,17 +54,22 @@ def summary_doc(run: Any, latest: Latest | None = None) -> dict[str, Any]:
             "self": f"/runs/{run.id}",
             "cancel": f"/runs/{run.id}/cancel",
         },
+        "baseline": baseline,
     }
 
 
 def run_doc(
-    run: Any, events: Sequence[Any], latest: Latest | None = None, ended: Sequence[Any] = ()
+    run: Any,
+    events: Sequence[Any],
+    latest: Latest | None = None,
+    ended: Sequence[Any] = (),
+    baseline: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A ``RunOut``; ``events`` are rows or RunEvents, ``ended`` its ended attempts. Secrets
     and key-like values masked."""
     launch = run.launch
     latest = latest or {}
-    return summary_doc(run, latest) | {
+    return summary_doc(run, latest, baseline) | {
         "spec": masked_spec(run.spec),
         "command": launch["argv"],
         "entrypoint": launch["entrypoint"],

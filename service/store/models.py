@@ -356,6 +356,18 @@ class AuditEntry(Base):
     client: Mapped[str | None] = mapped_column(String(100))
 
 
+class Baseline(Base):
+    """The run a team's runs of one recipe are measured against (one per team and recipe)."""
+
+    __tablename__ = "baselines"
+
+    team: Mapped[str] = mapped_column(String(64), primary_key=True)
+    recipe: Mapped[str] = mapped_column(String(64), primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    pinned_by: Mapped[str] = mapped_column(String(200))
+    pinned_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class Webhook(Base):
     """A subscription: which runs' events go to which URL, in which format, signed how."""
 
