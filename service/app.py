@@ -333,6 +333,7 @@ def build_services(
             retry=retry_config(settings),
             on_retry=lambda: loops["submitter"].wake(),
             on_checkpoint=lambda: loops["reconciler"].wake(),
+            target_within_s=settings.default_stop_within_s,
         )
         notifier = Notifier(
             db,

@@ -203,8 +203,18 @@ class Client:
                 raise TimeoutError(f"run {run_id} is still {run.status} after {timeout_s:g} s")
             time.sleep(every_s)
 
-    def cancel_run(self, run_id: str) -> RunOut:
-        return RunOut.model_validate(self._request("POST", f"/runs/{run_id}/cancel").json())
+    def cancel_run(
+        self, run_id: str, at_checkpoint: bool = False, within_s: float | None = None
+    ) -> RunOut:
+        """Cancel a queued run or stop an active one; ``at_checkpoint``: right after its next
+        complete checkpoint, waiting at most ``within_s`` (None: the service's default)."""
+        body: dict[str, Any] | None = None
+        if at_checkpoint:
+            body = {"at": "next_checkpoint"}
+            if within_s is not None:
+                body["within_s"] = within_s
+        resp = self._request("POST", f"/runs/{run_id}/cancel", json=body)
+        return RunOut.model_validate(resp.json())
 
     def retry_run(self, run_id: str, resume: str = "checkpoint") -> RunOut:
         """Start the next attempt of an ended run, from its checkpoint or from scratch."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
+from pathlib import Path
 
 from fastapi.testclient import TestClient
 from sqlalchemy import select
@@ -15,6 +16,9 @@ from jobs import checkpoints
 from service.loops.follower import Follower
 from service.loops.reconciler import Reconciler
 from service.metrics.parse import parse_checkpoint
+from service.recipes.base import LaunchContext
+from service.recipes.registry import default_registry
+from service.settings import Settings
 from service.store.db import Database
 from service.store.lifecycle import request_yield
 from service.store.models import Run, RunEvent, utcnow
@@ -211,3 +215,96 @@ def test_a_cancel_body_asks_for_a_stop_at_the_next_checkpoint_bad_ones_change_no
     assert "within 120 s" in doc["events"][-1]["reason"]
     plain = api.post("/runs/r2/cancel").json()  # no body: a stop now, as before
     assert plain["stop_requested"] is True and plain["stop"] is None
+
+
+def test_a_target_on_a_key_tiny_grpo_never_logs_is_refused_and_verl_s_is_warned_about(
+    api: TestClient, db: Database, tmp_path: Path
+) -> None:
+    target = {"key": "val-core/tiny/arith/acc/mean", "op": ">=", "value": 0.9, "for_steps": 2}
+    resp = api.post("/runs", json={"recipe": "tiny-grpo", "stop_when": target})
+    assert resp.status_code == 422, resp.text
+    (error,) = resp.json()["errors"]
+    assert error["field"] == "stop_when.key"
+    assert "never logs" in error["msg"] and "'val-core/tiny/arith/acc/mean@1'" in error["msg"]
+    for bad, field in (
+        ({"key": "critic/score/mean", "op": "~", "value": 1}, "stop_when.op"),
+        ({"key": "critic/score/mean", "op": ">=", "value": "nan"}, "stop_when.value"),
+        (
+            {"key": "critic/score/mean", "op": ">=", "value": 1, "for_steps": 0},
+            "stop_when.for_steps",
+        ),
+    ):
+        resp = api.post("/runs", json={"recipe": "tiny-grpo", "stop_when": bad})
+        assert resp.status_code == 422 and resp.json()["errors"][0]["field"] == field, resp.text
+    with db.read() as s:
+        assert s.scalar(select(Run.id)) is None  # nothing stored
+    ok = {"recipe": "tiny-grpo", "stop_when": target | {"key": "val-core/tiny/arith/acc/mean@1"}}
+    assert api.post("/runs", params={"dry_run": True}, json=ok).status_code == 200
+    settings = Settings(
+        verl_data_dir="/mnt/data",
+        verl_model_dir="/mnt/models",
+        verl_checkpoint_root="/mnt/ckpt",
+        verl_cache_dir=str(tmp_path),
+    )
+    body = {"recipe": "verl-fully-async", "preset": "geo3k-qwen3vl-8b-npu"}
+    verl = default_registry("", settings)
+    for key, warned in (("val-core/geo3k/reward/mean@1", False), ("val_reward", True)):
+        rule = {"key": key, "op": ">=", "value": 0.8}
+        launch = verl.build(body | {"stop_when": rule}, LaunchContext("run-x"))[1]
+        said = [w for w in launch.warnings if w.startswith("stop_when.key")]
+        assert bool(said) is warned, launch.warnings
+
+
+def test_a_run_that_reaches_its_target_stops_at_its_next_checkpoint_and_succeeds(
+    db: Database,
+) -> None:
+    ray, woken = FakeRay(), []
+    reconciler, follower = _loops(db, ray, woken)
+    rule = {"key": "critic/score/mean", "op": ">=", "value": 0.8, "for_steps": 2}
+    add_run(db, "r1", RunStatus.RUNNING, spec={"stop_when": rule})
+    ray.set_status("r1", "RUNNING")
+    line = "step:{} - critic/score/mean:{}\n"
+    ray.log["r1"] = line.format(1, 0.5) + line.format(2, 0.9) + line.format(3, 0.4)
+    follower.tick()
+    assert read_run(db)[0].yield_by is None  # one step past the line, then below it
+    ray.log["r1"] += line.format(4, 0.85)
+    follower.tick()
+    assert read_run(db)[0].yield_by is None
+    ray.log["r1"] += line.format(5, 0.95)
+    follower.tick()
+    run, reasons = read_run(db)
+    assert run.yield_then == "SUCCEEDED" and run.stop_requested_at is None
+    assert "target reached at step 5 (critic/score/mean >= 0.8 for 2 steps)" in reasons[-1]
+    ray.log["r1"] += _saved(5)
+    follower.tick()
+    reconciler.tick()
+    reconciler.tick()
+    run, reasons = read_run(db)
+    assert run.status == RunStatus.SUCCEEDED
+    assert reasons[-1] == (
+        "target reached at step 5 (critic/score/mean >= 0.8 for 2 steps): "
+        "stopped at checkpoint step 5, 0 steps lost"
+    )
+
+
+def test_a_target_read_late_names_the_step_it_was_reached_at_and_the_save_after_it(
+    db: Database,
+) -> None:
+    ray, woken = FakeRay(), []
+    reconciler, follower = _loops(db, ray, woken)
+    rule = {"key": "training/global_step", "op": ">=", "value": 6, "for_steps": 1}
+    add_run(db, "r1", RunStatus.RUNNING, spec={"stop_when": rule})
+    ray.set_status("r1", "RUNNING")
+    ray.log["r1"] = "".join(
+        f"step:{v} - training/global_step:{2 * v}\n" + (_saved(v) if v % 2 == 0 else "")
+        for v in range(1, 9)
+    )
+    follower.tick()  # one read: steps 1-8, saves at 2, 4, 6, 8
+    reconciler.tick()
+    reconciler.tick()
+    run, reasons = read_run(db)
+    assert run.status == RunStatus.SUCCEEDED
+    assert reasons[-1] == (
+        "target reached at step 3 (training/global_step >= 6 for 1 steps): "
+        "stopped at checkpoint step 4, 0 steps lost"
+    )

@@ -352,13 +352,38 @@ def on_event(
 
 
 def cancel(
-    run_id: str, server: ServerOpt = None, token: TokenOpt = None, output: OutputOpt = Output.table
+    run_id: str,
+    at_checkpoint: Annotated[
+        bool,
+        typer.Option(
+            "--at-checkpoint",
+            help="Stop an active run right after its next complete checkpoint (retry resumes "
+            "it from there)",
+        ),
+    ] = False,
+    within: Annotated[
+        float | None,
+        typer.Option(
+            "--within",
+            min=0,
+            help="With --at-checkpoint: stop anyway after this many seconds (default: the "
+            "service's RLRUN_DEFAULT_STOP_WITHIN_S)",
+        ),
+    ] = None,
+    server: ServerOpt = None,
+    token: TokenOpt = None,
+    output: OutputOpt = Output.table,
 ) -> None:
-    """Cancel a queued run, or stop an active one."""
+    """Cancel a queued run, or stop an active one (now, or at its next checkpoint)."""
+    if within is not None and not at_checkpoint:
+        raise typer.BadParameter("--within goes with --at-checkpoint", param_hint="--within")
     with connect(server, token) as client:
-        run = client.cancel_run(run_id)
+        run = client.cancel_run(run_id, at_checkpoint, within)
     if output == Output.json:
         emit_json(run)
+    elif run.stop is not None and not run.stop_requested:
+        by = f" by {run.stop.by:%H:%M:%S} UTC" if run.stop.by else ""
+        say(run.id, run.status, f"(stops at its next checkpoint{by})")
     else:
         say(run.id, run.status, "(stop requested)" if run.stop_requested else "")
 

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 from jobs import resume
 from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable
 from service.cluster.registry import Clusters, UnknownCluster
-from service.metrics import logcopy, samples, startup, store
+from service.metrics import logcopy, samples, startup, store, targets
 from service.metrics.health import HealthRules, evaluate
 from service.metrics.keys import TRAINER_STEP_KEY
 from service.metrics.log_readers import LogReader, TailReader
@@ -37,7 +37,7 @@ from service.recovery import attempts, deaths, ending, retry
 from service.recovery.retry import RetryConfig
 from service.store.db import Database
 from service.store.dialect import dialect_insert
-from service.store.lifecycle import checkpoint_saved, note
+from service.store.lifecycle import checkpoint_saved, note, yield_settled
 from service.store.models import Run, RunEvent, RunLog, Webhook, utcnow
 from service.store.status import ENDED, RunStatus
 
@@ -163,6 +163,8 @@ class Follower:
     # How long after an attempt's end its log is waited for before the decision is made on the
     # part kept (``DECIDE_WITHIN``).
     decide_within: timedelta = DECIDE_WITHIN
+    # How long a run that reached its target (``stop_when``) waits for its next checkpoint.
+    target_within_s: float = 1800.0
     # How the job log is read: by default Ray's tail stream of the run's cluster, kept open
     # per run.
     reader: LogReader | None = None
@@ -420,6 +422,7 @@ class Follower:
                 if read.marks and (marked := startup.record(run.startup, read.marks, now)):
                     run.startup = marked
                 if read.final:
+                    yield_settled(session, run, runlog.last_step)
                     runlog.finished_at = now
                     runlog.lease_owner = None
                     runlog.lease_expires_at = None
@@ -504,3 +507,4 @@ class Follower:
         # Thresholds in the points' own transaction: a crossing's delivery is as durable.
         thresholds.evaluate(session, run, lines, hooks)
         evaluate(session, run, runlog, lines, now, self.rules)
+        targets.check(session, run, lines, self.target_within_s)

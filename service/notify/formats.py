@@ -36,6 +36,8 @@ def headline(event_type: str, payload: dict[str, Any]) -> str:
         return f"health {run['health']}: {event['reason']}"
     if event_type == "run.grant_replayed":
         return f"secrets grant presented again: {event['reason']}"
+    if event_type in ("run.checkpoint", "run.stop_requested"):
+        return str(event["reason"])
     if event_type == "run.retrying":
         return f"attempt {payload['attempt']}: {event['reason']}"
     if event_type == "run.attempt_ended":

@@ -24,6 +24,8 @@ EventType = Literal[
     "run.preempted",
     "metric.threshold",
     "run.grant_replayed",
+    "run.checkpoint",
+    "run.stop_requested",
 ]
 EVENT_TYPES: tuple[str, ...] = get_args(EventType)
 

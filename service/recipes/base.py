@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import shlex
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
@@ -11,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from service.recipes import env_names
 from service.retry_policy import RetryPolicy
 from service.scheduling.shape import ResourceShape
+from service.wire import Threshold
 
 
 class PlacementSpec(BaseModel):
@@ -41,6 +43,11 @@ class SamplesOption(BaseModel):
     per_step: int = Field(
         default=64, ge=1, le=1024, description="samples shipped per step at most (the first ones)"
     )
+
+
+class StopWhen(Threshold):
+    """Stop the run at its next checkpoint, ending SUCCEEDED ("target reached at step N"), once
+    ``key op value`` holds for ``for_steps`` consecutive logged steps."""
 
 
 class RunSpec(BaseModel):
@@ -89,6 +96,13 @@ class RunSpec(BaseModel):
         default_factory=SamplesOption,
         description="rollout samples brought back from the trainer's node (on by default)",
     )
+    stop_when: StopWhen | None = Field(
+        default=None,
+        description="a target: once reached, the run stops at its next checkpoint and ends "
+        'SUCCEEDED, "target reached at step N"; a key the recipe never logs is refused '
+        "(tiny-grpo) or warned about (verl)",
+        examples=[{"key": "val-core/reward/mean", "op": ">=", "value": 0.8, "for_steps": 3}],
+    )
 
     @field_validator("secrets")
     @classmethod
@@ -101,6 +115,16 @@ class RunSpec(BaseModel):
             if len(name) > 200:
                 raise ValueError("a secret name is at most 200 characters")
         return value
+
+
+def target_key_problem(spec: RunSpec, logged: frozenset[str]) -> str | None:
+    """Why ``spec``'s target can never be reached by a run that logs ``logged`` keys (None:
+    it names one of them, or there is no target)."""
+    if spec.stop_when is None or spec.stop_when.key in logged:
+        return None
+    near = difflib.get_close_matches(spec.stop_when.key, sorted(logged), n=1, cutoff=0.5)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    return f"{spec.recipe} never logs {spec.stop_when.key!r}{hint}"
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,10 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
+from jobs.tiny_grpo import LOGGED_KEYS
 from jobs.tiny_grpo.options import DEFAULTS, to_argv
-from service.recipes.base import Launch, LaunchContext, RunSpec
+from service.errors import InvalidSpec, field_error
+from service.recipes.base import Launch, LaunchContext, RunSpec, target_key_problem
 from service.scheduling.shape import Group, ResourceShape
 
 ACTOR_CPUS: float = DEFAULTS["actor_cpus"]
@@ -97,6 +99,9 @@ class TinyGrpoRecipe:
 
     def build(self, spec: Any, ctx: LaunchContext) -> Launch:
         assert isinstance(spec, TinyGrpoSpec)
+        never = target_key_problem(spec, LOGGED_KEYS)
+        if never is not None:
+            raise InvalidSpec(never, [field_error(["stop_when", "key"], never, "never_logged")])
         options = spec.model_dump(include=OPTIONS) | {"actor_cpus": ACTOR_CPUS}
         if spec.save_every:  # the run's own dir: a later attempt resumes from it
             options["checkpoint_dir"] = str(Path(self.checkpoint_root) / ctx.run_id)

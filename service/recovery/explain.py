@@ -37,6 +37,12 @@ def failure_of(session: Session, run: Run, ray_state: Sequence[str] = ()) -> Fai
                 "stopped on the cluster, not through rlrun",
                 "see the audit trail and the cluster's unmanaged jobs for who stopped it",
             )
+        if run.yield_reason is not None:  # stopped at (or waiting for) its next checkpoint
+            saved = run.stop_saved_step
+            at = f"at checkpoint step {saved}" if saved is not None else "with no checkpoint"
+            summary = f"{run.yield_reason}: stopped {at}, {run.stop_lost_steps or 0} steps lost"
+            hint = "retry resumes it from its newest complete checkpoint"
+            return Failure("cancelled", summary, hint if saved is not None else "")
         return Failure("cancelled", "stopped at the service's request", "")
     if status not in (RunStatus.FAILED, RunStatus.LOST):
         return None

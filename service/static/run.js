@@ -46,6 +46,9 @@ export function runView(root, id, signal) {
   const cluster = h("span", { id: "run-cluster", class: "dim" });
   const retry = h("p", { id: "run-retry", class: "queue-reason", hidden: true });
   const cancel = h("button", { id: "cancel", class: "danger", hidden: true }, "cancel");
+  const yieldButton = h("button", { id: "cancel-at-checkpoint", hidden: true, title: "stop right after its next complete checkpoint; retry resumes it from there" }, "stop at next checkpoint");
+  const stopNote = h("p", { id: "run-stop", class: "queue-reason", hidden: true });
+  const saved = h("span", { id: "run-checkpoint", class: "dim" });
   const clone = link(`#/submit?from=${encodeURIComponent(id)}`, "clone", "button");
   const samples = link(`#/runs/${encodeURIComponent(id)}/samples`, "samples", "button");
   samples.id = "run-samples";
@@ -66,7 +69,7 @@ export function runView(root, id, signal) {
   noLog.id = "no-log";
 
   root.append(
-    h("div", { class: "run-head" }, title, h("p", {}, status, " ", health, " ", progress, " ", cluster, " ", cancel, " ", clone, " ", samples), retry, queue, budget),
+    h("div", { class: "run-head" }, title, h("p", {}, status, " ", health, " ", progress, " ", saved, " ", cluster, " ", cancel, " ", yieldButton, " ", clone, " ", samples), stopNote, retry, queue, budget),
     h("div", { class: "toolbar" }, picker),
     charts,
     h("section", { id: "startup-section" }, h("h3", {}, "Start-up"), startup, startupNote),
@@ -89,6 +92,12 @@ export function runView(root, id, signal) {
   cancel.addEventListener("click", async () => {
     if (!confirm(`Cancel run ${id}?`)) return;
     try { render(await postJSON(`${path}/cancel`, undefined, signal)); } catch (err) { showError(err); }
+  });
+  yieldButton.addEventListener("click", async () => {
+    const within = prompt(`Stop run ${id} at its next checkpoint, or after how many seconds at most?`, "1800");
+    if (within === null) return;
+    const body = { at: "next_checkpoint", within_s: Number(within) };
+    try { render(await postJSON(`${path}/cancel`, body, signal)); } catch (err) { showError(err); }
   });
   picker.addEventListener("change", () => {
     if (picker.value) extra.add(picker.value);
@@ -114,10 +123,16 @@ export function runView(root, id, signal) {
     progress.replaceChildren(run.progress.step === null ? "" : "step ", progressCell(run.progress));
     cluster.textContent = run.cluster ? `on cluster ${run.cluster}` : "";
     cancel.hidden = TERMINAL.has(run.status) || run.stop_requested;
+    yieldButton.hidden = !["SUBMITTED", "RUNNING"].includes(run.status) || run.stop_requested || run.stop !== null;
+    saved.textContent = run.checkpoint ? `checkpoint: step ${run.checkpoint.step}` : "";
+    stopNote.hidden = !run.stop;
+    stopNote.textContent = !run.stop ? "" : run.stop.saved_step !== null || run.stop_requested
+      ? `${run.stop.reason}: stopped ${run.stop.saved_step !== null ? `at checkpoint step ${run.stop.saved_step}` : "with no checkpoint"}, ${run.stop.steps_lost ?? 0} steps lost`
+      : `stops at its next checkpoint, by ${when(run.stop.by)} at the latest: ${run.stop.reason}`;
     const values = Object.entries(run.metrics.latest);
     latest.replaceChildren(...(values.length ? values.map(([k, v]) => h("tr", {}, h("td", {}, k), h("td", {}, num(v))))
       : [h("tr", { class: "empty" }, h("td", { colspan: 2 }, "No metrics yet."))]));
-    timeline.replaceChildren(...run.events.map((e) => h("li", { class: e.from_status === e.to_status ? "note" : "move" },
+    timeline.replaceChildren(...run.events.map((e) => h("li", { class: e.from_status === e.to_status ? `note${e.kind ? ` ${e.kind}` : ""}` : "move" },
       h("time", { datetime: e.at, title: e.at }, when(e.at)), " ",
       e.from_status === e.to_status ? "" : [badge(e.to_status), " "], e.reason,
       e.from_status && e.from_status !== e.to_status ? h("span", { class: "dim" }, ` (after ${since(lastAt(run.events, e), e.at)} ${e.from_status})`) : "")));

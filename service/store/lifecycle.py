@@ -201,11 +201,13 @@ def request_yield(
     within_s: float,
     reason: str,
     then: RunStatus = RunStatus.STOPPED,
+    after_step: int | None = None,
 ) -> bool:
-    """Ask an active run to stop right after its next complete checkpoint, or ``within_s``
-    from now whatever it has saved, whichever comes first; it then ends ``then`` (STOPPED, or
-    SUCCEEDED for a target reached) saying ``reason``. A run already yielding keeps its
-    request, made sooner if this one's time is; returns whether anything changed."""
+    """Ask an active run to stop right after its next complete checkpoint (one past the newest
+    it has, and past ``after_step`` if given), or ``within_s`` from now whatever it has saved,
+    whichever comes first; it then ends ``then`` (STOPPED, or SUCCEEDED for a target reached)
+    saying ``reason``. A run already yielding keeps its request, made sooner if this one's
+    time is; returns whether anything changed."""
     if then not in (RunStatus.STOPPED, RunStatus.SUCCEEDED):
         raise IllegalTransition(f"a run that yields ends STOPPED or SUCCEEDED, not {then}")
     if run.status not in ACTIVE or run.stop_requested_at is not None:
@@ -226,7 +228,8 @@ def request_yield(
         )
         return True
     run.yield_by = by
-    run.yield_after_step = run.checkpoint_step
+    known = [s for s in (run.checkpoint_step, after_step) if s is not None]
+    run.yield_after_step = max(known) if known else None
     run.yield_then = then
     run.yield_reason = reason
     event = note(
@@ -284,6 +287,26 @@ def _yield_now(session: Session, run: Run, saved: int | None, lost: int, why: st
     run.stop_saved_step = saved
     run.stop_lost_steps = lost
     request_stop(session, run, f"{why} ({run.yield_reason})")
+
+
+def yield_settled(session: Session, run: Run, logged: int | None) -> bool:
+    """At the final read of a run that yielded: had its job saved a newer checkpoint after the
+    stop was decided (the service was down, or Ray slow to stop it), that one is where a retry
+    resumes, and the steps past it are what was lost; said in a note. Returns whether so."""
+    saved = run.checkpoint_step
+    if run.yield_then is None or run.stop_requested_at is None or saved is None:
+        return False
+    if run.stop_saved_step is not None and saved <= run.stop_saved_step:
+        return False
+    lost = max(0, (logged or saved) - saved)
+    run.stop_saved_step, run.stop_lost_steps = saved, lost
+    note(
+        session,
+        run,
+        f"the job saved checkpoint step {saved} before it stopped: a retry resumes there, "
+        f"{lost} steps lost",
+    )
+    return True
 
 
 def yield_end(run: Run) -> tuple[RunStatus, str] | None:

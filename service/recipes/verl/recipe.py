@@ -135,6 +135,8 @@ class VerlFullyAsyncRecipe:
         where = rules.Locator(c.overrides, _spec_keys())
         errors, warnings = rules.check(cfg, full, where, self.settings.verl_loggers_configured)
         warnings += [f"{dotted(item.loc)}: {why}" for item, (refused, why) in unread if not refused]
+        target = _target_warning(full.stop_when.key if full.stop_when else None)
+        warnings += [target] if target else []
         errors += [
             field_error(where(key), f"{key}: {path!r} {why}", "verl_rule")
             for key, path, why in preflight.unshipped(cfg, full.files)
@@ -256,3 +258,35 @@ def _untyped(
 @functools.cache
 def _spec_keys() -> dict[str, command.Loc]:
     return command.spec_keys()
+
+
+# The families of keys verl's console logger prints (its trainer, rollouter, validation and
+# timers; which keys within them depends on the config and the data sources).
+LOGGED_FAMILIES = (
+    "actor/",
+    "critic/",
+    "training/",
+    "timing_s/",
+    "timing_per_token_ms/",
+    "perf/",
+    "response_length/",
+    "prompt_length/",
+    "global_seqlen/",
+    "fully_async/",
+    "separate_async/",
+    "rollout_corr/",
+    "val-core/",
+    "val-aux/",
+)
+
+
+def _target_warning(key: str | None) -> str | None:
+    """A warning for a target on a key verl is not known to log: its keys depend on the
+    config, so it is not refused, but a typo would leave the run to its end."""
+    if key is None or key.startswith(LOGGED_FAMILIES):
+        return None
+    families = ", ".join(f"{f}..." for f in LOGGED_FAMILIES[:4])
+    return (
+        f"stop_when.key: verl is not known to log {key!r} (its keys are {families}, "
+        "val-core/<data source>/...): the target is reached only if the run logs it"
+    )
