@@ -22,7 +22,12 @@ from service.settings import Settings
 SETTINGS = Settings(verl_data_dir="/mnt/data", verl_checkpoint_root="/mnt/ckpt")
 V1 = {"recipe": "verl-fully-async", "preset": "cpu-smoke-v1"}
 # The preset's own overrides: a request's list replaces them, so a test adds to them.
-PRESET_OVERRIDES = [*CPU_OVERRIDES, "transfer_queue.backend.SimpleStorage.num_data_storage_units=1"]
+PRESET_OVERRIDES = [
+    *CPU_OVERRIDES,
+    "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+    "actor_rollout_ref.rollout.agent.num_workers=1",
+    "reward.num_workers=1",
+]
 
 
 def build(body: dict[str, Any]) -> Launch:

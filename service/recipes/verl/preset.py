@@ -219,7 +219,8 @@ def cpu_smoke_v1(settings: Settings) -> dict[str, Any]:
     """``cpu-smoke`` on verl's V1 trainer (``trainer_mode: separate_async``): the same model,
     data, CPU shims and pools; 2 trainer steps of 2 updates each (parameter_sync_step 2 x
     ppo_mini_batch_size 2 = train_batch_size 4 prompts), one weight sync and one checkpoint a
-    step. verl's transfer queue keeps one storage unit (its default 8 are 8 more processes)."""
+    step. One storage unit of verl's transfer queue, one agent-loop and one reward-loop worker
+    (verl's default 8 of each are 8 more processes apiece, each importing torch)."""
     body = cpu_smoke(settings)
     del body["async_training"]
     del body["rollout"]["total_rollout_steps"]
@@ -234,6 +235,8 @@ def cpu_smoke_v1(settings: Settings) -> dict[str, Any]:
     body["overrides"] = [
         *body["overrides"],
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+        "actor_rollout_ref.rollout.agent.num_workers=1",
+        "reward.num_workers=1",
     ]
     return body
 
