@@ -26,20 +26,22 @@ def test_two_replicas_preempt_once_and_the_victim_resumes_from_its_checkpoint(
     with TestClient(create_app(settings)) as one, TestClient(create_app(settings)):
         out = scenario(one, 40, 3)
     assert out.high["status"] == "SUCCEEDED"
-    assert len(out.victims) == 1, out.events  # 8 of 16 NPUs: one victim is enough
-    ((victim_id, victim),) = out.victims.items()
+    assert len(out.victims) == 2, out.events  # the high run needs all 16 NPUs
     high = out.high["id"]
-    asked = [r for r in out.events[victim_id] if r.startswith(f"preempted for run {high} (high)")]
-    assert len(asked) == 2, out.events[victim_id]  # the decision, once; the end of attempt 1
-    assert asked[0].startswith(
-        f"preempted for run {high} (high): asked to stop at its next checkpoint within 60 s"
-    )
-    assert asked[1].endswith("attempt 2 waits to resume from its checkpoint")
-    assert out.lost[victim_id] == 0
-    assert victim["status"] == "SUCCEEDED" and victim["attempt"] == 2
-    resumed = victim["attempts"][-1]["resumed_from_step"]
-    assert resumed is not None and resumed == out.saved_at[victim_id]
-    steps = out.steps[victim_id]
-    assert steps == sorted(set(steps)) and steps[-1] == 14
-    other = next(i for i in out.steps if i != victim_id)
-    assert not any(r.startswith("preempted") for r in out.events[other])
+    for victim_id, victim in out.victims.items():
+        events = out.events[victim_id]
+        asked = [r for r in events if r.startswith(f"preempted for run {high} (high)")]
+        assert len(asked) == 2, events  # the decision, once (not once per replica); the end
+        assert asked[0].startswith(
+            f"preempted for run {high} (high): asked to stop at its next checkpoint within 60 s"
+        )
+        assert asked[1].endswith("attempt 2 waits to resume from its checkpoint")
+        assert out.lost[victim_id] == 0
+        assert victim["status"] == "SUCCEEDED" and victim["attempt"] == 2
+        # From the newest save on disk: the one it stopped at, or one its job wrote while Ray
+        # was stopping it.
+        resumed = victim["attempts"][-1]["resumed_from_step"]
+        saved = out.saved_at[victim_id]
+        assert resumed is not None and saved is not None and resumed >= saved
+        steps = out.steps[victim_id]
+        assert steps == sorted(set(steps)) and steps[-1] == 40
