@@ -263,6 +263,13 @@ def sqlite_service(
     return lambda **overrides: service_factory(f"sqlite:///{tmp_path}/db.sqlite", **overrides)
 
 
+def assert_refused_naming(resp: httpx.Response, field: str) -> None:
+    """A 422 problem+json whose errors name ``field`` (a dotted path)."""
+    assert resp.status_code == 422, resp.text
+    assert resp.headers["content-type"] == "application/problem+json"
+    assert field in {e["field"] for e in resp.json()["errors"]}, resp.json()
+
+
 def submit(client: TestClient, **spec: Any) -> str:
     """POST a ``test-script`` run (tests/recipes.py); its id."""
     resp = client.post("/runs", json={"recipe": "test-script", **spec})

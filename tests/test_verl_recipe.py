@@ -21,6 +21,7 @@ from service.recipes.verl.command import MODULE, hydra_value, spec_keys
 from service.recipes.verl.overrides import compose
 from service.recipes.verl.preset import SMOKE_SYNCS
 from service.settings import Settings
+from tests.conftest import assert_refused_naming
 
 DATA = Path(__file__).parent / "data"
 # The reference launch configuration: every Hydra override of verl's geo3k Qwen3-VL-8B NPU script.
@@ -487,9 +488,7 @@ def test_api_refuses_a_bad_spec_with_422_naming_the_field(
     api: TestClient, patch: dict[str, Any], field: str
 ) -> None:
     resp = api.post("/runs", json=PRESET | patch)
-    assert resp.status_code == 422, resp.text
-    assert resp.headers["content-type"] == "application/problem+json"
-    assert field in {e["field"] for e in resp.json()["errors"]}
+    assert_refused_naming(resp, field)
     assert api.get("/runs").json()["items"] == []
 
 
