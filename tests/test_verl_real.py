@@ -12,6 +12,8 @@ import json
 
 import pytest
 
+from service.metrics.keys import STEP_KEY
+from service.recipes.verl.preset import SMOKE_SYNCS
 from tests.verl_run import VerlRun
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(1500)]
@@ -45,10 +47,22 @@ def test_the_charts_keys_are_verls_own(verl_run: VerlRun) -> None:
     assert keys >= CHARTED, CHARTED - keys
 
 
+def test_progress_is_the_parameter_version_the_trainer_synced(verl_run: VerlRun) -> None:
+    # verl's step lines lag (they stop at version SMOKE_SYNCS - 2); its own sync lines do not.
+    progress = verl_run.run["progress"]
+    assert (progress["step"], progress["total_steps"]) == (SMOKE_SYNCS, SMOKE_SYNCS), progress
+    # One version per step, each once: 0 (the first sync) to the last.
+    series = verl_run.http.get(
+        f"/runs/{verl_run.run_id}/metrics", params={"keys": STEP_KEY, "max_points": 1000}
+    ).json()["series"][STEP_KEY]
+    versions = [(p["step"], p["value"]) for p in series]
+    assert versions == [(v, float(v)) for v in range(SMOKE_SYNCS + 1)], versions
+
+
 def test_verl_wrote_its_checkpoints_in_its_own_layout(verl_run: VerlRun) -> None:
     tree = verl_run.checkpoints
-    assert (tree / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
-    for step in (1, 2, 3):
+    assert (tree / "latest_checkpointed_iteration.txt").read_text().strip() == str(SMOKE_SYNCS)
+    for step in range(1, SMOKE_SYNCS + 1):
         actor = tree / f"global_step_{step}" / "actor"
         assert (tree / f"global_step_{step}" / "data.pt").is_file()
         assert (actor / "model_world_size_1_rank_0.pt").is_file()

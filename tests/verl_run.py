@@ -11,7 +11,8 @@ The fixtures (session-scoped; registered for every test file by ``tests/conftest
 - ``verl_run`` (``VerlRun``): the run, ended (waited for up to ``RUN_TIMEOUT_S``): ``run_id``,
   ``run`` (the final ``GET /runs/{id}`` JSON), ``root`` (its data, checkpoints, database, the
   service's log), ``checkpoints`` (the run's own ``trainer.default_local_dir``), ``service``
-  (the ``ServiceProcess``, still up) and ``http`` (an ``httpx.Client`` on its base URL);
+  (the ``ServiceProcess``, still up), ``http`` (an ``httpx.Client`` on its base URL), and
+  ``ray_address`` with ``ray_token()`` (the embedded Ray head's Jobs API, e.g. for ``RayJobs``);
 - ``verl_http``: that client, for ``GET /runs/{id}``, ``/events``, ``/metrics``, ``/logs``,
   ``/script`` and the rest.
 
@@ -25,9 +26,10 @@ A test file uses them so::
 
 A test that asks for the run waits for it to end; the first one pays for it (its timeout must
 cover a run: ``pytest.mark.timeout(1500)``). A test must not change the run (cancel it, retry
-it) or the service; one that needs a run of its own is not in CI. The run takes the host's
-verl lock (``flock`` on ``LOCK``, as every real verl run here does) for as long as the service is
-up, so two sessions never run verl at once.
+it) or the service; one that needs a run of its own is not in CI. A session that collects a
+test asking for the run takes the host's verl lock (``flock`` on ``LOCK``, as every real verl run
+here does) once collection ends, before any test's timeout runs (another session's verl run may
+hold it for many minutes), and holds it to the session's end: two sessions never run verl at once.
 
 Slow, and it needs the trainer stack (rlrun[verl-cpu], README): without it the run fails, the
 tests fail, never skip.
@@ -43,7 +45,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 import pytest
@@ -56,6 +58,7 @@ RUN_TIMEOUT_S = 900
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "STOPPED", "LOST")
 # The run's request: the preset as a user posts it.
 REQUEST: dict[str, Any] = {"recipe": "verl-fully-async", "preset": "cpu-smoke", "name": "cpu-smoke"}
+RAY_DIR = "r"  # the embedded head's dir under the root (short: Ray's socket paths are bounded)
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,15 @@ class VerlRun:
         """The smoke assets (model, tokenizer, parquet data) the run read."""
         return self.root / "data" / "rlrun-smoke"
 
+    @property
+    def ray_address(self) -> str:
+        """The embedded Ray head's dashboard (Jobs API)."""
+        return f"http://127.0.0.1:{RAY_PORT + 2300}"
+
+    def ray_token(self) -> str:
+        """That head's auth token (in its dir, the job user's; the tests run as root)."""
+        return (self.root / RAY_DIR / "ray-token").read_text().strip()
+
 
 def _service(root: Path) -> ServiceProcess:
     service = ServiceProcess("sqlite:///" + str(root / "db.sqlite"), "local", root / "s.log")
@@ -89,6 +101,7 @@ def _service(root: Path) -> ServiceProcess:
         "RLRUN_LOCAL_NPUS": "2",
         "RLRUN_LOCAL_CPUS_PER_NODE": "64",
         "RLRUN_LOCAL_RAY_STATE_DIR": str(root / "state"),
+        "RLRUN_LOCAL_RAY_DIR": str(root / RAY_DIR),
         # Ports of this session's range (conftest: RAY_PORT..RAY_PORT+2500), not random free ones
         # that another process may take between choosing and binding.
         "RLRUN_LOCAL_RAY_PORT": str(RAY_PORT + 2200),
@@ -110,9 +123,32 @@ def _wait_end(http: httpx.Client, run_id: str) -> dict[str, Any]:
     raise AssertionError(f"run {run_id} did not end in {RUN_TIMEOUT_S}s")
 
 
+_HELD = pytest.StashKey[IO[str]]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Take the host's verl lock once a test this session selected asks for the run (after
+    ``-m``/``-k`` deselect: the fast layer never waits for it)."""
+    config = session.config
+    wants = any("verl_run" in getattr(item, "fixturenames", ()) for item in session.items)
+    if wants and _HELD not in config.stash and not config.option.collectonly:
+        lock = LOCK.open("w")
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        config.stash[_HELD] = lock
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    lock = config.stash.get(_HELD, None)
+    if lock is not None:
+        lock.close()  # the lock goes with its file
+
+
 @pytest.fixture(scope="session")
-def verl_run() -> Iterator[VerlRun]:
+def verl_run(pytestconfig: pytest.Config) -> Iterator[VerlRun]:
     from jobs.verl_cpu import assets
+
+    # Taken at collection (a session that selects no such test takes none).
+    assert _HELD in pytestconfig.stash, f"the verl lock {LOCK} is not held"
 
     # Where the embedded nodes' own user (the service runs as root) reads data and writes
     # checkpoints: not in pytest's private temp dir. The checkpoint root is the service's to
@@ -121,23 +157,24 @@ def verl_run() -> Iterator[VerlRun]:
     root.chmod(0o755)
     assets.make(root / "data" / "rlrun-smoke")
     service = _service(root)
-    with LOCK.open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        service.start(timeout=180)
-        try:
-            with httpx.Client(base_url=service.url, timeout=30) as http:
-                started = time.monotonic()
-                resp = http.post("/runs", json=REQUEST)
-                assert resp.status_code == 201, resp.text
-                run_id = resp.json()["id"]
-                run = _wait_end(http, run_id)
-                seconds = time.monotonic() - started
-                (root / "run.json").write_text(json.dumps(run, indent=2))
-                print(f"\nthe session's verl run {run_id}: {run['status']} in {seconds:.0f} s")
-                yield VerlRun(service, http, root, run_id, run, seconds)
-        finally:
-            service.stop()
-            shutil.rmtree(root, ignore_errors=True)
+    service.start(timeout=180)
+    try:
+        with httpx.Client(base_url=service.url, timeout=30) as http:
+            started = time.monotonic()
+            resp = http.post("/runs", json=REQUEST)
+            assert resp.status_code == 201, resp.text
+            run_id = resp.json()["id"]
+            run = _wait_end(http, run_id)
+            seconds = time.monotonic() - started
+            (root / "run.json").write_text(json.dumps(run, indent=2))
+            print(f"\nthe session's verl run {run_id}: {run['status']} in {seconds:.0f} s")
+            if run["status"] != "SUCCEEDED":  # what a red run needs (the root goes at the end)
+                print(json.dumps({k: run.get(k) for k in ("attempts", "events")})[:20_000])
+                print(http.get(f"/runs/{run_id}/logs", params={"tail": 300}).text[-30_000:])
+            yield VerlRun(service, http, root, run_id, run, seconds)
+    finally:
+        service.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
