@@ -120,18 +120,24 @@ def bench_page(report: Report, urls: list[tuple[str, str]], held: int, requests:
         run_id = f"page-{uuid.uuid4().hex[:6]}"
         add_run(db, run_id)
         per_step = 500
-        ray = FakeRay()
-        store = follower(db, ray, samples.Bounds(per_step=1024, per_run=held, chars_per_run=10**10))
+        bounds = samples.Bounds(per_step=1024, per_run=held, chars_per_run=10**10)
         t0 = time.perf_counter()
+        with db.transaction() as s:
+            runlog = RunLog(run_id=run_id, log_offset=0)
+            s.add(runlog)
         for step in range(1, held // per_step + 1):
-            ray.log[run_id] = ray.log.get(run_id, "") + frames(rng, step, per_step, chars=300)
-            store.tick()
+            # The store's own path (parse, bound, insert), a step per transaction.
+            with db.transaction() as s:
+                runlog = s.get(RunLog, run_id)
+                assert runlog is not None
+                lines = frames(rng, step, per_step, chars=300).splitlines()
+                samples.ingest(s, runlog, samples.parse(lines), bounds)
         filled = time.perf_counter() - t0
         with db.read() as s:
             kept = s.scalar(select(func.count()).where(RunSample.run_id == run_id))
             some = s.execute(select(RunSample.prompt_id, RunSample.id).limit(1)).one()
         db.dispose()
-        report.add(f"fill {label}: {kept:,} samples through the follower", f"{filled:.1f} s")
+        report.add(f"fill {label}: {kept:,} samples through the store", f"{filled:.1f} s")
         deep = some[1] + held // 2
         with client(url) as api:
             queries: list[tuple[str, dict[str, str | int]]] = [
