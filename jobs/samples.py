@@ -23,6 +23,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import sys
 import threading
 import time
@@ -133,14 +134,28 @@ def read_sample(
     return sample
 
 
+# Ray colours the ``(Actor pid=...)`` prefix of a forwarded line.
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def frame_body(line: str) -> str | None:
+    """The framed text of ``line``, or None when it is not a frame: the prefix at its start,
+    or after Ray's ``(Actor pid=...)`` (coloured or not)."""
+    at = line.find(PREFIX)
+    if at < 0:
+        return None
+    if at > 0 and not _COLOUR.sub("", line[:at]).rstrip().endswith(")"):
+        return None
+    return line[at + len(PREFIX) :].rstrip("\r\n")
+
+
 def parse_frame(line: str) -> dict[str, Any] | str | None:
     """A framed line of the job log (Ray's ``(Actor pid=...)`` prefix allowed): its sample,
     a skip report ``{"skipped": {reason: n}, "step": s}``, or why it is skipped; None when the
     line is not a frame."""
-    at = line.find(PREFIX)
-    if at < 0 or (at > 0 and not line[:at].rstrip().endswith(")")):
+    body = frame_body(line)
+    if body is None:
         return None
-    body = line[at + len(PREFIX) :].rstrip("\r\n")
     if body.startswith('{"skipped"'):
         try:
             report = json.loads(body)
@@ -252,8 +267,8 @@ def _ship_forever(directory: str, every: int, per_step: int, secrets: list[str])
             time.sleep(5.0)
     while True:
         with contextlib.suppress(Exception):  # shipping never takes the worker down
-            ship_once(directory, every, per_step, secrets, sys.stdout, settle_s=2.0)
-        time.sleep(2.0)
+            ship_once(directory, every, per_step, secrets, sys.stdout, settle_s=0.5)
+        time.sleep(1.0)
 
 
 def env(directory: str, every: int, per_step: int, masked: Mapping[str, str]) -> dict[str, str]:

@@ -127,7 +127,8 @@ def test_the_follower_stores_samples_apart_from_the_kept_log_and_counts_bad_fram
     frames = [job.PREFIX + json.dumps({**json.loads(line(1, s)), "of": 3}) for s in (1, 0, 1)]
     ray.log[run_id] = (
         "hello\n"
-        + "".join(f"(FullyAsyncTrainer pid=7) {f}\n" for f in frames)
+        # Ray colours the prefix of a line it forwards from an actor.
+        + "".join(f"\x1b[36m(FullyAsyncTrainer pid=7)\x1b[0m {f}\n" for f in frames)
         + "step:1 - critic/score/mean:0.6666666666666666\n"
         + f"{job.PREFIX}{{broken\n"
         + f"{job.PREFIX}{line(1, 'NaN')}\n"

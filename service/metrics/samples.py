@@ -57,7 +57,7 @@ def parse(lines: Sequence[str]) -> Parsed:
 
 
 def is_frame(line: str) -> bool:
-    return frame.PREFIX in line
+    return frame.PREFIX in line and frame.frame_body(line) is not None
 
 
 def prompt_id(text: str) -> str:
