@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from jobs import resume as saves
 from jobs.verl_launch import resume
 from tests.verl_run import VerlRun
 
@@ -21,7 +22,7 @@ def test_the_checkpoint_events_are_verls_tracker_and_complete_step_dirs(
     on_disk = sorted(
         int(m.group(1))
         for p in tree.iterdir()
-        if (m := resume.STEP_DIR.fullmatch(p.name)) and resume.complete(p)
+        if (m := saves.STEP_DIR.fullmatch(p.name)) and resume.complete(p)
     )
     tracker = int((tree / resume.TRACKER).read_text().strip())
     # Each attempt says the saves it made, in order; together they are the complete dirs.
