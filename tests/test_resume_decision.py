@@ -72,3 +72,17 @@ def test_the_announce_line_is_read_back() -> None:
     assert resume.parse('(pid=1) rlrun resume: {"step": 7, "path": "/c/global_step_7"}') == 7
     assert resume.parse("rlrun resume: {nonsense") is None
     assert resume.parse("step:1 - a:1") is None
+
+
+def test_the_watcher_says_every_save_the_tracker_passed_between_two_looks(tmp_path: Path) -> None:
+    from jobs.verl_launch import saves
+
+    for n in (1, 2, 3):
+        _step(tmp_path, n)
+    _step(tmp_path, 4, data=False)  # being written: not yet a checkpoint
+    (tmp_path / verl_resume.TRACKER).write_text("3")
+    now = saves.saved(tmp_path)
+    assert now is not None and now[0] == 3
+    assert [s for s, _ in saves.news(tmp_path, 1, now)] == [2, 3]
+    assert [s for s, _ in saves.news(tmp_path, None, now)] == [1, 2, 3]
+    assert [s for s, _ in saves.news(tmp_path, 2, now)] == [3]

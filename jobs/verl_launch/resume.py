@@ -46,15 +46,20 @@ def complete(step_dir: Path) -> bool:
     return {int(m.group(2)) for m in shards if int(m.group(1)) == world} == set(range(world))
 
 
-def newest_complete(root: Path) -> tuple[int, Path] | None:
+def completes(root: Path) -> list[tuple[int, Path]]:
+    """Every complete checkpoint under ``root``, by step."""
     if not root.is_dir():
-        return None
-    found = [
+        return []
+    return sorted(
         (int(m.group(1)), p)
         for p in root.iterdir()
         if (m := _STEP_DIR.fullmatch(p.name)) and p.is_dir() and complete(p)
-    ]
-    return max(found) if found else None
+    )
+
+
+def newest_complete(root: Path) -> tuple[int, Path] | None:
+    found = completes(root)
+    return found[-1] if found else None
 
 
 def tracker_step(root: Path) -> int | None:

@@ -38,6 +38,16 @@ def saved(root: Path) -> tuple[int, Path] | None:
         return None
 
 
+def news(root: Path, last: int | None, now: tuple[int, Path]) -> list[tuple[int, Path]]:
+    """The saves since ``last`` up to ``now``, in order: verl may save twice between two
+    looks (short steps, ``save_freq=1``), and each complete one is a checkpoint of the run."""
+    try:
+        between = [(s, p) for s, p in resume.completes(root) if (last is None or s > last)]
+    except OSError:
+        between = []
+    return [(s, p) for s, p in between if s < now[0]] + [now]
+
+
 def alive(pid: int) -> bool:
     if os.getppid() != pid:
         return False  # verl has exited: this watcher was handed to another parent
@@ -55,7 +65,8 @@ def watch(root: Path, pid: int, poll_s: float = POLL_S) -> None:
         running = alive(pid)
         now = saved(root)
         if now is not None and (last is None or now[0] > last):
-            checkpoints.announce(now[0], str(now[1]))
+            for step, path in news(root, last, now):
+                checkpoints.announce(step, str(path))
             last = now[0]
         if not running:
             return
