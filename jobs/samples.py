@@ -295,6 +295,14 @@ def settings(environ: Mapping[str, str]) -> tuple[str, int, int, list[str]] | No
     return directory, every, per_step, [environ[n] for n in names if environ.get(n)]
 
 
+def hook(runtime_env: dict[str, Any]) -> None:
+    """Set the shipper's ``worker_process_setup_hook`` in a runtime env whose run keeps samples
+    (it redeems a grant first, so it stands in for the grant's own hook): the service's
+    submission and the exported script send the same."""
+    if DIR_ENV in runtime_env.get("env_vars", {}):
+        runtime_env["worker_process_setup_hook"] = WORKER_HOOK
+
+
 def setup_worker() -> None:
     """Ray's ``worker_process_setup_hook``: the grant's values first (``jobs.grant``), then a
     shipper thread when the run keeps samples."""

@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 
+from jobs import samples as job_samples
 from service.api.auth import Viewer, visible_run
 from service.api.deps import ServicesDep
 from service.loops.submitter import CLUSTER_EVENTS_OFF
@@ -68,6 +69,7 @@ def render_script(
     from_env = sorted({*masked, *launch.get("secrets", {})})
     for var in from_env:
         runtime_env.get("env_vars", {}).pop(var, None)
+    job_samples.hook(runtime_env)  # as the submitter sets it
     submit = [
         "ray job submit",
         '--address "$RAY_ADDRESS"',

@@ -275,9 +275,7 @@ class Submitter:
                 job_grant.GRANT_URL_ENV: self.grant_url,
             }
             runtime_env["worker_process_setup_hook"] = job_grant.WORKER_HOOK
-        if job_samples.DIR_ENV in runtime_env.get("env_vars", {}):
-            # The sample shipper starts in the job's workers (and redeems the grant first).
-            runtime_env["worker_process_setup_hook"] = job_samples.WORKER_HOOK
+        job_samples.hook(runtime_env)  # the sample shipper, where the run keeps samples
         try:
             runtime_env["py_modules"] = [
                 *runtime_env.get("py_modules", []),
