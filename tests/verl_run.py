@@ -93,6 +93,21 @@ class VerlRun:
         return (self.root / RAY_DIR / "ray-token").read_text().strip()
 
 
+def start_service(prefix: str) -> tuple[Path, ServiceProcess]:
+    """A new root (smoke assets in it) and a service on an embedded head of its own, started.
+    The root is where the embedded nodes' own user (the service runs as root) reads data and
+    writes checkpoints: not in pytest's private temp dir. The checkpoint root is the service's
+    to make at start (for that user); one that exists is not taken over."""
+    from jobs.verl_cpu import assets
+
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    root.chmod(0o755)
+    assets.make(root / "data" / "rlrun-smoke")
+    service = _service(root)
+    service.start(timeout=180)
+    return root, service
+
+
 def _service(root: Path) -> ServiceProcess:
     service = ServiceProcess("sqlite:///" + str(root / "db.sqlite"), "local", root / "s.log")
     data = root / "data"
@@ -145,19 +160,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def verl_run(pytestconfig: pytest.Config) -> Iterator[VerlRun]:
-    from jobs.verl_cpu import assets
-
     # Taken at collection (a session that selects no such test takes none).
     assert _HELD in pytestconfig.stash, f"the verl lock {LOCK} is not held"
-
-    # Where the embedded nodes' own user (the service runs as root) reads data and writes
-    # checkpoints: not in pytest's private temp dir. The checkpoint root is the service's to
-    # make at start (for that user); one that exists is not taken over.
-    root = Path(tempfile.mkdtemp(prefix="rlrun-verl-real-"))
-    root.chmod(0o755)
-    assets.make(root / "data" / "rlrun-smoke")
-    service = _service(root)
-    service.start(timeout=180)
+    root, service = start_service("rlrun-verl-real-")
     try:
         with httpx.Client(base_url=service.url, timeout=30) as http:
             started = time.monotonic()

@@ -196,17 +196,12 @@ def follow(ray: RayJobs, job: str, since: float, timeout: float = 1500) -> dict[
 
 
 def full(report: Report) -> None:
-    from jobs.verl_cpu import assets
-    from tests.verl_run import LOCK, _service
+    from tests.verl_run import LOCK, start_service
 
     lock = LOCK.open("w")
     print(f"waiting for the verl lock {LOCK} ...", flush=True)
     fcntl.flock(lock, fcntl.LOCK_EX)
-    root = Path(tempfile.mkdtemp(prefix="rlrun-verl-bench-"))
-    root.chmod(0o755)
-    assets.make(root / "data" / "rlrun-smoke")
-    service = _service(root)
-    service.start(timeout=180)
+    root, service = start_service("rlrun-verl-bench-")
     try:
         with httpx.Client(base_url=service.url, timeout=60) as http:
             address = f"http://127.0.0.1:{service.env['RLRUN_LOCAL_DASHBOARD_PORT']}"
