@@ -15,6 +15,7 @@ from fastapi.staticfiles import StaticFiles
 from service.api.deps import ServicesDep
 from service.metrics import keys
 from service.notify.outbox import EVENT_TYPES
+from service.operations.baseline import COMPARED
 from service.store.status import TERMINAL, RunStatus
 
 STATIC = Path(__file__).parent / "static"
@@ -36,7 +37,7 @@ def index() -> FileResponse:
 def config(services: ServicesDep) -> dict[str, Any]:
     """What the page must know before its first call (no token needed): whether to offer a
     sign-in, and the service's words it shows (statuses, the reward and progress keys, the
-    events a webhook may hear)."""
+    keys a run is compared with its baseline on, the events a webhook may hear)."""
     return {
         "auth": services.settings.auth_enabled,
         "statuses": [s.value for s in RunStatus],
@@ -44,6 +45,7 @@ def config(services: ServicesDep) -> dict[str, Any]:
         "reward_key": keys.REWARD_KEY,
         "reward_band_keys": [keys.REWARD_MAX_KEY, keys.REWARD_MIN_KEY],
         "step_key": keys.STEP_KEY,
+        "baseline_keys": COMPARED,
         "webhook_events": list(EVENT_TYPES),
     }
 

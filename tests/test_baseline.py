@@ -103,3 +103,21 @@ def test_pinned_baseline_gives_every_other_run_its_difference_at_the_same_step(
     finally:
         db.dispose()
     assert actions == ["run.baseline_pin", "run.baseline_pin", "run.baseline_unpin"]
+
+
+def test_a_pin_and_an_unpin_are_seen_at_once_by_reads_kept_before_them(db_url: str) -> None:
+    with auth_on(db_url, ("m", "vision", "member")) as (client, [(_, member)]):
+        _runs(db_url)
+        as_member = {"Authorization": f"Bearer {member}"}
+
+        def compared() -> tuple[object, object]:
+            run = client.get("/runs/other?baseline=true", headers=as_member).json()
+            page = client.get("/runs?baseline=true", headers=as_member).json()["items"]
+            return run["baseline"], next(r["baseline"] for r in page if r["id"] == "other")
+
+        assert compared() == (None, None)  # both answers now kept
+        client.put("/runs/base/baseline", headers=as_member).raise_for_status()
+        run, listed = compared()
+        assert run is not None and listed == run and run["run_id"] == "base"
+        client.delete("/runs/base/baseline", headers=as_member).raise_for_status()
+        assert compared() == (None, None)

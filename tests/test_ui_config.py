@@ -15,6 +15,7 @@ def test_the_page_learns_auth_and_the_service_words_without_a_token(api: TestCli
     assert config["statuses"] == [s.value for s in RunStatus]
     assert set(config["terminal"]) == set(TERMINAL)
     assert config["reward_key"] == "critic/score/mean"
+    assert config["baseline_keys"]["reward"] == config["reward_key"]
 
 
 def test_with_auth_on_the_page_is_told_so_before_signing_in(db_url: str) -> None:

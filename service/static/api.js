@@ -44,6 +44,8 @@ async function request(path, { method = "GET", body, signal } = {}) {
 export const getJSON = async (path, signal) => (await request(path, { signal })).json();
 export const postJSON = async (path, body, signal) =>
   (await request(path, { method: "POST", body, signal })).json();
+export const putJSON = async (path, body, signal) =>
+  (await request(path, { method: "PUT", body, signal })).json();
 export const patchJSON = async (path, body, signal) =>
   (await request(path, { method: "PATCH", body, signal })).json();
 export async function remove(path, signal) { await request(path, { method: "DELETE", signal }); }

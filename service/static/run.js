@@ -1,7 +1,8 @@
-// #/runs/{id}: one run — curves, status timeline, health, spec/command/env/script, live log.
-import { ApiError, TERMINAL, getJSON, getText, postJSON, showError, subscribe } from "./api.js";
+// #/runs/{id}: one run — curves, status timeline, health, its baseline (pinned and unpinned here
+// by a member of its team), spec/command/env/script, live log.
+import { ApiError, TERMINAL, getJSON, getText, postJSON, putJSON, remove, showError, subscribe } from "./api.js";
 import { config } from "./config.js";
-import { COLORS, Chart, align, ansiSpans, badge, empty, h, link, num, progressCell, since, when } from "./ui.js";
+import { COLORS, Chart, align, ansiSpans, badge, empty, h, link, num, progressCell, since, versus, when } from "./ui.js";
 
 const REWARD = [config.reward_key, ...config.reward_band_keys];
 // One quantity per chart (so per axis): a mean staleness of 0.5 is not drawn against a count
@@ -52,6 +53,8 @@ export function runView(root, id, signal) {
   const clone = link(`#/submit?from=${encodeURIComponent(id)}`, "clone", "button");
   const samples = link(`#/runs/${encodeURIComponent(id)}/samples`, "samples", "button");
   samples.id = "run-samples";
+  const pin = h("button", { id: "pin-baseline", hidden: true });
+  const versusBaseline = h("p", { id: "run-baseline", class: "dim", hidden: true });
   const charts = h("div", { id: "charts" }, empty("No metrics yet: the charts appear with the run's first step."));
   const picker = h("select", { id: "key-picker", "aria-label": "another metric" }, h("option", { value: "" }, "add a chart…"));
   const timeline = h("ol", { id: "events", class: "timeline" });
@@ -69,7 +72,7 @@ export function runView(root, id, signal) {
   noLog.id = "no-log";
 
   root.append(
-    h("div", { class: "run-head" }, title, h("p", {}, status, " ", health, " ", progress, " ", saved, " ", cluster, " ", cancel, " ", yieldButton, " ", clone, " ", samples), stopNote, retry, queue, budget),
+    h("div", { class: "run-head" }, title, h("p", {}, status, " ", health, " ", progress, " ", saved, " ", cluster, " ", cancel, " ", yieldButton, " ", clone, " ", samples, " ", pin), versusBaseline, stopNote, retry, queue, budget),
     h("div", { class: "toolbar" }, picker),
     charts,
     h("section", { id: "startup-section" }, h("h3", {}, "Start-up"), startup, startupNote),
@@ -98,6 +101,16 @@ export function runView(root, id, signal) {
     if (within === null) return;
     const body = { at: "next_checkpoint", within_s: Number(within) };
     try { render(await postJSON(`${path}/cancel`, body, signal)); } catch (err) { showError(err); }
+  });
+  // Who may pin: an admin, or a member of the run's team (GET /whoami, read once).
+  const me = getJSON("/whoami", signal).catch(() => null);
+  pin.addEventListener("click", async () => {
+    const pinned = current && current.baseline && current.baseline.is_baseline;
+    try {
+      if (pinned) await remove(`${path}/baseline`, signal);
+      else await putJSON(`${path}/baseline`, undefined, signal);
+    } catch (err) { showError(err); }
+    reload();
   });
   picker.addEventListener("change", () => {
     if (picker.value) extra.add(picker.value);
@@ -137,9 +150,26 @@ export function runView(root, id, signal) {
       e.from_status === e.to_status ? "" : [badge(e.to_status), " "], e.reason,
       e.from_status && e.from_status !== e.to_status ? h("span", { class: "dim" }, ` (after ${since(lastAt(run.events, e), e.at)} ${e.from_status})`) : "")));
     renderStartup(run);
+    renderBaseline(run);
     command.textContent = run.entrypoint;
     spec.textContent = JSON.stringify(run.spec, null, 2);
     env.textContent = JSON.stringify(run.runtime_env, null, 2);
+  }
+
+  // The run against its team's and recipe's baseline, and the pin or unpin its reader may do.
+  function renderBaseline(run) {
+    const b = run.baseline;
+    const compare = b && !b.is_baseline ? `#/compare?runs=${encodeURIComponent(b.run_id)},${encodeURIComponent(run.id)}&baseline=${encodeURIComponent(b.run_id)}` : "";
+    versusBaseline.hidden = !b;
+    versusBaseline.replaceChildren(...(!b ? [] : b.is_baseline ? [`the baseline of team ${run.team}, recipe ${run.recipe}: its other runs show their difference from it`]
+      : ["vs baseline ", link(`#/runs/${encodeURIComponent(b.run_id)}`, b.run_id), ": ", versus(b), " ", link(compare, "compare")]));
+    me.then((who) => {
+      pin.hidden = !who || !(who.role === "admin" || (who.role === "member" && who.team === run.team));
+      pin.dataset.offered = String(!pin.hidden);  // decided: for a reader of the page
+      pin.textContent = b && b.is_baseline ? "unpin baseline" : "pin as baseline";
+      pin.title = b && b.is_baseline ? "no longer compare the team's other runs with it"
+        : `compare the other ${run.recipe} runs of team ${run.team} with this one`;
+    });
   }
 
   // The phases before the first step, each as wide as its share of the time; a phase whose
@@ -247,7 +277,7 @@ export function runView(root, id, signal) {
     if (running) { again = true; return; }
     running = (async () => {
       try {
-        current = await getJSON(path, signal);
+        current = await getJSON(`${path}?baseline=true`, signal);
         render(current);
         addKeys(await getJSON(`${path}/metrics/keys`, signal));
         await drawCharts();

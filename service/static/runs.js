@@ -1,12 +1,13 @@
-// #/runs?status=&team=&cursor=: the runs, newest first, a page at a time, refreshed live.
+// #/runs?status=&team=&cursor=: the runs, newest first, a page at a time, refreshed live; each
+// with its difference from its team's and recipe's pinned baseline.
 import { every, getJSON } from "./api.js";
 import { config } from "./config.js";
-import { badge, h, healthText, link, num, progressCell, since, sparkline, when } from "./ui.js";
+import { badge, h, healthText, link, num, progressCell, since, sparkline, versus, when } from "./ui.js";
 
 const STATUSES = config.statuses;
 const PAGE = 50;
 const REWARD = config.reward_key;
-const COLUMNS = ["", "name", "id", "team", "recipe", "status", "health", "progress", "reward", "age", "duration"];
+const COLUMNS = ["", "name", "id", "team", "recipe", "status", "health", "progress", "reward", "vs baseline", "age", "duration"];
 const sparks = new Map();  // run id -> {values, step}: read again only when the run moved on
 
 export function runsView(root, params, signal) {
@@ -57,13 +58,16 @@ export function runsView(root, params, signal) {
       h("td", {}, healthText(run.health)),
       h("td", {}, progressCell(run.progress)),
       h("td", { class: "reward" }, num(run.reward), " ", spark ? sparkline(spark.values) : ""),
+      h("td", { class: "vs-baseline" }, run.baseline && !run.baseline.is_baseline
+        ? link(`#/compare?runs=${encodeURIComponent(run.baseline.run_id)},${encodeURIComponent(run.id)}&baseline=${encodeURIComponent(run.baseline.run_id)}`, versus(run.baseline))
+        : versus(run.baseline)),
       h("td", { title: `created ${when(run.created_at)}` }, since(run.created_at)),
       h("td", {}, run.started_at ? since(run.started_at, run.ended_at) : ""),
     );
   };
 
   const refresh = async () => {
-    const query = new URLSearchParams({ limit: String(PAGE) });
+    const query = new URLSearchParams({ limit: String(PAGE), baseline: "true" });
     for (const key of ["status", "team", "cursor"]) if (params.get(key)) query.set(key, params.get(key));
     const page = await getJSON(`/runs?${query}`, signal);
     const filtered = ["status", "team", "cursor"].some((k) => params.get(k));

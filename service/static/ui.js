@@ -35,6 +35,24 @@ export function num(value) {
   return typeof value === "number" ? String(+value.toPrecision(4)) : String(value);
 }
 
+// A difference, signed: "+0.05", "-3".
+export const signed = (value) => `${value < 0 ? "-" : "+"}${num(Math.abs(value))}`;
+
+// What a run is compared on against its team's and recipe's baseline, and the short names
+// ``rlrun list`` gives them.
+const VERSUS = [["reward", "reward"], ["response_length", "len"], ["step_time", "s/step"]];
+
+// A run against its baseline (its ``baseline`` field, read with ?baseline=true): "baseline"
+// for the baseline itself, else its differences at the same step, each explained on hover.
+export function versus(b) {
+  if (!b) return "";
+  if (b.is_baseline) return h("span", { class: "baseline-mark" }, "baseline");
+  const known = VERSUS.filter(([key]) => b[key]);
+  const told = known.map(([key]) => `${key.replace("_", " ")} ${num(b[key].value)} at step ${b[key].step}, the baseline's ${num(b[key].baseline_value)} at step ${b[key].baseline_step}`);
+  return h("span", { class: "versus", title: told.join("\n") || `no step in common with ${b.run_id}` },
+    known.map(([key, short]) => `${short} ${signed(b[key].difference)}`).join(", ") || "no common step");
+}
+
 export function duration(seconds) {
   if (seconds === null || seconds === undefined || !isFinite(seconds)) return "";
   seconds = Math.max(0, Math.round(seconds));

@@ -4,7 +4,9 @@ has to say it (``Database`` collects them and hands them over after the commit).
 Watched are ``runs`` (by id) and ``run_events`` (by run id): what a run's answers show besides
 its metrics. A statement on them whose rows cannot be told from it (an UPDATE not restricted to
 some ids, an INSERT from a SELECT) counts as a change of every run. Updates of ``api_tokens`` (a
-revocation) are watched too, by token id: a replica forgets the tokens it keeps signed in.
+revocation) are watched too, by token id: a replica forgets the tokens it keeps signed in. A
+pin or unpin of a baseline (``baselines``) changes what every compared answer of its team's
+runs shows: it counts as a change of every run (it is rare).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from sqlalchemy.sql.elements import (
 # Watched table -> the column naming the run of a row.
 WATCHED = {"runs": "id", "run_events": "run_id"}
 TOKENS = "api_tokens"
+BASELINES = "baselines"
 
 
 @dataclass
@@ -88,6 +91,9 @@ class Changes:
         name = getattr(table, "name", "")
         if name == TOKENS and isinstance(statement, Update | Delete):
             self._tokens(statement, rows)
+            return
+        if name == BASELINES:
+            self.everything = True
             return
         key = WATCHED.get(name)
         if key is None or self.everything:
