@@ -29,8 +29,9 @@ from service.store.tokens import create as create_token
 from tests import postgres
 from tests.live import ServerThread
 
-# The session's one real verl run, for every test file that asks for it (tests/verl_run.py).
-pytest_plugins = ["tests.verl_run"]
+# The session's one real verl run, for every test file that asks for it (tests/verl_run.py);
+# the browser tests' Chromium and page (tests/browser.py).
+pytest_plugins = ["tests.verl_run", "tests.browser"]
 
 # Tests change runs through the lifecycle without an app as well: its listeners, as at start.
 listeners.register()

@@ -12,17 +12,14 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Error as PlaywrightError
-from playwright.sync_api import sync_playwright
 
 from service.app import create_app
 from service.cluster.local_ray import LocalRayCluster
-from tests.browser import CHROMIUM, needs_chromium, skip_without_chromium
-from tests.conftest import TERMINAL, make_settings, wait_for, wait_status
+from tests.browser import chart_eval, needs_chromium, shot, until
+from tests.conftest import TERMINAL, make_settings, wait_status
 from tests.factories import sqlite_with_tokens
 from tests.live import ServerThread
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
 pytestmark = [
     needs_chromium,
     pytest.mark.ray,
@@ -71,67 +68,6 @@ def live(ray_cluster: LocalRayCluster, tmp_path_factory: pytest.TempPathFactory)
             http.post(f"/runs/{run_id}/cancel")
         for run_id in (*tiny, training, holder):
             wait_status(http, run_id, TERMINAL, timeout=60)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    skip_without_chromium()
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
-        )
-        yield browser
-        browser.close()
-
-
-class Page:
-    """A fresh page that records console errors and uncaught exceptions."""
-
-    def __init__(self, browser: Any) -> None:
-        self.page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        self.errors: list[str] = []
-        self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
-        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
-
-
-@pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    p = Page(browser)
-    yield p.page
-    p.page.close()
-    # An expected refusal (422 on a bad spec) is logged by the browser as a failed load.
-    assert [e for e in p.errors if "status of 422" not in e] == []
-
-
-def until(page: Any, expression: str, timeout: float = 30_000) -> None:
-    """Poll a page expression until it is truthy (``page.evaluate`` is not subject to the
-    page's CSP; ``wait_for_function`` evaluates strings, which the policy forbids).
-
-    A view renders after a click or a hash change, so an expression may first throw (its
-    element is not there yet, or the page is between documents); that counts as not yet, and
-    the last error is what a timeout reports."""
-
-    def probe() -> Any:
-        try:
-            return page.evaluate(expression)
-        except PlaywrightError as e:
-            return e
-
-    wait_for(probe, lambda v: bool(v) and not isinstance(v, PlaywrightError), timeout / 1000)
-
-
-def chart_eval(page: Any, chart: str, expression: str) -> Any:
-    """``expression`` of the chart titled ``chart`` (``c``: its Chart, ``c.plot`` its uPlot)."""
-    return page.evaluate(
-        f"(() => {{ const c = document.querySelector(\"[data-chart='{chart}']\").chart;"
-        f" return {expression}; }})()"
-    )
-
-
-def shot(page: Any, name: str) -> None:
-    DOCS.mkdir(exist_ok=True)
-    page.screenshot(path=str(DOCS / name), full_page=True)
 
 
 def test_the_page_has_no_inline_script_and_a_strict_script_policy(live: Live) -> None:

@@ -15,10 +15,9 @@ from service.metrics.parse import MetricLine
 from service.store.db import Database
 from service.store.models import RunAttempt, RunLog, utcnow
 from service.store.status import RunStatus
-from tests.browser import needs_chromium
+from tests.browser import needs_chromium, until
 from tests.conftest import served
 from tests.factories import new_run
-from tests.test_dashboard import browser, page, until  # noqa: F401
 
 pytestmark = [
     needs_chromium,
@@ -99,7 +98,7 @@ def _store_runs(db: Database) -> None:
 
 def test_every_chart_marks_where_the_second_attempt_began_and_a_single_attempt_has_no_mark(
     sqlite_db: Database,
-    page: Any,  # noqa: F811
+    page: Any,
 ) -> None:
     _store_runs(sqlite_db)
     with served(sqlite_db.url, migrate_on_start=False) as base:
@@ -132,7 +131,7 @@ def test_every_chart_marks_where_the_second_attempt_began_and_a_single_attempt_h
 
 def test_a_run_deciding_on_a_retry_and_one_in_its_backoff_show_how_the_last_attempt_ended(
     sqlite_db: Database,
-    page: Any,  # noqa: F811
+    page: Any,
 ) -> None:
     now = utcnow()
     died = {"class": "actor_died", "summary": "", "hint": "", "evidence": []}

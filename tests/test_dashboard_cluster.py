@@ -13,10 +13,9 @@ import pytest
 
 from service.app import create_app
 from service.cluster.ray_jobs import RayJobs
-from tests.browser import needs_chromium
+from tests.browser import needs_chromium, shot
 from tests.conftest import TERMINAL, group_a_cluster, wait_status
 from tests.live import ServerThread
-from tests.test_dashboard import browser, page, shot  # noqa: F401
 
 pytestmark = [
     needs_chromium,
@@ -27,7 +26,7 @@ pytestmark = [
 
 def test_the_cluster_view_shows_addresses_holders_jobs_outside_and_the_node_map(
     tmp_path: Path,
-    page: Any,  # noqa: F811
+    page: Any,
 ) -> None:
     with (
         group_a_cluster(tmp_path, 400, [8, 8], "ui.db") as (cluster, settings),

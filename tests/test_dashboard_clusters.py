@@ -11,12 +11,11 @@ import pytest
 from service.app import create_app
 from service.cluster.inventory_cache import InventoryCache
 from service.cluster.registry import Health
-from tests.browser import needs_chromium
+from tests.browser import needs_chromium, until
 from tests.conftest import make_settings
 from tests.fake_ray import FakeRay
 from tests.live import ServerThread
 from tests.test_clusters import CLUSTERS_YAML, TWO_NODES
-from tests.test_dashboard import browser, page, until  # noqa: F401
 
 pytestmark = [
     needs_chromium,
@@ -26,7 +25,7 @@ pytestmark = [
 
 def test_the_cluster_view_lists_every_cluster_with_its_health_and_capacity(
     tmp_path: Path,
-    page: Any,  # noqa: F811
+    page: Any,
 ) -> None:
     path = tmp_path / "clusters.yaml"
     path.write_text(CLUSTERS_YAML)

@@ -6,21 +6,17 @@ is shown as text and nothing of it runs. Its screenshot is docs/dashboard-sample
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from jobs import samples as job_samples
-from service.app import create_app
 from service.metrics import samples
 from service.store.db import Database
 from service.store.models import RunLog
-from tests.browser import needs_chromium
-from tests.conftest import make_settings
+from tests.browser import needs_chromium, shot, until
+from tests.conftest import served
 from tests.factories import add_run
-from tests.live import ServerThread
-from tests.test_dashboard import browser, page, shot, until  # noqa: F401
 
 pytestmark = [needs_chromium, pytest.mark.slow]
 
@@ -47,18 +43,12 @@ def seed(db: Database, run_id: str) -> None:
 
 
 def test_samples_view_shows_filters_opens_and_never_runs_model_output(
-    tmp_path: Path,
-    page: Any,  # noqa: F811
+    sqlite_db: Database,
+    page: Any,
 ) -> None:
-    url = f"sqlite:///{tmp_path}/samples.db"
-    settings = make_settings(url, "http://127.0.0.1:9", run_loops=False)
-    with ServerThread(create_app(settings)) as base:
-        db = Database(url)
-        try:
-            run_id = add_run(db, "run-samples")
-            seed(db, run_id)
-        finally:
-            db.dispose()
+    run_id = add_run(sqlite_db, "run-samples")
+    seed(sqlite_db, run_id)
+    with served(sqlite_db.url, migrate_on_start=False) as base:
         page.goto(f"{base}/ui/#/runs/{run_id}")
         until(page, "document.querySelector('#run-samples')")
         page.locator("#run-samples").click()

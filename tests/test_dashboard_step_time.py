@@ -5,77 +5,37 @@ split that opens the submit form with its spec)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import sync_playwright
 
-from service.app import create_app
-from service.metrics import store
-from service.metrics.keys import (
-    GEN_KEY,
-    PARAM_SYNC_KEY,
-    ROLLOUTER_IDLE_KEY,
-    STEP_TIME_KEY,
-    TRAINER_IDLE_KEY,
-    UPDATE_ACTOR_KEY,
-)
-from service.metrics.parse import parse_line
 from service.store.db import Database
 from service.store.models import Run
-from tests.browser import CHROMIUM, needs_chromium, skip_without_chromium
-from tests.conftest import make_settings
-from tests.live import ServerThread
-from tests.test_dashboard import until
+from tests.browser import needs_chromium, shot, until
+from tests.conftest import served
 from tests.test_startup import _real_lines, _stamped_marks
+from tests.test_step_time import rollout_bound, store_lines
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
 pytestmark = [needs_chromium, pytest.mark.slow]
 
 
-@pytest.fixture
-def page(tmp_path: Path) -> Iterator[Any]:
-    skip_without_chromium()
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        p = browser.new_page(viewport={"width": 1400, "height": 1000})
-        errors: list[str] = []
-        p.on("pageerror", lambda e: errors.append(str(e)))
-        yield p
-        browser.close()
-        assert errors == []
-
-
 def test_the_run_view_shows_its_startup_strip_and_where_its_step_time_goes(
-    tmp_path: Path, page: Any
+    sqlite_db: Database, page: Any
 ) -> None:
-    db_url = f"sqlite:///{tmp_path / 'db.sqlite'}"
-    settings = make_settings(db_url, "http://127.0.0.1:9", run_loops=False)
-    with ServerThread(create_app(settings)) as url, httpx.Client(base_url=url, timeout=60) as api:
+    with (
+        served(sqlite_db.url, migrate_on_start=False) as url,
+        httpx.Client(base_url=url, timeout=60) as api,
+    ):
         preset = {"recipe": "verl-fully-async", "preset": "geo3k-qwen3vl-8b-npu", "name": "slow"}
         run_id = api.post("/runs", json=preset).json()["id"]
-        lines = [
-            f"step:{n} - {STEP_TIME_KEY}:100.0 - {GEN_KEY}:60.0 - {UPDATE_ACTOR_KEY}:30.0 - "
-            f"{PARAM_SYNC_KEY}:5.0 - {TRAINER_IDLE_KEY}:0.01 - {ROLLOUTER_IDLE_KEY}:0.02"
-            for n in range(1, 11)
-        ]
-        marks = _stamped_marks(_real_lines())
-        db = Database(db_url)
-        try:
-            with db.transaction() as s:
-                store.add_lines(
-                    s, run_id, [(n, m) for n, x in enumerate(lines) if (m := parse_line(x))]
-                )
-                run = s.get(Run, run_id)
-                assert run is not None
-                run.created_at = datetime(2026, 12, 6, 8, 4, 30, tzinfo=UTC)
-                run.startup = marks
-        finally:
-            db.dispose()
+        store_lines(sqlite_db.url, run_id, rollout_bound())
+        with sqlite_db.transaction() as s:
+            run = s.get(Run, run_id)
+            assert run is not None
+            run.created_at = datetime(2026, 12, 6, 8, 4, 30, tzinfo=UTC)
+            run.startup = _stamped_marks(_real_lines())
         page.goto(f"{url}/#/runs/{run_id}")
         until(page, "document.querySelectorAll('#startup .phase').length === 7")
         phases = page.evaluate(
@@ -90,7 +50,9 @@ def test_the_run_view_shows_its_startup_strip_and_where_its_step_time_goes(
         until(page, "document.querySelector(\"[data-chart='step time']\") !== null")
         change = page.inner_text("#step-change")
         assert "NPUs from the trainer group to the rollout group" in change
-        page.screenshot(path=str(DOCS / "dashboard-step-time.png"), full_page=True)
+        shot(page, "dashboard-step-time.png")
         page.click("#step-change a")
         until(page, "document.querySelector('#spec-json, textarea') !== null")
         until(page, f"location.hash.includes('from={run_id}')")
+        # Left before the service stops, so that its live stream does not try to reconnect.
+        page.goto("about:blank")

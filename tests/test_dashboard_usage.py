@@ -14,10 +14,9 @@ import pytest
 from service import usage
 from service.store.db import Database
 from service.store.status import RunStatus
-from tests.browser import needs_chromium
+from tests.browser import needs_chromium, shot, until
 from tests.conftest import served
 from tests.factories import new_run
-from tests.test_dashboard import browser, page, shot, until  # noqa: F401
 
 pytestmark = [
     needs_chromium,
@@ -42,7 +41,7 @@ def two_weeks_of_runs(db: Database, today: datetime) -> None:
 
 def test_the_usage_view_stacks_teams_per_day_and_its_table_agrees_with_the_api(
     sqlite_db: Database,
-    page: Any,  # noqa: F811
+    page: Any,
 ) -> None:
     today = datetime.now(UTC).replace(hour=23, minute=0, second=0, microsecond=0)
     today -= timedelta(days=1)  # whole days only: nothing ends after now
@@ -84,7 +83,7 @@ def test_the_usage_view_stacks_teams_per_day_and_its_table_agrees_with_the_api(
 
 def test_a_run_waiting_for_its_team_s_budget_says_by_how_much_on_its_page(
     sqlite_db: Database,
-    page: Any,  # noqa: F811
+    page: Any,
 ) -> None:
     from service.cluster.inventory_cache import InventoryCache
     from service.loops.submitter import Submitter

@@ -18,11 +18,10 @@ from service.notify.sender import Notifier
 from service.store.db import Database
 from service.store.models import WebhookDelivery, utcnow
 from service.store.status import RunStatus
-from tests.browser import needs_chromium
+from tests.browser import needs_chromium, shot, until
 from tests.conftest import make_settings
 from tests.factories import add_run, sqlite_with_tokens
 from tests.live import ServerThread
-from tests.test_dashboard import browser, page, shot, until  # noqa: F401
 from tests.test_webhooks import LOCAL, Receiver, _fail
 
 pytestmark = [
@@ -31,7 +30,7 @@ pytestmark = [
 ]
 
 
-def sign_in(page: Any, token: str) -> None:  # noqa: F811
+def sign_in(page: Any, token: str) -> None:
     """The sign-in box in the header, as a person uses it."""
     page.locator("#token").fill(token)
     page.locator("#sign-in button[type=submit]").click()
@@ -39,7 +38,7 @@ def sign_in(page: Any, token: str) -> None:  # noqa: F811
 
 def test_the_webhooks_view_shows_each_subscription_s_standing_and_a_member_s_actions(
     tmp_path: Path,
-    page: Any,  # noqa: F811
+    page: Any,
 ) -> None:
     users = ("ann", "vision", "member"), ("vic", "vision", "viewer"), ("ola", "nlp", "member")
     url, (member, viewer, other) = sqlite_with_tokens(tmp_path, "hooks.db", *users)

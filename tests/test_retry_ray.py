@@ -30,10 +30,10 @@ from service.cluster.ray_jobs import RayJobs
 from service.metrics.keys import REWARD_KEY
 from service.store.status import TERMINAL
 from service.wire import RunOut
+from tests.browser import shot, until
 from tests.conftest import make_settings, wait_for, wait_status
 from tests.live import ServerThread
 from tests.recipes import retried_tiny_grpo
-from tests.test_dashboard import DOCS, browser, page, until  # noqa: F401
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -68,7 +68,7 @@ def _shoot_the_resumed_run(tab: Any, url: str, run_id: str, resumed: int) -> Non
     tab.evaluate("new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)))")
     box = tab.locator(".columns").bounding_box()
     clip = {"x": 0, "y": 0, "width": 1400, "height": box["y"] + box["height"] + 16}
-    tab.screenshot(path=str(DOCS / "dashboard-retry.png"), clip=clip, full_page=True)
+    shot(tab, "dashboard-retry.png", clip=clip)
     # Left, so that its live stream does not try to reconnect to the service once it stops.
     tab.goto("about:blank")
 
@@ -81,7 +81,7 @@ def test_a_killed_trainer_is_retried_from_its_checkpoint_into_one_history(
     ray: RayJobs,
     db_url: str,
     tmp_path: Path,
-    page: Any,  # noqa: F811
+    page: Any,
 ) -> None:
     settings = make_settings(
         db_url,

@@ -11,6 +11,7 @@ import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
+from typing import get_args
 
 from fastapi.testclient import TestClient
 
@@ -20,6 +21,7 @@ from service.metrics.health import HealthRules
 from service.metrics.log_readers import WholeLogReader
 from service.store.db import Database
 from service.store.status import RunStatus
+from service.wire import StartupPhaseOut
 from tests.factories import add_run, read_run
 from tests.fake_ray import FakeRay
 
@@ -143,6 +145,9 @@ def test_the_run_shows_its_startup_and_metrics_count_its_time_to_first_step(
         db.dispose()
     run = api.get("/runs/r-started").json()
     assert run["time_to_first_step"] == 130
+    # Every phase, in order: the wire model's list is the module's.
+    assert [p["phase"] for p in run["startup"]] == list(startup.PHASES)
+    assert get_args(StartupPhaseOut.model_fields["phase"].annotation) == startup.PHASES
     by = {p["phase"]: p for p in run["startup"]}
     assert by["first_step"]["seconds"] == 30 and by["first_step"]["seen"]
     assert by["rollout_engine"]["note"] == "not seen"

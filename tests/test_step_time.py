@@ -13,27 +13,13 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from service.app import create_app
 from service.cli import app as cli
-from service.metrics import store
-from service.metrics.keys import (
-    GEN_KEY,
-    PARAM_SYNC_KEY,
-    ROLLOUTER_ACTIVE_KEY,
-    ROLLOUTER_IDLE_KEY,
-    ROLLOUTER_VERSION_KEY,
-    STEP_TIME_KEY,
-    TRAINER_IDLE_KEY,
-    UPDATE_ACTOR_KEY,
-    V1_SWITCH_IDLE_KEY,
-    V1_SYNC_KEY,
-)
+from service.metrics import keys, store
 from service.metrics.parse import parse_line
 from service.metrics.steptime import analyse, breakdown, move, sync_trend
 from service.operations.step_time import splits
 from service.store.db import Database
-from tests.conftest import make_settings
-from tests.live import ServerThread
+from tests.conftest import served
 
 DATA = Path(__file__).parent / "data"
 # This project's verl CPU run (fully async trainer, verl 0.9.1, one trainer and one rollout
@@ -91,14 +77,19 @@ def _timed(n: int, wait: float, update: float, sync: float, other: float = 1.0) 
     total = wait + update + sync + other
     return _series(
         n,
-        **{STEP_TIME_KEY: total, GEN_KEY: wait, UPDATE_ACTOR_KEY: update, PARAM_SYNC_KEY: sync},
+        **{
+            keys.STEP_TIME_KEY: total,
+            keys.GEN_KEY: wait,
+            keys.UPDATE_ACTOR_KEY: update,
+            keys.PARAM_SYNC_KEY: sync,
+        },
     )
 
 
 def test_both_idle_ratios_near_zero_do_not_hide_a_trainer_waiting_for_samples() -> None:
     # verl #6693: verl says both groups are busy; the trainer waits 60 % of each step.
     series = _timed(10, wait=60, update=30, sync=5, other=5) | _series(
-        10, **{TRAINER_IDLE_KEY: 0.01, ROLLOUTER_IDLE_KEY: 0.02}
+        10, **{keys.TRAINER_IDLE_KEY: 0.01, keys.ROLLOUTER_IDLE_KEY: 0.02}
     )
     a = analyse(series, (16, 16))
     assert a.verdict == "rollout-bound"
@@ -113,11 +104,11 @@ def test_v1_has_no_idle_ratios_and_they_are_derived_from_its_timers() -> None:
     series = _series(
         8,
         **{
-            STEP_TIME_KEY: 10.0,
-            GEN_KEY: 0.2,
-            UPDATE_ACTOR_KEY: 8.0,
-            V1_SYNC_KEY: 0.5,
-            V1_SWITCH_IDLE_KEY: 0.0,
+            keys.STEP_TIME_KEY: 10.0,
+            keys.GEN_KEY: 0.2,
+            keys.UPDATE_ACTOR_KEY: 8.0,
+            keys.V1_SYNC_KEY: 0.5,
+            keys.V1_SWITCH_IDLE_KEY: 0.0,
         },
     )
     a = analyse(series, (8, 8))
@@ -130,7 +121,7 @@ def test_v1_has_no_idle_ratios_and_they_are_derived_from_its_timers() -> None:
 
 def test_idle_rollouts_and_a_busy_trainer_are_trainer_bound_with_a_move_to_the_trainer() -> None:
     series = _timed(12, wait=0.5, update=20, sync=0.5) | _series(
-        12, **{ROLLOUTER_ACTIVE_KEY: 5.0, ROLLOUTER_VERSION_KEY: 10.0}
+        12, **{keys.ROLLOUTER_ACTIVE_KEY: 5.0, keys.ROLLOUTER_VERSION_KEY: 10.0}
     )
     a = analyse(series, (8, 8))
     assert a.verdict == "trainer-bound"
@@ -140,8 +131,8 @@ def test_idle_rollouts_and_a_busy_trainer_are_trainer_bound_with_a_move_to_the_t
 
 def test_a_sync_that_takes_the_step_is_sync_bound_and_its_growth_is_a_trend() -> None:
     series = _timed(12, wait=1, update=5, sync=1)
-    series[PARAM_SYNC_KEY] = [(s, 1.0 + s) for s in range(1, 13)]  # 2 s -> 13 s
-    series[STEP_TIME_KEY] = [(s, 7.0 + s) for s in range(1, 13)]
+    series[keys.PARAM_SYNC_KEY] = [(s, 1.0 + s) for s in range(1, 13)]  # 2 s -> 13 s
+    series[keys.STEP_TIME_KEY] = [(s, 7.0 + s) for s in range(1, 13)]
     a = analyse(series, (8, 8))
     assert a.verdict == "sync-bound"
     assert a.sync is not None and a.sync.growing
@@ -185,7 +176,19 @@ def test_splits_keep_node_counts_and_go_the_way_asked() -> None:
 PRESET = {"recipe": "verl-fully-async", "preset": "geo3k-qwen3vl-8b-npu"}
 
 
-def _store_lines(db_url: str, run_id: str, lines: list[str]) -> None:
+def rollout_bound(steps: int = 10) -> list[str]:
+    """verl's lines of ``steps`` steps in which the trainer waits 60 % of each while verl calls
+    both groups busy (#6693)."""
+    return [
+        f"step:{n} - {keys.STEP_TIME_KEY}:100.0 - {keys.GEN_KEY}:60.0 - "
+        f"{keys.UPDATE_ACTOR_KEY}:30.0 - {keys.PARAM_SYNC_KEY}:5.0 - "
+        f"{keys.TRAINER_IDLE_KEY}:0.01 - {keys.ROLLOUTER_IDLE_KEY}:0.02"
+        for n in range(1, steps + 1)
+    ]
+
+
+def store_lines(db_url: str, run_id: str, lines: list[str]) -> None:
+    """The run's metric ``lines``, stored as the follower stores what it reads."""
     db = Database(db_url)
     try:
         parsed = [(n, m) for n, line in enumerate(lines) if (m := parse_line(line)) is not None]
@@ -196,19 +199,12 @@ def _store_lines(db_url: str, run_id: str, lines: list[str]) -> None:
 
 
 def test_the_api_and_cli_say_rollout_bound_with_a_planned_move(db_url: str) -> None:
-    settings = make_settings(db_url, "http://127.0.0.1:9", run_loops=False)
-    with ServerThread(create_app(settings)) as url, httpx.Client(base_url=url, timeout=60) as api:
+    with served(db_url) as url, httpx.Client(base_url=url, timeout=60) as api:
         resp = api.post("/runs", json=PRESET)
         assert resp.status_code == 201, resp.text
         run_id = resp.json()["id"]
         assert api.get(f"/runs/{run_id}/step-time").json()["verdict"] == "unknown"
-        # The trainer waits 60 % of each step while verl calls both groups busy (#6693).
-        lines = [
-            f"step:{n} - {STEP_TIME_KEY}:100.0 - {GEN_KEY}:60.0 - {UPDATE_ACTOR_KEY}:30.0 - "
-            f"{PARAM_SYNC_KEY}:5.0 - {TRAINER_IDLE_KEY}:0.01 - {ROLLOUTER_IDLE_KEY}:0.02"
-            for n in range(1, 11)
-        ]
-        _store_lines(db_url, run_id, lines)
+        store_lines(db_url, run_id, rollout_bound())
         answer = api.get(f"/runs/{run_id}/step-time").json()
         assert answer["verdict"] == "rollout-bound"
         assert answer["figures"]["wait_share"] == pytest.approx(0.6)
