@@ -8,12 +8,13 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from jobs import checkpoints
-from service.loops.follower import Follower
 from service.loops.reconciler import Reconciler
 from service.metrics.parse import parse_checkpoint
 from service.recipes.base import LaunchContext
@@ -38,25 +39,45 @@ def _saved(n: int) -> str:
     )
 
 
-def _loops(db: Database, ray: FakeRay, woken: list[str]) -> tuple[Reconciler, Follower]:
-    follower = whole_log_follower(db, ray, on_checkpoint=lambda: woken.append("reconciler"))
-    return Reconciler(db, ray, deadline_margin_s=60.0), follower
+class Loops:
+    """The reconciler and a follower on one database and one Ray in memory; ``woken`` lists
+    each loop the follower woke on a checkpoint."""
+
+    def __init__(self, db: Database) -> None:
+        self.db, self.ray, self.woken = db, FakeRay(), list[str]()
+        self.reconciler = Reconciler(db, self.ray, deadline_margin_s=60.0)
+        self.follower = whole_log_follower(
+            db, self.ray, on_checkpoint=lambda: self.woken.append("reconciler")
+        )
+
+    def running(self, run_id: str = "r1", **fields: Any) -> None:
+        """A stored run (``fields`` of it) that Ray runs."""
+        add_run(self.db, run_id, RunStatus.RUNNING, **fields)
+        self.ray.set_status(run_id, "RUNNING")
+
+    def stopped(self, run_id: str = "r1") -> tuple[Run, list[str]]:
+        """The reconciler ticks twice (asks Ray to stop, records the end): the run and the
+        reasons of its events."""
+        self.reconciler.tick()
+        self.reconciler.tick()
+        return read_run(self.db, run_id)
 
 
-def _wait_over(
-    db: Database, reconciler: Reconciler, run_id: str = "r1", deadline: bool = False
-) -> tuple[Run, list[str]]:
-    """The run's wait for a checkpoint has run out (with ``deadline``, its deadline passed too);
-    the reconciler ticks twice (asks Ray to stop, records the end): the run and its reasons."""
-    with db.transaction() as s:
+@pytest.fixture
+def loops(db: Database) -> Loops:
+    return Loops(db)
+
+
+def _wait_over(loops: Loops, run_id: str = "r1", deadline: bool = False) -> tuple[Run, list[str]]:
+    """The run's wait for a checkpoint has run out (with ``deadline``, its deadline passed too):
+    the run once stopped, and its reasons."""
+    with loops.db.transaction() as s:
         run = s.get(Run, run_id)
         assert run is not None and run.yield_by is not None
         run.yield_by = utcnow() - timedelta(seconds=1)
         if deadline:
             run.deadline_at = run.yield_by
-    reconciler.tick()
-    reconciler.tick()
-    return read_run(db, run_id)
+    return loops.stopped(run_id)
 
 
 def _events(db: Database, run_id: str = "r1") -> list[tuple[str | None, int | None, str]]:
@@ -91,17 +112,15 @@ def test_the_one_parser_reads_a_checkpoint_line_and_nothing_else() -> None:
 
 
 def test_a_run_waiting_for_its_next_checkpoint_stops_right_after_it_with_0_steps_lost(
-    db: Database,
+    db: Database, loops: Loops
 ) -> None:
-    ray, woken = FakeRay(), []
-    reconciler, follower = _loops(db, ray, woken)
-    add_run(db, "r1", RunStatus.RUNNING)
-    ray.set_status("r1", "RUNNING")
+    ray, reconciler, follower = loops.ray, loops.reconciler, loops.follower
+    loops.running()
     ray.log["r1"] = _step(1) + _step(2) + _saved(2) + _step(3)
     follower.tick()
     run, _ = read_run(db)
     assert (run.checkpoint_step, run.stop_requested_at) == (2, None)
-    assert woken == ["reconciler"]
+    assert loops.woken == ["reconciler"]
     _yield(db, 600)
     ray.log["r1"] += _saved(2)  # said again (a re-read, a watcher restarted): not a new save
     follower.tick()
@@ -112,9 +131,7 @@ def test_a_run_waiting_for_its_next_checkpoint_stops_right_after_it_with_0_steps
     run, _ = read_run(db)
     assert run.stop_requested_at is not None
     assert (run.stop_saved_step, run.stop_lost_steps) == (4, 0)
-    reconciler.tick()  # delivers the stop; Ray stops the job
-    reconciler.tick()
-    run, reasons = read_run(db)
+    run, reasons = loops.stopped()  # the stop delivered, Ray stops the job
     assert ray.stopped and run.status == RunStatus.STOPPED
     assert reasons[-1] == "cancelled by alice: stopped at checkpoint step 4, 0 steps lost"
     kinds = [(k, s) for k, s, _ in _events(db) if k]
@@ -122,40 +139,30 @@ def test_a_run_waiting_for_its_next_checkpoint_stops_right_after_it_with_0_steps
 
 
 def test_when_the_wait_runs_out_the_run_stops_with_the_steps_since_its_last_save_lost(
-    db: Database,
+    db: Database, loops: Loops
 ) -> None:
-    ray, woken = FakeRay(), []
-    reconciler, follower = _loops(db, ray, woken)
-    add_run(db, "r1", RunStatus.RUNNING)
-    ray.set_status("r1", "RUNNING")
+    ray, reconciler, follower = loops.ray, loops.reconciler, loops.follower
+    loops.running()
     ray.log["r1"] = _step(1) + _step(2) + _saved(2) + _step(3) + _step(4) + _step(5)
     follower.tick()
     _yield(db, 3600)
     reconciler.tick()
     assert read_run(db)[0].stop_requested_at is None  # an hour to go
-    run, reasons = _wait_over(db, reconciler)  # the hour has passed
+    run, reasons = _wait_over(loops)  # the hour has passed
     assert run.status == RunStatus.STOPPED and (run.stop_saved_step, run.stop_lost_steps) == (2, 3)
     assert "no checkpoint in time: 3 steps lost since step 2" in reasons[-2]
     assert reasons[-1] == "cancelled by alice: stopped at checkpoint step 2, 3 steps lost"
 
 
 def test_a_run_near_its_deadline_is_asked_to_stop_at_its_next_checkpoint_and_stopped_at_it(
-    db: Database,
+    db: Database, loops: Loops
 ) -> None:
-    ray, woken = FakeRay(), []
-    reconciler, follower = _loops(db, ray, woken)
+    ray, reconciler, follower = loops.ray, loops.reconciler, loops.follower
     now = utcnow()
     far = now + timedelta(hours=2)
-    add_run(db, "r1", RunStatus.RUNNING, submitted_at=now, deadline_at=far)
-    add_run(
-        db,
-        "r2",
-        RunStatus.RUNNING,
-        submitted_at=now - timedelta(seconds=70),
-        deadline_at=now + timedelta(seconds=30),
-    )
-    ray.set_status("r1", "RUNNING")
-    ray.set_status("r2", "RUNNING")
+    loops.running("r1", submitted_at=now, deadline_at=far)
+    soon = now + timedelta(seconds=30)
+    loops.running("r2", submitted_at=now - timedelta(seconds=70), deadline_at=soon)
     ray.log["r2"] = _step(1)
     follower.tick()
     reconciler.tick()
@@ -164,26 +171,16 @@ def test_a_run_near_its_deadline_is_asked_to_stop_at_its_next_checkpoint_and_sto
     assert run.yield_by is not None and abs((run.yield_by - run.deadline_at).total_seconds()) < 2
     assert re.match(r"stop at the next checkpoint requested \(within (29|30) s\)", reasons[-1])
     assert reasons[-1].endswith("deadline: 100 s from admission")
-    run, reasons = _wait_over(db, reconciler, "r2", deadline=True)  # before any save
+    run, reasons = _wait_over(loops, "r2", deadline=True)  # before any save
     assert run.status == RunStatus.STOPPED
     assert reasons[-1] == "deadline: 100 s from admission: stopped with no checkpoint, 1 steps lost"
 
 
 def test_a_run_that_saves_seldom_is_asked_one_save_interval_before_its_deadline(
-    db: Database,
+    db: Database, loops: Loops
 ) -> None:
-    ray, woken = FakeRay(), []
-    reconciler, _ = _loops(db, ray, woken)
-    now = utcnow()
-    add_run(
-        db,
-        "r1",
-        RunStatus.RUNNING,
-        deadline_at=now + timedelta(seconds=500),
-        checkpoint_every_s=400,
-    )
-    ray.set_status("r1", "RUNNING")
-    reconciler.tick()  # 500 s left, a minute's margin, but its saves come 400 s apart
+    loops.running(deadline_at=utcnow() + timedelta(seconds=500), checkpoint_every_s=400)
+    loops.reconciler.tick()  # 500 s left, a minute's margin, but its saves come 400 s apart
     assert read_run(db)[0].yield_by is not None
 
 
@@ -256,13 +253,11 @@ def test_a_target_on_a_key_tiny_grpo_never_logs_is_refused_and_verl_s_is_warned_
 
 
 def test_a_run_that_reaches_its_target_stops_at_its_next_checkpoint_and_succeeds(
-    db: Database,
+    db: Database, loops: Loops
 ) -> None:
-    ray, woken = FakeRay(), []
-    reconciler, follower = _loops(db, ray, woken)
+    ray, follower = loops.ray, loops.follower
     rule = {"key": "critic/score/mean", "op": ">=", "value": 0.8, "for_steps": 2}
-    add_run(db, "r1", RunStatus.RUNNING, spec={"stop_when": rule})
-    ray.set_status("r1", "RUNNING")
+    loops.running(spec={"stop_when": rule})
     line = "step:{} - critic/score/mean:{}\n"
     ray.log["r1"] = line.format(1, 0.5) + line.format(2, 0.9) + line.format(3, 0.4)
     follower.tick()
@@ -277,9 +272,7 @@ def test_a_run_that_reaches_its_target_stops_at_its_next_checkpoint_and_succeeds
     assert "target reached at step 5 (critic/score/mean >= 0.8 for 2 steps)" in reasons[-1]
     ray.log["r1"] += _saved(5)
     follower.tick()
-    reconciler.tick()
-    reconciler.tick()
-    run, reasons = read_run(db)
+    run, reasons = loops.stopped()
     assert run.status == RunStatus.SUCCEEDED
     assert reasons[-1] == (
         "target reached at step 5 (critic/score/mean >= 0.8 for 2 steps): "
@@ -288,21 +281,16 @@ def test_a_run_that_reaches_its_target_stops_at_its_next_checkpoint_and_succeeds
 
 
 def test_a_target_read_late_names_the_step_it_was_reached_at_and_the_save_after_it(
-    db: Database,
+    db: Database, loops: Loops
 ) -> None:
-    ray, woken = FakeRay(), []
-    reconciler, follower = _loops(db, ray, woken)
     rule = {"key": "training/global_step", "op": ">=", "value": 6, "for_steps": 1}
-    add_run(db, "r1", RunStatus.RUNNING, spec={"stop_when": rule})
-    ray.set_status("r1", "RUNNING")
-    ray.log["r1"] = "".join(
+    loops.running(spec={"stop_when": rule})
+    loops.ray.log["r1"] = "".join(
         f"step:{v} - training/global_step:{2 * v}\n" + (_saved(v) if v % 2 == 0 else "")
         for v in range(1, 9)
     )
-    follower.tick()  # one read: steps 1-8, saves at 2, 4, 6, 8
-    reconciler.tick()
-    reconciler.tick()
-    run, reasons = read_run(db)
+    loops.follower.tick()  # one read: steps 1-8, saves at 2, 4, 6, 8
+    run, reasons = loops.stopped()
     assert run.status == RunStatus.SUCCEEDED
     assert reasons[-1] == (
         "target reached at step 3 (training/global_step >= 6 for 1 steps): "
