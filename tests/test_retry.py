@@ -41,6 +41,7 @@ DIED = (
     "step:3 - critic/score/mean:0.3 - fully_async/count/current_param_version:3\n"
     "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.\n"
 )
+DEATH = DIED.splitlines(keepends=True)[-1]
 POLICY = {"max_attempts": 3, "on": ["actor_died"], "backoff_s": 0}
 
 
@@ -78,6 +79,20 @@ class Loops:
                 run.ray_ended_at = utcnow() - timedelta(minutes=1)
         self.follower.tick()
 
+    def second_attempt_logs(self, log: str) -> None:
+        """Run r1's attempt 2, submitted, is seen RUNNING and logs ``log``, which the follower
+        reads."""
+        self.ray.set_status("r1-a2", "RUNNING")
+        self.reconciler.tick()
+        self.ray.log["r1-a2"] = log
+        self.follower.tick()
+
+    def resumed(self, first: str, second: str) -> None:
+        """Run r1's attempt 1 logs ``first`` and dies; the policy's attempt 2 logs ``second``."""
+        self.end("r1", "FAILED", first + DEATH)
+        self.submitter.tick()
+        self.second_attempt_logs(second)
+
 
 # The subscriptions these tests make: an admin's, with a 32-character secret.
 _ADMIN_HOOK = {"created_by": "admin", "secret": "whsec_" + "A" * 32}
@@ -112,11 +127,8 @@ def test_a_failure_the_policy_names_starts_the_next_attempt_as_its_own_job(
     assert second["submission_id"] == "r1-a2"
     assert second["runtime_env"]["env_vars"]["RLRUN_RESUME"] == "checkpoint"
     assert second["runtime_env"]["env_vars"]["RLRUN_ATTEMPT"] == "2"
-    loops.ray.set_status("r1-a2", "RUNNING")
-    loops.reconciler.tick()
     # The follower reads the second job's log after the first's, one kept copy.
-    loops.ray.log["r1-a2"] = 'rlrun resume: {"step": 2, "path": "/c/r1/global_step_2"}\n'
-    loops.follower.tick()
+    loops.second_attempt_logs('rlrun resume: {"step": 2, "path": "/c/r1/global_step_2"}\n')
     doc = api.get("/runs/r1").json()
     assert doc["status"] == "RUNNING"
     assert doc["ray"]["submission_id"] == "r1-a2"
@@ -261,15 +273,9 @@ def test_a_later_attempt_s_points_replace_the_earlier_ones_from_its_first_step(
 ) -> None:
     _, loops = _submitted(db_url)
     first = "".join(f"step:{s} - critic/score/mean:{s / 10} - x/y:1\n" for s in range(1, 41))
-    loops.end("r1", "FAILED", first + DIED.splitlines(keepends=True)[-1])
-    loops.submitter.tick()
-    loops.ray.set_status("r1-a2", "RUNNING")
-    loops.reconciler.tick()
     # Resumed from step 30: steps 31.. again, with other values, then on to 50.
-    loops.ray.log["r1-a2"] = "".join(
-        f"step:{s} - critic/score/mean:{s / 100}\n" for s in range(31, 51)
-    )
-    loops.follower.tick()
+    again = "".join(f"step:{s} - critic/score/mean:{s / 100}\n" for s in range(31, 51))
+    loops.resumed(first, again)
     series = api.get("/runs/r1/metrics", params={"max_points": 1000}).json()["series"]
     score = series["critic/score/mean"]
     assert [p["step"] for p in score] == list(range(1, 51))  # every step once
@@ -291,19 +297,15 @@ def test_a_resumed_attempt_keeps_the_earlier_record_up_to_its_checkpoint_s_step(
     # verl's way: a step's training figures come one sync late, so attempt 1's line at step 3
     # holds those of the step its checkpoint 3 saved; it died after logging step 4.
     first = "".join(f"step:{s} - critic/score/mean:{s / 10} - r/idle:1\n" for s in range(1, 5))
-    loops.end("r1", "FAILED", first + DIED.splitlines(keepends=True)[-1])
-    loops.submitter.tick()
-    loops.ray.set_status("r1-a2", "RUNNING")
-    loops.reconciler.tick()
     # Resumed from checkpoint 3: verl says step 3 again at start (its sync, the rollouter's
     # figures), then trains on; its first training figures come at step 5.
-    loops.ray.log["r1-a2"] = (
+    loops.resumed(
+        first,
         'rlrun resume: {"step": 3, "path": "/c/r1/global_step_3"}\n'
         "step:3 - r/idle:0.5\n"
         "step:4 - r/idle:0.4\n"
-        + "".join(f"step:{s} - critic/score/mean:{s / 100} - r/idle:0.3\n" for s in (5, 6))
+        + "".join(f"step:{s} - critic/score/mean:{s / 100} - r/idle:0.3\n" for s in (5, 6)),
     )
-    loops.follower.tick()
     series = api.get("/runs/r1/metrics", params={"max_points": 1000}).json()["series"]
     score = [(p["step"], p["value"]) for p in series["critic/score/mean"]]
     # Attempt 1's up to its checkpoint's step, attempt 2's after: one history, no step twice.
