@@ -79,3 +79,35 @@ def test_the_autoscaler_s_word_on_another_job_s_demand_is_no_cause_of_this_run_s
     # The run's own driver's word that its actor cannot be scheduled still counts.
     own = "WARNING worker.py:1 -- The actor or task with ID ff cannot be scheduled right now.\n"
     assert classify(own + log).cls == "unschedulable"
+
+
+def test_the_tasks_cancelled_after_a_failure_are_not_its_cause() -> None:
+    # verl's task runner cancels the rollouter's work once the trainer dies; each cancelled
+    # task reports the rollout code it was in (tests/data/failures/actor_died-11.log).
+    p = "\x1b[36m(FullyAsyncRollouter pid=9)\x1b[0m "
+    died = (
+        "\x1b[36m(FullyAsyncTaskRunner pid=7)\x1b[0m [ASYNC MAIN] Component failed with error: "
+        "The actor died unexpectedly before finishing this task.\n"
+    )
+    cancelled = (
+        f"{p}Task sample_0_8 failed with exception: ray::AgentLoopWorker.generate_sequences() "
+        "(pid=14, ip=127.0.0.1)\n"
+        f"{p}    raise CancelledError()\n"
+        f"{p}concurrent.futures._base.CancelledError\n"
+        f"{p}\n"
+        f"{p}During handling of the above exception, another exception occurred:\n"
+        f"{p}ray::AgentLoopWorker.generate_sequences() (pid=14, ip=127.0.0.1)\n"
+        f"{p}ray.exceptions.TaskCancelledError: Task: TaskID(24) was cancelled.\n"
+    )
+    failure = classify(died + cancelled)
+    assert failure.cls == "actor_died", failure
+    assert not any("AgentLoopWorker" in e.line for e in failure.evidence)
+    # A report is the same code failing, not cancelled: the rollout pipeline failed.
+    failed = cancelled.replace("TaskCancelledError", "RuntimeError").replace("Cancelled", "Timeout")
+    assert classify(died + failed).cls == "async_pipeline_error"
+    # A cancel that led to a real error: that error's part of the chain still counts.
+    chained = cancelled.replace(
+        "ray.exceptions.TaskCancelledError: Task: TaskID(24) was cancelled.",
+        "ray.exceptions.RayTaskError(EngineDeadError): ray::AgentLoopWorker.generate()",
+    )
+    assert classify(died + chained).cls == "async_pipeline_error"

@@ -1,5 +1,6 @@
 """Real verl failures, produced by this project's verl CPU runs (``tests/verl_cpu_failures.sh``,
-the overrides or the kill in each excerpt's header), named from the log the service keeps: the
+the overrides or the kill in each excerpt's header; the trainer SIGKILLed under the service by
+``tests/test_verl_resume_real.py``), named from the log the service keeps: the
 job log copied in the follower's way (chunks, the kept tail of ``log_keep_chars``) and read back
 as a failed run's failure is settled."""
 
@@ -16,8 +17,8 @@ from service.store.status import RunStatus
 from tests.factories import add_run
 from tests.failure_corpus import RULE_SET, Excerpt, load
 
-MADE_HERE = "tests/verl_cpu_failures.sh"
-RUNS = [e for e in load(RULE_SET) if e.source == MADE_HERE]
+MADE_HERE = {"tests/verl_cpu_failures.sh", "tests/test_verl_resume_real.py"}
+RUNS = [e for e in load(RULE_SET) if e.source in MADE_HERE]
 # A chunk as the follower stores it (a read of Ray's tail stream).
 CHUNK = 64 * 1024
 

@@ -20,7 +20,7 @@ from typing import get_args
 
 from service.metrics.ansi import strip_ansi
 from service.metrics.parse import parse_line
-from service.recovery import rules
+from service.recovery import echoes, rules
 from service.recovery.rules import Rule
 from service.retry_policy import RetryClass
 
@@ -85,8 +85,9 @@ _UNKNOWN_HINT = "the evidence holds the log's last error lines; the lines above 
 class _Text:
     """A text read for a failure: its lines' starts (each rule searches the whole text once,
     then a match is placed on its line), the offset of each line in the kept log (``offset``
-    plus its place; None for Ray's word) and the autoscaler's lines on the whole cluster, which
-    are never evidence."""
+    plus its place; None for Ray's word) and the lines that are never evidence: the
+    autoscaler's on the whole cluster, and the reports of tasks cancelled because something
+    else failed (``recovery.echoes``)."""
 
     def __init__(self, text: str, offset: int | None) -> None:
         self.text, self.offset = text, offset
@@ -98,6 +99,8 @@ class _Text:
             if _CLUSTER_WIDE in text
             else set()
         )
+        if "CancelledError" in text:  # tasks cancelled because something else failed
+            self.skipped |= echoes.cancelled([self.line(i) for i in range(len(self.starts))])
 
     def line(self, i: int) -> str:
         end = self.starts[i + 1] if i + 1 < len(self.starts) else len(self.text)
