@@ -31,6 +31,8 @@ from collections.abc import Iterator, Mapping
 from typing import IO, Any
 
 PREFIX = "rlrun-sample "
+# Where a recipe has the trainer write them, under the run's own directory.
+SUBDIR = "rollout-samples"
 DIR_ENV = "RLRUN_SAMPLES_DIR"
 EVERY_ENV = "RLRUN_SAMPLES_EVERY"
 PER_STEP_ENV = "RLRUN_SAMPLES_PER_STEP"
@@ -212,14 +214,10 @@ def wanted(step: int, every: int) -> bool:
     return step == 1 or (every > 0 and step % every == 0)
 
 
-def ship_once(
-    directory: str, every: int, per_step: int, secrets: list[str], out: IO[str], settle_s: float
-) -> int:
-    """Ship each step file not shipped yet (and older than ``settle_s``, so verl has finished
-    writing it); returns how many were shipped."""
-    done_path = os.path.join(directory, _SHIPPED)
+def _pending(directory: str) -> list[tuple[int, str]]:
+    """The step files in ``directory`` not shipped (nor passed over) yet, by step."""
     try:
-        with open(done_path) as f:
+        with open(os.path.join(directory, _SHIPPED)) as f:
             done = {int(s) for s in f.read().split()}
     except (OSError, ValueError):
         done = set()
@@ -229,9 +227,18 @@ def ship_once(
             stem, dot, ext = name.partition(".")
             if dot and ext == "jsonl" and stem.isdigit() and int(stem) not in done:
                 steps.append((int(stem), os.path.join(directory, name)))
+    return sorted(steps)
+
+
+def ship_once(
+    directory: str, every: int, per_step: int, secrets: list[str], out: IO[str], settle_s: float
+) -> int:
+    """Ship each step file not shipped yet (and older than ``settle_s``, so verl has finished
+    writing it); returns how many were shipped."""
+    done_path = os.path.join(directory, _SHIPPED)
     shipped = 0
     now = time.time()
-    for step, path in sorted(steps):
+    for step, path in _pending(directory):
         try:
             if now - os.path.getmtime(path) < settle_s:
                 continue
@@ -246,6 +253,18 @@ def ship_once(
         with open(done_path, "a") as f:
             f.write(f"{step}\n")
     return shipped
+
+
+def wait_shipped(directory: str, timeout_s: float = 10.0) -> bool:
+    """Wait (at most ``timeout_s``) until every step file in ``directory`` was shipped or
+    passed over: a job that ends right after its last step calls it before it exits, so that
+    step is in its log. Whether all were."""
+    deadline = time.monotonic() + timeout_s
+    while _pending(directory):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
 
 
 def _ship_forever(directory: str, every: int, per_step: int, secrets: list[str]) -> None:

@@ -9,6 +9,7 @@ trainer steps the weights are synced and the parameter version goes up by one.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from collections import deque
@@ -19,6 +20,7 @@ import ray
 
 from jobs import checkpoints as saves
 from jobs import grant, resume
+from jobs import samples as shipper
 from jobs.tiny_grpo import checkpoint
 from jobs.tiny_grpo.actors import TinyGrpoRollouter, TinyGrpoTrainer
 from jobs.tiny_grpo.options import parser
@@ -48,6 +50,7 @@ def main(argv: list[str] | None = None) -> None:
             args.lr,
             Correction(args.is_threshold, lower, upper),
             args.train_seconds,
+            args.rollout_data_dir,
         )
     )
     steps = args.total_rollout_steps // args.batch_prompts
@@ -81,6 +84,8 @@ def main(argv: list[str] | None = None) -> None:
                 saved = checkpoint.save(checkpoints, version, weights, global_step, cursor)
                 print(f"[TinyGrpo] saved checkpoint {saved.name}", flush=True)
                 saves.announce(version, str(saved))  # complete: the service may stop the run
+    if args.rollout_data_dir and shipper.settings(os.environ) is not None:
+        shipper.wait_shipped(args.rollout_data_dir)  # the last step's samples too
     # Let Ray forward the actors' last lines to this driver's log before it exits.
     time.sleep(1.5)
     print("[TinyGrpo] training finished", flush=True)

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from jobs.tiny_grpo import rollouts
 from jobs.tiny_grpo.policy import Batch, Correction, Weights, greedy_accuracy, sample, update
 from jobs.tiny_grpo.task import make_prompts, score, truth
 
@@ -79,11 +80,22 @@ class TinyGrpoRollouter:
 
 
 class TinyGrpoTrainer:
-    """Trains on batches as they arrive; aggregates metrics between parameter syncs."""
+    """Trains on batches as they arrive; aggregates metrics between parameter syncs. With a
+    ``samples_dir``, each trainer step's samples are written there as verl writes them."""
 
-    def __init__(self, prompts: int, seed: int, lr: float, corr: Correction, train_s: float):
+    def __init__(
+        self,
+        prompts: int,
+        seed: int,
+        lr: float,
+        corr: Correction,
+        train_s: float,
+        samples_dir: str = "",
+    ) -> None:
         self.weights = Weights.zeros(prompts)
-        self.expected = truth(make_prompts(prompts, seed))
+        self.prompts = make_prompts(prompts, seed)
+        self.expected = truth(self.prompts)
+        self.samples_dir = samples_dir
         self.lr = lr
         self.corr = corr
         self.train_s = train_s
@@ -99,6 +111,10 @@ class TinyGrpoTrainer:
         stats = update(self.weights, batch, self.lr, self.corr)
         time.sleep(self.train_s)  # stands in for the update's compute
         self.global_step += 1
+        if self.samples_dir:
+            rollouts.write_step(
+                self.samples_dir, self.global_step, batch, self.prompts, self.expected
+            )
         if batch.version < self.version:
             self.stale += len(batch.reward)
         stats |= {

@@ -31,6 +31,9 @@ def parser(description: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-dir", default="", help="where checkpoints go (none if empty)")
     p.add_argument("--save-every", type=int, default=0, help="save every N versions (0: never)")
     p.add_argument(
+        "--rollout-data-dir", default="", help="each trainer step's samples as <step>.jsonl"
+    )
+    p.add_argument(
         "--resume", choices=["auto", "disable"], default="auto", help="from the newest checkpoint"
     )
     return p

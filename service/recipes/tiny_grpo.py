@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
+from jobs import samples as job_samples
 from jobs.tiny_grpo import LOGGED_KEYS
 from jobs.tiny_grpo.options import DEFAULTS, to_argv
 from service.errors import InvalidSpec, field_error
@@ -24,9 +25,9 @@ from service.scheduling.shape import Group, ResourceShape
 
 ACTOR_CPUS: float = DEFAULTS["actor_cpus"]
 DRIVER_CPUS = 0.25
-# The job's options a spec sets (all but the CPUs each actor holds and where checkpoints go,
-# which the recipe decides).
-OPTIONS = set(DEFAULTS) - {"actor_cpus", "checkpoint_dir", "resume"}
+# The job's options a spec sets (all but the CPUs each actor holds and where checkpoints and
+# samples go, which the recipe decides).
+OPTIONS = set(DEFAULTS) - {"actor_cpus", "checkpoint_dir", "resume", "rollout_data_dir"}
 
 
 class TinyGrpoSpec(RunSpec):
@@ -103,8 +104,16 @@ class TinyGrpoRecipe:
         if never is not None:
             raise InvalidSpec(never, [field_error(["stop_when", "key"], never, "never_logged")])
         options = spec.model_dump(include=OPTIONS) | {"actor_cpus": ACTOR_CPUS}
+        own = Path(self.checkpoint_root) / ctx.run_id
         if spec.save_every:  # the run's own dir: a later attempt resumes from it
-            options["checkpoint_dir"] = str(Path(self.checkpoint_root) / ctx.run_id)
+            options["checkpoint_dir"] = str(own)
+        shipper: dict[str, str] = {}
+        if spec.samples.enabled:  # written by the trainer, shipped as verl's are
+            options["rollout_data_dir"] = str(own / job_samples.SUBDIR)
+            s = spec.samples
+            shipper = job_samples.env(
+                options["rollout_data_dir"], s.every, s.per_step, spec.secrets
+            )
         argv = to_argv(options)
         return Launch(
             checkpoints=bool(spec.save_every),
@@ -114,6 +123,7 @@ class TinyGrpoRecipe:
                     "RAY_DEDUP_LOGS": "0",
                     "PYTHONUNBUFFERED": "1",
                     "RAY_JOB_STOP_WAIT_TIME_S": str(min(ctx.stop_grace_s, 10)),
+                    **shipper,
                 }
             },
             shape=ResourceShape(

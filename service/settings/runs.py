@@ -128,9 +128,9 @@ class RetrySettings(Section):
     """The same per team ("*": every team not named), e.g.
     RLRUN_TEAM_RETRY_MAX_ATTEMPTS='{"vision": 5}'."""
     tiny_grpo_checkpoint_root: str = ""
-    """Where tiny-grpo runs that checkpoint (``save_every``) keep them, each in
-    <root>/<run id>, on the nodes (empty: rlrun-<uid>-runs/tiny-grpo-checkpoints in this machine's
-    temp dir)."""
+    """Where tiny-grpo runs keep their checkpoints (``save_every``), each in <root>/<run id>,
+    and their rollout samples, in <root>/<run id>/rollout-samples, on the nodes (empty:
+    rlrun-<uid>-runs/tiny-grpo-checkpoints in this machine's temp dir)."""
 
 
 class StopSettings(Section):

@@ -80,10 +80,6 @@ def is_v1(spec: VerlFullyAsyncSpec) -> bool:
     return spec.trainer_mode == "separate_async"
 
 
-# Where verl writes the run's rollout samples, under its own directory.
-SAMPLES_SUBDIR = "rollout-samples"
-
-
 def samples_env(spec: VerlFullyAsyncSpec, cfg: dict[str, Any]) -> dict[str, str]:
     """The variables that start the job's sample shipper (``jobs.samples``): the directory verl
     writes (as composed: an override may have moved it), how much to ship, and the env names
@@ -168,7 +164,7 @@ def field_overrides(spec: VerlFullyAsyncSpec, checkpoint_dir: str) -> list[Item]
                 items.append(Item(f"{key}={hydra_value(value, loc)}", loc))
             if spec.samples.enabled:  # in the run's own dir, on the trainer's node
                 at: Loc = ("samples",)
-                where = f"{checkpoint_dir}/{SAMPLES_SUBDIR}"
+                where = f"{checkpoint_dir}/{job_samples.SUBDIR}"
                 items.append(Item(f"trainer.rollout_data_dir={hydra_value(where, at)}", at))
             if spec.trainer.default_local_dir is None:  # unset or null: the run's own dir
                 loc = ("trainer", "default_local_dir")
