@@ -12,9 +12,10 @@ import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
+from pydantic import BaseModel
 
 from service.backoff import Backoff
 from service.store.status import TERMINAL as TERMINAL
@@ -34,6 +35,12 @@ from service.wire import (
 URL_ENV, TOKEN_ENV = "RLRUN_URL", "RLRUN_TOKEN"
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8000
 DEFAULT_URL = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
+Model = TypeVar("Model", bound=BaseModel)
+
+
+def given(**params: Any) -> dict[str, Any]:
+    """The query parameters that are set: None is not sent."""
+    return {name: value for name, value in params.items() if value is not None}
 
 
 class ClientError(Exception):
@@ -146,12 +153,15 @@ class Client:
             raise ApiError.from_response(resp)
         return resp
 
+    def _read(self, model: type[Model], method: str, path: str, **kwargs: Any) -> Model:
+        """The service's answer to a request, read as ``model``."""
+        return model.model_validate(self._request(method, path, **kwargs).json())
+
     # Runs
 
     def create_run(self, spec: dict[str, Any], idempotency_key: str | None = None) -> RunOut:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        resp = self._request("POST", "/runs", json=spec, headers=headers)
-        return RunOut.model_validate(resp.json())
+        return self._read(RunOut, "POST", "/runs", json=spec, headers=headers)
 
     def dry_run(self, spec: dict[str, Any]) -> dict[str, Any]:
         """The plan for ``spec``: command, runtime env, placement, queue position (not stored)."""
@@ -174,7 +184,7 @@ class Client:
             params["team"] = team
         if cursor:
             params["cursor"] = cursor
-        return RunPage.model_validate(self._request("GET", "/runs", params=params).json())
+        return self._read(RunPage, "GET", "/runs", params=params)
 
     def iter_runs(
         self, status: Iterable[str] = (), team: str | None = None, page_size: int = 100
@@ -189,7 +199,7 @@ class Client:
             cursor = page.next_cursor
 
     def get_run(self, run_id: str) -> RunOut:
-        return RunOut.model_validate(self._request("GET", f"/runs/{run_id}").json())
+        return self._read(RunOut, "GET", f"/runs/{run_id}")
 
     def wait(self, run_id: str, timeout_s: float | None = None, every_s: float = 1.0) -> RunOut:
         """The run once its status is terminal, which is final (a failed attempt that may be
@@ -213,17 +223,15 @@ class Client:
             body = {"at": "next_checkpoint"}
             if within_s is not None:
                 body["within_s"] = within_s
-        resp = self._request("POST", f"/runs/{run_id}/cancel", json=body)
-        return RunOut.model_validate(resp.json())
+        return self._read(RunOut, "POST", f"/runs/{run_id}/cancel", json=body)
 
     def retry_run(self, run_id: str, resume: str = "checkpoint") -> RunOut:
         """Start the next attempt of an ended run, from its checkpoint or from scratch."""
-        resp = self._request("POST", f"/runs/{run_id}/retry", json={"from": resume})
-        return RunOut.model_validate(resp.json())
+        return self._read(RunOut, "POST", f"/runs/{run_id}/retry", json={"from": resume})
 
     def pin_baseline(self, run_id: str) -> BaselineOut:
         """Make the run the baseline of its team and recipe."""
-        return BaselineOut.model_validate(self._request("PUT", f"/runs/{run_id}/baseline").json())
+        return self._read(BaselineOut, "PUT", f"/runs/{run_id}/baseline")
 
     def unpin_baseline(self, run_id: str) -> None:
         self._request("DELETE", f"/runs/{run_id}/baseline")
@@ -241,20 +249,14 @@ class Client:
         from_step: int | None = None,
         to_step: int | None = None,
     ) -> SeriesOut:
-        params: dict[str, Any] = {"max_points": max_points}
-        if names := ",".join(keys):
-            params["keys"] = names
-        if from_step is not None:
-            params["from_step"] = from_step
-        if to_step is not None:
-            params["to_step"] = to_step
-        resp = self._request("GET", f"/runs/{run_id}/metrics", params=params)
-        return SeriesOut.model_validate(resp.json())
+        params = given(
+            max_points=max_points, keys=",".join(keys) or None, from_step=from_step, to_step=to_step
+        )
+        return self._read(SeriesOut, "GET", f"/runs/{run_id}/metrics", params=params)
 
     def step_time(self, run_id: str) -> StepTimeOut:
         """Where the run's step time goes, the verdict with its figures, and a change of split."""
-        resp = self._request("GET", f"/runs/{run_id}/step-time")
-        return StepTimeOut.model_validate(resp.json())
+        return self._read(StepTimeOut, "GET", f"/runs/{run_id}/step-time")
 
     def samples(
         self,
@@ -268,23 +270,20 @@ class Client:
         limit: int = 50,
     ) -> SamplesPage:
         """A page of the run's rollout samples, newest first."""
-        given = {
-            "step": step,
-            "min_score": min_score,
-            "max_score": max_score,
-            "q": q,
-            "prompt_id": prompt_id,
-            "cursor": cursor,
-        }
-        params: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
-        params["limit"] = limit
-        resp = self._request("GET", f"/runs/{run_id}/samples", params=params)
-        return SamplesPage.model_validate(resp.json())
+        params = given(
+            step=step,
+            min_score=min_score,
+            max_score=max_score,
+            q=q,
+            prompt_id=prompt_id,
+            cursor=cursor,
+            limit=limit,
+        )
+        return self._read(SamplesPage, "GET", f"/runs/{run_id}/samples", params=params)
 
     def latest_metrics(self, run_id: str) -> LatestOut:
         """Every key the run logged, with its value at the newest step it was logged."""
-        resp = self._request("GET", f"/runs/{run_id}/metrics/latest")
-        return LatestOut.model_validate(resp.json())
+        return self._read(LatestOut, "GET", f"/runs/{run_id}/metrics/latest")
 
     def metric_keys(self, run_id: str) -> list[str]:
         keys: list[str] = self._request("GET", f"/runs/{run_id}/metrics/keys").json()
@@ -297,11 +296,7 @@ class Client:
         offset: int | None = None,
         ansi: bool = False,
     ) -> LogChunk:
-        params: dict[str, Any] = {"ansi": ansi}
-        if tail is not None:
-            params["tail"] = tail
-        if offset is not None:
-            params["offset"] = offset
+        params = given(ansi=ansi, tail=tail, offset=offset)
         resp = self._request("GET", f"/runs/{run_id}/logs", params=params)
         return LogChunk(
             resp.text,
