@@ -10,13 +10,23 @@ PROBLEM_JSON = "application/problem+json"
 
 
 class ProblemError(Exception):
-    """Base of every error the API reports; subclasses fix status and title."""
+    """Base of every error the API reports. A subclass names its status and title where it is
+    declared: ``class NotFound(ProblemError, status=404, title="Not found")``."""
 
     status: ClassVar[int] = 500
     title: ClassVar[str] = "Internal error"
     # Headers every answer of the class carries; ``Retry-After`` where the class fixes one.
     fixed_headers: ClassVar[dict[str, str]] = {}
     retry_after_s: ClassVar[int | None] = None
+
+    def __init_subclass__(
+        cls, status: int | None = None, title: str | None = None, **kwargs: Any
+    ) -> None:
+        super().__init_subclass__(**kwargs)
+        if status is not None:
+            cls.status = status
+        if title is not None:
+            cls.title = title
 
     def __init__(self, detail: str, **extra: Any) -> None:
         super().__init__(detail)
@@ -39,94 +49,67 @@ class ProblemError(Exception):
         return out
 
 
-class NotFound(ProblemError):
-    status = 404
-    title = "Not found"
+def problem_type(title: str) -> str:
+    return "urn:rlrun:problem:" + title.lower().replace(" ", "-")
 
 
-class Unauthorized(ProblemError):
+class NotFound(ProblemError, status=404, title="Not found"): ...
+
+
+class Forbidden(ProblemError, status=403, title="Forbidden"): ...
+
+
+class Conflict(ProblemError, status=409, title="Conflict"): ...
+
+
+class ContentTooLarge(ProblemError, status=413, title="Content too large"): ...
+
+
+class Unauthorized(ProblemError, status=401, title="Unauthorized"):
     """No valid bearer token (missing, unknown or revoked: the same answer for each)."""
 
-    status = 401
-    title = "Unauthorized"
     fixed_headers: ClassVar[dict[str, str]] = {"WWW-Authenticate": "Bearer"}
 
     def __init__(self, detail: str = "a valid API token is required") -> None:
         super().__init__(detail)
 
 
-class Forbidden(ProblemError):
-    status = 403
-    title = "Forbidden"
-
-
-class InvalidHost(ProblemError):
+class InvalidHost(ProblemError, status=400, title="Invalid host"):
     """A ``Host`` header the service does not answer for."""
 
-    status = 400
-    title = "Invalid host"
 
-
-class TooManyRequests(ProblemError):
-    status = 429
-    title = "Too many requests"
-
+class TooManyRequests(ProblemError, status=429, title="Too many requests"):
     def __init__(self, detail: str, retry_after_s: int) -> None:
         super().__init__(detail, retry_after_s=retry_after_s)
         self.headers["Retry-After"] = str(retry_after_s)
 
 
-class Conflict(ProblemError):
-    status = 409
-    title = "Conflict"
-
-
-class InvalidSpec(ProblemError):
+class InvalidSpec(ProblemError, status=422, title="Invalid run spec"):
     """A request that is well-formed JSON but breaks a rule; ``errors`` name the field paths."""
-
-    status = 422
-    title = "Invalid run spec"
 
     def __init__(self, detail: str, errors: Sequence[dict[str, Any]]) -> None:
         super().__init__(detail, errors=list(errors))
 
 
-class Unstorable(ProblemError):
+class Unstorable(ProblemError, status=422, title="Invalid input"):
     """Input the database refuses to hold (a NUL character on PostgreSQL, a number too large)."""
 
-    status = 422
-    title = "Invalid input"
 
-
-class Unavailable(ProblemError):
+class Unavailable(ProblemError, status=503, title="Service unavailable"):
     """Try again later: every 503 says when (``Retry-After``)."""
 
-    status = 503
-    title = "Service unavailable"
     retry_after_s: ClassVar[int] = 5
 
 
-class ContentTooLarge(ProblemError):
-    status = 413
-    title = "Content too large"
-
-
-class RequestTimeout(ProblemError):
+class RequestTimeout(ProblemError, status=408, title="Request timeout"):
     """The request's body did not arrive in time; the connection is closed after the answer."""
 
-    status = 408
-    title = "Request timeout"
     fixed_headers: ClassVar[dict[str, str]] = {"Connection": "close"}
 
 
-def problem_type(title: str) -> str:
-    return "urn:rlrun:problem:" + title.lower().replace(" ", "-")
-
-
-class Busy(Unavailable):
+class Busy(Unavailable, title="Service busy"):
     """A passing shortage: try again shortly (``Retry-After``)."""
 
-    title = "Service busy"
     retry_after_s: ClassVar[int] = 1
 
 

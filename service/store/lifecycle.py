@@ -26,8 +26,7 @@ from service.store.status import (
 )
 
 
-class IllegalTransition(Conflict):
-    title = "Illegal status transition"
+class IllegalTransition(Conflict, title="Illegal status transition"): ...
 
 
 # POST /runs is the hottest write: new runs and their first events are two Core inserts (one

@@ -29,8 +29,7 @@ TRAINER_CONFIG = "trainer/config"
 MISSING = object()
 
 
-class VerlNotInstalled(Unavailable):
-    title = "verl config unavailable"
+class VerlNotInstalled(Unavailable, title="verl config unavailable"): ...
 
 
 # What a refusal from Hydra's own composition says: its message may quote composed values.
