@@ -391,18 +391,8 @@ class SamplesPage(BaseModel):
 
 
 def sample_doc(row: Any) -> dict[str, Any]:
-    return {
-        "id": row.id,
-        "step": row.step,
-        "prompt_id": row.prompt_id,
-        "score": row.score,
-        "input": row.input,
-        "output": row.output,
-        "gts": row.gts,
-        "extras": row.extras,
-        "cut": [c for c in row.cut.split(",") if c],
-        "of": row.of,
-    }
+    """A ``SampleOut`` of a stored sample (``cut``: its comma-separated names, as a list)."""
+    return attributes(row, SampleOut.model_fields) | {"cut": [c for c in row.cut.split(",") if c]}
 
 
 # Recipes

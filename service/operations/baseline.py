@@ -20,6 +20,7 @@ from service.metrics.keys import RESPONSE_LENGTH_KEY, REWARD_KEY, STEP_TIME_KEY
 from service.operations.parts import Parts
 from service.principal import Principal, record_call, visible_run
 from service.store.models import Baseline, MetricKey, MetricPoint, utcnow
+from service.wire import BaselineOut, attributes
 
 # What a difference is taken on, by its name in the answer.
 COMPARED = {
@@ -32,13 +33,7 @@ Latest = Mapping[str, tuple[int, float]]
 
 
 def baseline_doc(row: Baseline) -> dict[str, Any]:
-    return {
-        "team": row.team,
-        "recipe": row.recipe,
-        "run_id": row.run_id,
-        "pinned_by": row.pinned_by,
-        "pinned_at": row.pinned_at,
-    }
+    return attributes(row, BaselineOut.model_fields)
 
 
 def pin(parts: Parts, principal: Principal, run_id: str, client: str | None) -> dict[str, Any]:
