@@ -8,10 +8,13 @@ from __future__ import annotations
 import io
 from contextlib import redirect_stdout
 
+import pytest
+
 from service.recovery.classify import classify
 from tests.benchmarks import bench_diagnosis
 from tests.failure_corpus import HELD_OUT, RULE_SET, held_out_by_hash, load, score
 
+OOM = "(WorkerDict pid=8) torch.OutOfMemoryError: CUDA out of memory.\n"
 # The share of held-out excerpts named right, as reached (raise it as the rules learn).
 HELD_OUT_RIGHT = 0.91
 # At most this share named wrong: a class the rules are unsure of is ``unknown``.
@@ -96,8 +99,7 @@ def test_a_loss_that_turns_nan_in_verl_s_metric_lines_is_nan() -> None:
 def test_a_nan_grad_norm_alone_or_a_nan_after_the_cause_is_no_nan_failure() -> None:
     # verl skips an update whose grad norm is not finite: the loss names a NaN failure.
     assert classify(STEP.format(n=1, loss="0.1", norm="nan")).cls == "unknown"
-    oom = "(WorkerDict pid=8) torch.OutOfMemoryError: CUDA out of memory.\n"
-    assert classify(oom + STEP.format(n=2, loss="nan", norm="nan")).cls == "npu_oom"
+    assert classify(OOM + STEP.format(n=2, loss="nan", norm="nan")).cls == "npu_oom"
     # A Hugging Face trainer's log dict with a NaN grad norm is NaN training (it steps on).
     hf = "{'loss': 0.0, 'grad_norm': nan, 'learning_rate': 1e-06, 'epoch': 0.5}\n"
     assert classify(hf).cls == "nan"
@@ -150,19 +152,30 @@ def test_an_actor_death_in_a_rollout_server_s_sleep_is_an_actor_that_died() -> N
     assert classify(engine + log).cls == "async_pipeline_error"
 
 
-def test_a_warning_nccl_prints_at_start_is_no_cause() -> None:
-    # Causes are taken earliest first: a start-up warning must not hide the failure after it.
-    start = "n1:7:7 [0] NCCL WARN NET/Plugin : No plugin found (libnccl-net.so), using internal\n"
-    oom = "(WorkerDict pid=8) torch.OutOfMemoryError: CUDA out of memory.\n"
-    assert classify(start + oom).cls == "npu_oom"
-    failed = "n1:7:9 [0] misc/socket.cc:538 NCCL WARN Net : Connection closed by remote peer\n"
-    assert classify(start + failed).cls == "collective_error"
+NCCL_WARNED = "n1:7:7 [0] NCCL WARN NET/Plugin : No plugin found (libnccl-net.so), using internal\n"
+NCCL_FAILED = "n1:7:9 [0] misc/socket.cc:538 NCCL WARN Net : Connection closed by remote peer\n"
+WAITED = "INFO ray_utils.py:214] Waiting for creating a placement group of specs for 10 s\n"
 
 
-def test_a_wait_to_be_placed_that_ended_is_no_cause_of_a_later_failure() -> None:
-    waited = "INFO ray_utils.py:214] Waiting for creating a placement group of specs for 10 s\n"
-    oom = "(WorkerDict pid=8) torch.OutOfMemoryError: CUDA out of memory.\n"
-    assert classify(waited + oom).cls == "npu_oom"
-    assert classify(waited + "ray.exceptions.ActorDiedError: The actor died\n").cls == (
-        "unschedulable"
-    )
+# Causes are taken earliest first: a warning NCCL prints at start, or a wait to be placed that
+# ended, must not hide the failure after it; an actor that died after such a wait was never
+# placed.
+@pytest.mark.parametrize(
+    ("earlier", "later", "cls"),
+    [
+        (NCCL_WARNED, OOM, "npu_oom"),
+        (NCCL_WARNED, NCCL_FAILED, "collective_error"),
+        (WAITED, OOM, "npu_oom"),
+        (WAITED, "ray.exceptions.ActorDiedError: The actor died\n", "unschedulable"),
+    ],
+    ids=[
+        "nccl-warning-then-oom",
+        "nccl-warning-then-collective",
+        "wait-then-oom",
+        "wait-then-death",
+    ],
+)
+def test_a_start_up_line_is_no_cause_of_the_failure_after_it(
+    earlier: str, later: str, cls: str
+) -> None:
+    assert classify(earlier + later).cls == cls
