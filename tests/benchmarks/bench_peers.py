@@ -438,20 +438,18 @@ def ray_section(db: str) -> Callable[[ExitStack, argparse.Namespace], Section]:
         job_id = job_ids[0]
         # A pass of 100 distinct runs after the kept answers have lapsed: every read a miss.
         pause_s = args.read_cache_s + 0.2
+
+        def get(name: str, path: str, ray_path: str) -> Row:
+            """A row of one GET on the service and one on Ray's job API."""
+            ray = Target(ray_url, "GET", ray_path, headers=auth)
+            return Row(name, Target(url, "GET", path, headers=ours), ray)
+
         return Section(
             f"rlrun on {db} vs Ray's job API",
             "Ray",
             [
-                Row(
-                    "no-op (the HTTP stack alone)",
-                    Target(url, "GET", "/healthz", headers=ours),
-                    Target(ray_url, "GET", "/api/version", headers=auth),
-                ),
-                Row(
-                    "read one run",
-                    Target(url, "GET", f"/runs/{run_id}", headers=ours),
-                    Target(ray_url, "GET", f"/api/jobs/{job_id}", headers=auth),
-                ),
+                get("no-op (the HTTP stack alone)", "/healthz", "/api/version"),
+                get("read one run", f"/runs/{run_id}", f"/api/jobs/{job_id}"),
                 Row(
                     f"read {FOLLOWED} followed runs (a metric line each second each)",
                     Target(followed_url, "GET", *_round(followed), headers=ours_followed),
@@ -470,16 +468,12 @@ def ray_section(db: str) -> Callable[[ExitStack, argparse.Namespace], Section]:
                     passes=args.passes,
                     pause_s=pause_s,
                 ),
-                Row(
+                get(
                     f"read one run, {POINTS_KEYS * args.points_steps:,} points",
-                    Target(url, "GET", f"/runs/{big_id}", headers=ours),
-                    Target(ray_url, "GET", f"/api/jobs/{job_id}", headers=auth),
+                    f"/runs/{big_id}",
+                    f"/api/jobs/{job_id}",
                 ),
-                Row(
-                    "list 100",
-                    Target(url, "GET", "/runs?limit=100", headers=ours),
-                    Target(ray_url, "GET", "/api/jobs/", headers=auth),
-                ),
+                get("list 100", "/runs?limit=100", "/api/jobs/"),
                 Row(
                     "accept a run",
                     Target(url, "POST", "/runs", RUN_SPEC, ok=201, headers=ours),
