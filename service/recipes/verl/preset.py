@@ -20,13 +20,17 @@ from service.settings import Settings
 Preset = Callable[[Settings], dict[str, Any]]
 
 
+def splits(folder: PurePosixPath) -> dict[str, str]:
+    """verl's data files where a preset keeps them: ``train.parquet`` and ``test.parquet``."""
+    return {"train_files": str(folder / "train.parquet"), "val_files": str(folder / "test.parquet")}
+
+
 def geo3k_qwen3vl_8b_npu(settings: Settings) -> dict[str, Any]:
     data_dir = PurePosixPath(settings.verl_data_dir)
     configured = set(settings.verl_loggers_configured)
     return {
         "data": {
-            "train_files": str(data_dir / "geo3k" / "train.parquet"),
-            "val_files": str(data_dir / "geo3k" / "test.parquet"),
+            **splits(data_dir / "geo3k"),
             "train_batch_size": 0,
             "gen_batch_size": 1,
             "max_prompt_length": 1024,
@@ -154,8 +158,7 @@ def cpu_smoke(settings: Settings) -> dict[str, Any]:
     root = PurePosixPath(settings.verl_data_dir) / SMOKE_DIR
     return {
         "data": {
-            "train_files": str(root / "data" / "train.parquet"),
-            "val_files": str(root / "data" / "test.parquet"),
+            **splits(root / "data"),
             "max_prompt_length": 64,
             "max_response_length": 16,
             "shuffle": False,
