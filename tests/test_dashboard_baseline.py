@@ -16,11 +16,10 @@ from service.metrics import store
 from service.metrics.keys import RESPONSE_LENGTH_KEY, REWARD_KEY, STEP_TIME_KEY
 from service.metrics.parse import MetricLine
 from service.store.db import Database
-from tests.browser import needs_chromium
+from tests.browser import needs_chromium, shot, until
 from tests.conftest import make_settings
 from tests.factories import add_run, sqlite_with_tokens
 from tests.live import ServerThread
-from tests.test_dashboard import browser, page, shot, until  # noqa: F401
 
 pytestmark = [needs_chromium, pytest.mark.slow]
 
@@ -66,8 +65,8 @@ def drawn(tab: Any, chart: str) -> list[list[float | None]]:
 
 def test_a_member_pins_the_baseline_the_list_and_compare_show_each_run_against_it(
     tmp_path: Path,
-    page: Any,  # noqa: F811
-    browser: Any,  # noqa: F811
+    page: Any,
+    browser: Any,
 ) -> None:
     users = ("m", "vision", "member"), ("v", "vision", "viewer")
     url, (member, viewer) = sqlite_with_tokens(tmp_path, "baseline.db", *users)
