@@ -61,7 +61,6 @@ def redeem_grant(
                     user="job",
                     team=run.team if run is not None else None,
                     role="grant",
-                    token_id=None,
                     action="grant.redeem" if run is not None else "grant.refused",
                     client=client,
                     run_id=found.run_id,

@@ -70,9 +70,7 @@ class FailedSignIns(Folding):
                     session,
                     audit.entry(
                         user="unknown",
-                        team=None,
                         role="none",
-                        token_id=None,
                         action=ACTION,
                         client=client,
                         target=f"failures={count}; last: {reason}",

@@ -47,9 +47,7 @@ def _audited_on_host(session: Session, action: str, target: str) -> None:
         session,
         audit.entry(
             user=f"cli:{getpass.getuser()}",
-            team=None,
             role="admin",
-            token_id=None,
             action=action,
             client=f"cli@{socket.gethostname()}",
             target=target,

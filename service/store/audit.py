@@ -15,15 +15,16 @@ _INSERT = insert(AuditEntry)
 def entry(
     *,
     user: str,
-    team: str | None,
     role: str,
-    token_id: str | None,
     action: str,
-    client: str | None,
+    team: str | None = None,
+    token_id: str | None = None,
+    client: str | None = None,
     run_id: str | None = None,
     target: str | None = None,
 ) -> dict[str, Any]:
-    """An audit row's values (``at`` is the column's default)."""
+    """An audit row's values (``at`` is the column's default); a caller with no team, no token
+    or no address leaves it out."""
     return {
         "user": user,
         "team": team,
@@ -53,16 +54,7 @@ def by_cluster(
     """Record what the service saw happen on the cluster, outside any call to it."""
     record(
         session,
-        entry(
-            user=CLUSTER_USER,
-            team=None,
-            role=CLUSTER_ROLE,
-            token_id=None,
-            action=action,
-            client=None,
-            run_id=run_id,
-            target=target,
-        ),
+        entry(user=CLUSTER_USER, role=CLUSTER_ROLE, action=action, run_id=run_id, target=target),
     )
 
 
