@@ -4,6 +4,7 @@ verl versions specs may name (``rlrun verl add``)."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -97,10 +98,10 @@ def cluster(
     nodes = [[Text(clean(c)) for c in node_cells(n)] for n in view["nodes"]]
     unreachable = "" if view.get("ray", {}).get("ok") else ": Ray is not reachable"
     print_table(console, NODE_COLUMNS, nodes, f"no nodes{unreachable}")
-    print_table(console, ACTIVE_COLUMNS, cells(view["active"], ACTIVE_KEYS), "nothing running")
+    print_table(console, list(ACTIVE.values()), cells(view["active"], ACTIVE), "nothing running")
     for team, use in view["teams"].items():
         say(f"team {team}: {use['accelerators']} held, quota {use['quota'] or 'none'}")
-    print_table(console, QUEUE_COLUMNS, cells(view["queue"], QUEUE_KEYS), "nothing queued")
+    print_table(console, list(QUEUE.values()), cells(view["queue"], QUEUE), "nothing queued")
 
 
 NODE_COLUMNS = (
@@ -108,26 +109,25 @@ NODE_COLUMNS = (
     Column("accelerators free/total"),
     Column("CPUs free/total", drop=1),
 )
-ACTIVE_KEYS = ("id", "name", "team", "status", "accelerators")
-ACTIVE_COLUMNS = (
-    Column("running"),
-    Column("name", drop=1),
-    Column("team", drop=2),
-    Column("status"),
-    Column("accelerators"),
-)
-QUEUE_KEYS = ("position", "id", "name", "team", "accelerators", "reason")
-QUEUE_COLUMNS = (
-    Column("#"),
-    Column("queued"),
-    Column("name", drop=1),
-    Column("team", drop=2),
-    Column("accelerators", drop=3),
-    Column("reason", sentence=True),
-)
+# The key of a row each column shows.
+ACTIVE = {
+    "id": Column("running"),
+    "name": Column("name", drop=1),
+    "team": Column("team", drop=2),
+    "status": Column("status"),
+    "accelerators": Column("accelerators"),
+}
+QUEUE = {
+    "position": Column("#"),
+    "id": Column("queued"),
+    "name": Column("name", drop=1),
+    "team": Column("team", drop=2),
+    "accelerators": Column("accelerators", drop=3),
+    "reason": Column("reason", sentence=True),
+}
 
 
-def cells(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> list[list[Text]]:
+def cells(rows: list[dict[str, Any]], keys: Iterable[str]) -> list[list[Text]]:
     return [[Text(clean("" if r.get(k) is None else r[k])) for k in keys] for r in rows]
 
 
