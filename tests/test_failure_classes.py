@@ -102,6 +102,9 @@ def test_the_tasks_cancelled_after_a_failure_are_not_its_cause() -> None:
     failure = classify(died + cancelled)
     assert failure.cls == "actor_died", failure
     assert not any("AgentLoopWorker" in e.line for e in failure.evidence)
+    # A cancellation said on one line, with no traceback before it.
+    alone = f"{p}ray.exceptions.RayTaskError(TaskCancelledError): ray::AgentLoopWorker.run()\n"
+    assert classify(died + alone).cls == "actor_died"
     # A report is the same code failing, not cancelled: the rollout pipeline failed.
     failed = cancelled.replace("TaskCancelledError", "RuntimeError").replace("Cancelled", "Timeout")
     assert classify(died + failed).cls == "async_pipeline_error"

@@ -43,6 +43,8 @@ def cancelled(lines: list[str]) -> set[int]:
         content = line[prefix.end() :] if prefix else line
         report = open_.get(source)
         if report is None:
+            if _RAISED.match(content) and _CANCEL.search(content):
+                echoes.add(i)  # a cancellation said on one line
             if not _STARTS.search(content):
                 continue
             report = open_[source] = []
