@@ -93,22 +93,26 @@ class VerlRun:
         return (self.root / RAY_DIR / "ray-token").read_text().strip()
 
 
-def start_service(prefix: str) -> tuple[Path, ServiceProcess]:
+def start_service(
+    prefix: str, ports: tuple[int, int] = (2200, 2300)
+) -> tuple[Path, ServiceProcess]:
     """A new root (smoke assets in it) and a service on an embedded head of its own, started.
     The root is where the embedded nodes' own user (the service runs as root) reads data and
     writes checkpoints: not in pytest's private temp dir. The checkpoint root is the service's
-    to make at start (for that user); one that exists is not taken over."""
+    to make at start (for that user); one that exists is not taken over. ``ports``: the head's
+    and its dashboard's, as offsets from ``RAY_PORT`` (a service beside the shared run's needs
+    others)."""
     from jobs.verl_cpu import assets
 
     root = Path(tempfile.mkdtemp(prefix=prefix))
     root.chmod(0o755)
     assets.make(root / "data" / "rlrun-smoke")
-    service = _service(root)
+    service = _service(root, ports)
     service.start(timeout=180)
     return root, service
 
 
-def _service(root: Path) -> ServiceProcess:
+def _service(root: Path, ports: tuple[int, int] = (2200, 2300)) -> ServiceProcess:
     service = ServiceProcess("sqlite:///" + str(root / "db.sqlite"), "local", root / "s.log")
     data = root / "data"
     service.env |= {
@@ -119,8 +123,8 @@ def _service(root: Path) -> ServiceProcess:
         "RLRUN_LOCAL_RAY_DIR": str(root / RAY_DIR),
         # Ports of this session's range (conftest: RAY_PORT..RAY_PORT+2500), not random free ones
         # that another process may take between choosing and binding.
-        "RLRUN_LOCAL_RAY_PORT": str(RAY_PORT + 2200),
-        "RLRUN_LOCAL_DASHBOARD_PORT": str(RAY_PORT + 2300),
+        "RLRUN_LOCAL_RAY_PORT": str(RAY_PORT + ports[0]),
+        "RLRUN_LOCAL_DASHBOARD_PORT": str(RAY_PORT + ports[1]),
         "RLRUN_VERL_DATA_DIR": str(data),
         "RLRUN_VERL_MODEL_DIR": str(data),
         "RLRUN_VERL_CHECKPOINT_ROOT": str(root / "checkpoints"),
