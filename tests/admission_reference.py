@@ -12,17 +12,17 @@ from service.scheduling.admission import (
     QueuedRun,
     Quotas,
     _behind,
+    _capacity_reason,
     _charge,
     _demand,
+    _Sums,
     _take_somewhere,
-    describe_groups,
     held_by_team,
     queue_order,
 )
 from service.scheduling.fit import on_empty_cluster
 from service.scheduling.inventory import Inventory
 from service.scheduling.placement import EPS, Fitter, Pool, pack
-from service.scheduling.shape import ResourceShape
 
 
 def decide(
@@ -76,7 +76,7 @@ def decide(
             continue
         if head is None:
             head = run
-            decision.reasons[run.id] = _capacity_reason(shape, free, inventory, account)
+            decision.reasons[run.id] = _capacity_reason(shape, free, _Sums(inventory), account, {})
             unreserved = Fitter(free.copy())
             freest = totals.ordered([-r.get(shape.accelerator, 0.0) for r in free.free])
             reservation = pack(shape, freest)
@@ -85,18 +85,5 @@ def decide(
         elif in_account and unreserved is not None and unreserved.fit(shape) is not None:
             decision.reasons[run.id] = _behind(head, run)
         else:
-            decision.reasons[run.id] = _capacity_reason(shape, free, inventory, account)
+            decision.reasons[run.id] = _capacity_reason(shape, free, _Sums(inventory), account, {})
     return decision
-
-
-def _capacity_reason(
-    shape: ResourceShape, free: Pool, inventory: Inventory, account: dict[str, float]
-) -> str:
-    acc = shape.accelerator
-    need = describe_groups(sorted((g.accelerators for g in shape.groups), reverse=True), acc)
-    short = [r for r, n in _demand(shape).items() if account[r] + EPS < n]
-    if short:
-        r = short[0]
-        held = inventory.sum(r) - account[r]
-        return f"capacity: needs {need}; admitted runs hold {held:g} of {inventory.sum(r):g} {r}"
-    return f"capacity: needs {need}; largest free: {free.largest(acc):g} {acc} on one node"
