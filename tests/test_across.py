@@ -81,6 +81,9 @@ def test_one_cluster_decides_exactly_as_decide_grouped(
     every = {r.id: ["default"] for r in queued}
     across = decide_across([state], queued, every, quotas, limit)
     assert across.reasons == plain.reasons
+    assert {r: across.by_cluster[r] for r in across.reasons} == {
+        r: {"default": reason} for r, reason in plain.reasons.items()
+    }
     assert across.placements == plain.placements
     if groups:
         # Each group is decided in its own fair order (a team without a quota measured against

@@ -1,12 +1,17 @@
 """Preemption for priority, decided on a given inventory: the victims that lose the least, the
-fewest of them, and the runs spared (recently admitted, preempted often, no checkpoints, quota)."""
+fewest of them, and the runs spared (recently admitted, preempted often, no checkpoints, quota);
+and exactly the choice of the straightforward one (``preemption_reference``)."""
 
 from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from service.scheduling.admission import QueuedRun, Quotas
 from service.scheduling.inventory import Inventory, Node
 from service.scheduling.preemption import NO_CHECKPOINTS, Policy, Running, choose
 from service.scheduling.shape import Group, ResourceShape
+from tests import preemption_reference
 
 NOW = 1_000_000.0
 LONG_AGO = NOW - 3600
@@ -119,3 +124,74 @@ def test_runs_already_stopping_make_the_room_and_nothing_more_is_preempted() -> 
     assert [(p.run.id, [v.id for v in p.victims]) for p in choice.preemptions] == [
         ("urgent2", ["b"])
     ]
+
+
+# ---- the same choice as the straightforward one (preemption_reference) ----------------------
+
+PALETTE = [
+    shape(8),
+    shape(4),
+    shape(16),
+    ResourceShape(groups=(Group("a", 4, 2.0),) * 2),
+    ResourceShape(driver_cpus=40.0),
+]
+
+
+@st.composite
+def preemption_rounds(
+    draw: st.DrawFn,
+) -> tuple[list[QueuedRun], list[Running], Inventory, Quotas, Policy, int]:
+    nodes = []
+    for i in range(draw(st.integers(1, 8))):
+        npus = draw(st.sampled_from([8.0, 16.0]))
+        free = draw(st.sampled_from([0.0, 0.0, 0.0, 4.0, npus]))
+        nodes.append(Node(f"n{i}", {"NPU": npus, "CPU": 64.0}, {"NPU": free, "CPU": 32.0}))
+    teams = ["t0", "t1", "t2"]
+    running = [
+        Running(
+            f"r{i:02d}",
+            draw(st.sampled_from(teams)),
+            draw(st.sampled_from([0, 0, 1, 2])),
+            draw(st.sampled_from(PALETTE)),
+            admitted_at=NOW - draw(st.sampled_from([60.0, 3600.0, 3600.0])),
+            started_at=draw(st.sampled_from([None, LONG_AGO, LONG_AGO + 60])),
+            steps_lost=draw(st.sampled_from([None, 0, 0, 1, 3])),
+            times=draw(st.sampled_from([0, 0, 1, 3, 4])),
+            last_preempted_at=draw(st.sampled_from([None, NOW - 600, NOW - 4000])),
+            stopping=draw(st.sampled_from([False] * 5 + [True])),
+            settled=draw(st.sampled_from([True, True, False])),
+        )
+        for i in range(draw(st.integers(1, 14)))
+    ]
+    waiting = [
+        QueuedRun(
+            f"q{i:02d}",
+            draw(st.sampled_from(teams)),
+            draw(st.sampled_from([0, 1, 2, 2])),
+            draw(st.sampled_from(PALETTE)),
+        )
+        for i in range(draw(st.integers(0, 10)))
+    ]
+    quotas = Quotas({t: draw(st.sampled_from([8, 16, 64])) for t in teams if draw(st.booleans())})
+    policy = Policy(
+        without_checkpoints=draw(st.booleans()),
+        preemptible=frozenset(draw(st.sampled_from([[0, 1], [0, 1], [0], [1], []]))),
+    )
+    return waiting, running, Inventory(tuple(nodes)), quotas, policy, draw(st.integers(1, 8))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(preemption_rounds())
+def test_the_choice_is_the_straightforward_one(
+    case: tuple[list[QueuedRun], list[Running], Inventory, Quotas, Policy, int],
+) -> None:
+    waiting, running, inventory, quotas, policy, tries = case
+    fast = choose(waiting, running, inventory, quotas, policy, NOW, tries=tries)
+    plain = preemption_reference.choose(
+        waiting, running, inventory, quotas, policy, NOW, tries=tries
+    )
+    assert [(p.run, p.victims) for p in fast.preemptions] == [
+        (p.run, p.victims) for p in plain.preemptions
+    ]
+    assert list(fast.spared.items()) == list(plain.spared.items())
+    assert fast.waits_on == plain.waits_on

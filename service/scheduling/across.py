@@ -28,6 +28,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
+from typing import Final, Literal
 
 from service.scheduling.admission import (
     NEXT_IN_LINE,
@@ -70,7 +72,8 @@ class ClusterState:
 class ClusterDecision:
     admit: list[tuple[str, str]]  # (run id, cluster), in queue order
     reasons: dict[str, str]  # run id -> the one line stored as queue_reason
-    by_cluster: dict[str, dict[str, str]]  # run id -> cluster -> that cluster's reason
+    # Run id -> cluster -> that cluster's reason (read only: runs told alike share one).
+    by_cluster: dict[str, dict[str, str]]
     placements: dict[str, Placement]
     order: list[str] = field(default_factory=list)  # run ids in the order they were decided
     # Run id -> the cluster it was admitted to or waits for, and why that one.
@@ -155,10 +158,7 @@ def decide_across(
     shapes = Shapes()
     by_name = {c.name: _Cluster(c, shapes) for c in clusters}
     alone = len(clusters) == 1
-    where = {
-        r.id: [by_name[n] for n in dict.fromkeys(candidates.get(r.id, ())) if n in by_name]
-        for r in queued
-    }
+    where = _where(queued, candidates, by_name)
     used = held_by_team([h for c in clusters for h in c.held])
     shares = _shares(queued, where)
     order = fair_order(queued, dict(used), quotas, shares, shapes, recent)
@@ -169,15 +169,96 @@ def decide_across(
         recent or {},
         lambda team: float(quotas.of(team) or shares(team)),
     )
+    step = _Step(decision, used, quotas, limit, alone, told)
+    # With one cluster, what a run is told depends on its team, its shape and its priority
+    # only, until something is admitted or a run starts to wait first (and reserves): worked
+    # out once per such kind of run until then.
+    said: dict[tuple[str, int, int], _Said] = {}
     for run in order:
-        reasons: dict[str, str] = {}
-        decision.by_cluster[run.id] = reasons
         mine = where[run.id]
         if not mine:
+            decision.by_cluster[run.id] = {}
             decision.reasons[run.id] = NO_CLUSTER
             continue
         info = shapes.of(run.shape)
-        quota = quotas.of(run.team)
+        if not alone:
+            step.take(run, info, mine)
+            continue
+        kind = (run.team, info.key, run.priority)
+        known = said.get(kind)
+        if known is not None:
+            known.tell(run.id, decision)
+            continue
+        counted = step.take(run, info, mine)
+        if counted is _CHANGED:
+            said.clear()
+        else:
+            said[kind] = _Said.of(decision, run.id, counted)
+    return decision
+
+
+@dataclass(slots=True)
+class _Said:
+    """What a run was told, to tell the next run of its kind (``counted``: the round where it
+    counts as waiting)."""
+
+    by_cluster: dict[str, str]
+    reason: str
+    chosen: str | None
+    why: str | None
+    counted: Round | None
+
+    @classmethod
+    def of(cls, decision: ClusterDecision, run_id: str, counted: Round | None) -> _Said:
+        return cls(
+            decision.by_cluster[run_id],
+            decision.reasons[run_id],
+            decision.chosen.get(run_id),
+            decision.why.get(run_id),
+            counted,
+        )
+
+    def tell(self, run_id: str, decision: ClusterDecision) -> None:
+        decision.by_cluster[run_id] = self.by_cluster
+        decision.reasons[run_id] = self.reason
+        if self.chosen is not None:
+            decision.chosen[run_id] = self.chosen
+        if self.why is not None:
+            decision.why[run_id] = self.why
+        if self.counted is not None:
+            self.counted.waiters += 1
+
+
+class _Changed(Enum):
+    """``_Step.take`` admitted a run or made it the first to wait somewhere (which reserves)."""
+
+    CHANGED = "changed"
+
+
+_CHANGED: Final = _Changed.CHANGED
+
+
+@dataclass
+class _Step:
+    """One run's turn in a round: offered to each cluster it may go to, admitted or told why
+    it waits."""
+
+    decision: ClusterDecision
+    used: dict[str, int]  # accelerators per team over all clusters, this round's admissions in
+    quotas: Quotas
+    limit: int | None
+    alone: bool
+    told: _Told
+
+    def take(
+        self, run: QueuedRun, info: ShapeInfo, mine: list[_Cluster]
+    ) -> Round | Literal[_Changed.CHANGED] | None:
+        """Decide ``run``; returns ``_CHANGED`` when that changed what later runs find, else
+        the round where it counts as waiting (None: it does not wait for capacity)."""
+        decision, used, alone = self.decision, self.used, self.alone
+        reasons: dict[str, str] = {}
+        decision.by_cluster[run.id] = reasons
+        quota = self.quotas.of(run.team)
         over = None
         if quota is not None and used[run.team] + info.accelerators > quota:
             over = quota_reason(run.team, used[run.team], quota, info.accelerators)
@@ -186,14 +267,14 @@ def decide_across(
             reasons[offer.cluster.name] = offer.reason
         fitting = [o for o in found if o.outcome is not None and o.outcome.kind is Finds.FITS]
         if fitting:
-            if limit is not None and len(decision.admit) >= limit:
+            if self.limit is not None and len(decision.admit) >= self.limit:
                 for offer in fitting:
                     reasons[offer.cluster.name] = NEXT_IN_LINE
                 name = fitting[0].cluster.name
                 decision.reasons[run.id] = _say(alone, name, reasons)
                 decision.chosen[run.id] = name
                 decision.why[run.id] = "fits now; the round's admissions are all taken"
-                continue
+                return None
             best = min(fitting, key=_free_left)
             part, outcome = _offered(best)
             decision.placements[run.id] = part.admit(run, outcome)
@@ -205,10 +286,10 @@ def decide_across(
                 else "fits now"
             )
             used[run.team] += info.accelerators
-            continue
+            return _CHANGED
         if over is not None and any(o.outcome is None for o in found):
             decision.reasons[run.id] = over
-            continue
+            return None
         waits = [o for o in found if o.outcome is not None and o.outcome.kind in _WAITS]
         if waits:
             best = _soonest(waits, run)
@@ -219,7 +300,7 @@ def decide_across(
                 reasons[best.cluster.name] += (
                     f"; {ahead} run{'s' if ahead > 1 else ''} ahead of it wait there"
                 )
-            decision.reasons[run.id] = told.after(run, _say(alone, best.cluster.name, reasons))
+            decision.reasons[run.id] = self.told.after(run, _say(alone, best.cluster.name, reasons))
             decision.chosen[run.id] = best.cluster.name
             decision.why[run.id] = (
                 f"fits later on {len(waits)} clusters; it would start soonest on this one "
@@ -227,7 +308,7 @@ def decide_across(
                 if len(waits) > 1
                 else "the one cluster where it fits once runs ahead of it end"
             )
-            continue
+            return _CHANGED if outcome.kind is Finds.HEAD else part
         chosen = next(
             (o for o in found if o.outcome is not None and o.outcome.kind is Finds.QUOTA), None
         )
@@ -247,7 +328,25 @@ def decide_across(
             decision.reasons[run.id] = (
                 f"capacity: can never fit the nodes of any cluster it may use ({names})"
             )
-    return decision
+        return None
+
+
+def _where(
+    queued: Sequence[QueuedRun],
+    candidates: Mapping[str, Sequence[str]],
+    by_name: Mapping[str, _Cluster],
+) -> dict[str, list[_Cluster]]:
+    """Per run, the clusters it may go to (each once, most preferred first); runs naming the
+    same clusters share one list."""
+    lists: dict[tuple[str, ...], list[_Cluster]] = {}
+    where = {}
+    for r in queued:
+        names = tuple(candidates.get(r.id, ()))
+        mine = lists.get(names)
+        if mine is None:
+            mine = lists[names] = [by_name[n] for n in dict.fromkeys(names) if n in by_name]
+        where[r.id] = mine
+    return where
 
 
 class _Told:

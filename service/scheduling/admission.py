@@ -21,7 +21,7 @@
 from __future__ import annotations
 
 import heapq
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -335,19 +335,23 @@ class Shapes:
 
     def __init__(self) -> None:
         self._by_value: dict[ResourceShape, ShapeInfo] = {}
-        self._by_id: dict[int, tuple[ResourceShape, ShapeInfo]] = {}
+        self._by_id: dict[int, ShapeInfo] = {}
+        # Every shape looked up, held so that its id names no other object meanwhile (a list,
+        # not a pair per run: a round's runs leave the garbage collector less to look at).
+        self._held: list[ResourceShape] = []
 
     def of(self, shape: ResourceShape) -> ShapeInfo:
-        seen = self._by_id.get(id(shape))
-        if seen is not None and seen[0] is shape:
-            return seen[1]
+        info = self._by_id.get(id(shape))
+        if info is not None:
+            return info
         info = self._by_value.get(shape)
         if info is None:
             info = ShapeInfo(
                 len(self._by_value), shape.accelerators, _demand(shape), shape.accelerator
             )
             self._by_value[shape] = info
-        self._by_id[id(shape)] = (shape, info)  # holding the shape keeps its id unique
+        self._by_id[id(shape)] = info
+        self._held.append(shape)
         return info
 
 
@@ -441,31 +445,39 @@ def fair_order(
     lately, plus held now and projected by the runs ahead, over the team's weight), each team
     first in, first out; ``share``: the accelerators a team without a quota is measured
     against; ``recent``: what each team held lately (none: no memory)."""
-    classes: dict[int, dict[str, deque[tuple[int, QueuedRun]]]] = defaultdict(
-        lambda: defaultdict(deque)
-    )
+    # Per class and team: the team's runs and their places in the queue, first in first.
+    classes: dict[int, dict[str, tuple[list[QueuedRun], list[int]]]] = defaultdict(dict)
     for index, run in enumerate(queued):
-        classes[run.priority][run.team].append((index, run))
-    projected: dict[str, float] = dict(used)
+        teams = classes[run.priority]
+        mine = teams.get(run.team)
+        if mine is None:
+            mine = teams[run.team] = ([], [])
+        mine[0].append(run)
+        mine[1].append(index)
+    projected: dict[str, float] = defaultdict(float, used)
     for team, lately in (recent or {}).items():
-        projected[team] = projected.get(team, 0) + lately
-
-    def key(team: str, runs: deque[tuple[int, QueuedRun]]) -> tuple[float, int, str]:
-        weight = float(quotas.of(team) or share(team))
-        return (projected.get(team, 0) / weight, runs[0][0], team)
-
+        projected[team] += lately
+    weights = {
+        team: float(quotas.of(team) or share(team)) for teams in classes.values() for team in teams
+    }
     order: list[QueuedRun] = []
     for priority in sorted(classes, reverse=True):
         teams = classes[priority]
-        heap = [key(team, runs) for team, runs in teams.items()]
+        taken = dict.fromkeys(teams, 0)  # runs of each team already in the order
+        heap = [(projected[team] / weights[team], at[0], team) for team, (_, at) in teams.items()]
         heapq.heapify(heap)
         while heap:
-            team = heapq.heappop(heap)[2]
-            _, run = teams[team].popleft()
+            team = heap[0][2]
+            runs, at = teams[team]
+            n = taken[team]
+            run = runs[n]
             order.append(run)
-            projected[team] = projected.get(team, 0) + shapes.of(run.shape).accelerators
-            if teams[team]:
-                heapq.heappush(heap, key(team, teams[team]))
+            projected[team] += shapes.of(run.shape).accelerators
+            n = taken[team] = n + 1
+            if n < len(runs):  # the team's next run takes its turn by the standing it has now
+                heapq.heapreplace(heap, (projected[team] / weights[team], at[n], team))
+            else:
+                heapq.heappop(heap)
     return order
 
 

@@ -188,13 +188,16 @@ def _search(
         # Identical consecutive groups take nodes in non-decreasing order (no symmetric retries).
         start = chosen[-1] if k and groups[k - 1] == g else 0
         # Nodes in the same state are interchangeable: only the first of each is tried, best
-        # fit first (ties in node order, as a stable sort of every node would give).
-        first: dict[tuple[float, float], int] = {}
-        for n in range(start, len(left)):
-            state = left[n]
-            if state not in first and state[0] + EPS >= g[0] and state[1] + EPS >= g[1]:
-                first[state] = n
-        for _, node in sorted(first.items(), key=lambda s: (s[0][0] - g[0], s[0][1] - g[1])):
+        # fit first (ties in node order, as a stable sort of every node would give). Each
+        # state's first node is found without a step per node: walking backwards, the first
+        # is the last written.
+        first = dict(zip(reversed(left[start:]), range(len(left) - 1, start - 1, -1), strict=True))
+        fitting = [
+            (a - g[0], c - g[1], n)
+            for (a, c), n in first.items()
+            if a + EPS >= g[0] and c + EPS >= g[1]
+        ]
+        for *_, node in sorted(fitting):
             steps += 1
             if steps > SEARCH_BUDGET:
                 return False
@@ -216,9 +219,9 @@ def _spread_driver(cpus: float, free_cpus: list[float]) -> list[tuple[int, float
         return []
     # Most often the node with the most CPUs left holds them all: the first such node, as the
     # stable sort below would put first.
-    most = max(range(len(free_cpus)), key=free_cpus.__getitem__)
-    if free_cpus[most] >= cpus:
-        return [(most, cpus)]
+    largest = max(free_cpus)
+    if largest >= cpus:
+        return [(free_cpus.index(largest), cpus)]
     slots = []
     remaining = cpus
     for node in sorted(range(len(free_cpus)), key=free_cpus.__getitem__, reverse=True):

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from service.scheduling.admission import ACCOUNTED, NEVER, QueuedRun, Quotas
 from service.scheduling.inventory import Inventory
@@ -140,7 +141,11 @@ class Choice:
 def waits_for_room(run: QueuedRun, reasons: Mapping[str, str]) -> bool:
     """Whether admission left ``run`` waiting for capacity (not for its quota, its budget, its
     turn in the round's batch, nor a cluster it can never fit)."""
-    reason = reasons.get(run.id, "")
+    return _waits(reasons.get(run.id, ""))
+
+
+@lru_cache(maxsize=4096)  # a round's runs that wait alike are told the same reason
+def _waits(reason: str) -> bool:
     if reason.startswith("waits for "):  # several clusters: the one it waits for comes first
         reason = reason.split(": ", 1)[-1]
     return (reason.startswith("capacity: ") and reason != NEVER) or reason.startswith("behind ")
@@ -191,19 +196,29 @@ class _Room:
                     free.take(placed)
         self.free = free
         totals = inventory.totals()
+        # What is in use per node (packing reads only the accelerators and CPUs of a node).
         self.used = Pool(
             list(free.node_ids),
             [
-                {r: max(0.0, totals[node].get(r, 0.0) - left.get(r, 0.0)) for r in left}
+                {r: max(0.0, totals[node].get(r, 0.0) - left[r]) for r in ACCOUNTED if r in left}
                 for node, left in zip(free.node_ids, free.free, strict=True)
             ],
         )
         self.index = {node: i for i, node in enumerate(free.node_ids)}
         self.placed: dict[str, Placement | None] = {}
+        self._demands: dict[str, dict[str, float]] = {}
+        # Per accelerator: the nodes (in order) with some of it free; until the next take.
+        self._useful: dict[str, list[int]] = {}
         self.account = {r: inventory.sum(r) - outside.get(r, 0.0) for r in ACCOUNTED}
         for run in running:
-            for r, n in _demand(run.shape).items():
+            for r, n in self._demand(run).items():
                 self.account[r] -= n
+
+    def _demand(self, run: Running) -> dict[str, float]:
+        demand = self._demands.get(run.id)
+        if demand is None:
+            demand = self._demands[run.id] = _demand(run.shape)
+        return demand
 
     def _where(self, run: Running) -> Placement | None:
         """Where ``run``'s share is taken to be (worked out once per run)."""
@@ -214,12 +229,15 @@ class _Room:
             self.placed[run.id] = placed
         return self.placed[run.id]
 
-    def _given(self, gone: Sequence[Running]) -> tuple[dict[str, float], list[dict[str, float]]]:
+    def _given(
+        self, gone: Sequence[Running]
+    ) -> tuple[dict[str, float], list[dict[str, float]], set[int]]:
+        """The account and what is free per node with ``gone`` gone, and the nodes they free."""
         account = dict(self.account)
         free = list(self.free.free)
         copied: set[int] = set()
         for run in gone:
-            for r, n in _demand(run.shape).items():
+            for r, n in self._demand(run).items():
                 account[r] += n
             placement = self._where(run)
             if placement is None:
@@ -232,25 +250,38 @@ class _Room:
                 res = free[i]
                 res[placement.accelerator] = res.get(placement.accelerator, 0.0) + slot.accelerators
                 res["CPU"] = res.get("CPU", 0.0) + slot.cpus
-        return account, free
+        return account, free, copied
 
     def fits(self, shape: ResourceShape, gone: Sequence[Running]) -> Placement | None:
-        account, free = self._given(gone)
+        account, free, freed = self._given(gone)
         if any(account[r] + EPS < n for r, n in _demand(shape).items()):
             return None
         ids = self.free.node_ids
         if shape.groups:  # packed on the nodes with accelerators free (the driver's CPUs too)
             acc = shape.accelerator
-            useful = [i for i, r in enumerate(free) if r.get(acc, 0.0) > EPS]
+            useful = self._useful.get(acc)
+            if useful is None:
+                useful = self._useful[acc] = [
+                    i for i, r in enumerate(self.free.free) if r.get(acc, 0.0) > EPS
+                ]
+            more = [i for i in freed if free[i].get(acc, 0.0) > EPS]
+            if more:  # a node only gains from the gone runs: those free before stay useful
+                useful = sorted(set(useful).union(more))
             return pack(shape, Pool([ids[i] for i in useful], [free[i] for i in useful]))
         return pack(shape, Pool(list(ids), free))  # pack reads a pool, never changes it
 
     def take(self, placement: Placement, shape: ResourceShape, gone: Sequence[Running]) -> None:
         """The preemptor is as good as admitted: its victims' room is its."""
-        account, free = self._given(gone)
+        account, free, freed = self._given(gone)
+        for slot in placement.slots:  # only the nodes it takes from change (the rest shared)
+            i = self.index[slot.node]
+            if i not in freed:
+                free[i] = dict(free[i])
+                freed.add(i)
         self.account = account
-        self.free = Pool(list(self.free.node_ids), [dict(r) for r in free])
+        self.free = Pool(list(self.free.node_ids), free)
         self.free.take(placement)
+        self._useful.clear()
         for r, n in _demand(shape).items():
             self.account[r] -= n
 
@@ -285,6 +316,12 @@ def choose(
         held[r.team] = held.get(r.team, 0) + r.shape.accelerators
     room: _Room | None = None
     free_runs = {r.id: r for r in running if not r.stopping}
+    # Whether a run is spared, and its loss, depend on it, the policy and the clock only: asked
+    # once. The spared stay free (never victims); the others, least loss first (ties in
+    # admission order, as sorting each waiting run's own would give).
+    kept: list[tuple[Running, str]] | None = None
+    ranked: list[Running] = []
+    told = lowest  # spared runs below this priority are in choice.spared already
     asked = 0
     for run in waiting:
         if run.priority <= lowest:
@@ -301,16 +338,21 @@ def choose(
             room.take(made, run.shape, stopping)
             stopping = []
             continue
-        eligible = []
-        for other in free_runs.values():
-            if other.priority >= run.priority:
-                continue
-            why = spared(other, policy, now)
-            if why is None:
-                eligible.append(other)
-            else:
-                choice.spared.setdefault(other.id, why)
-        eligible.sort(key=_loss)
+        if kept is None:
+            kept = []
+            for other in free_runs.values():
+                why = spared(other, policy, now)
+                if why is None:
+                    ranked.append(other)
+                else:
+                    kept.append((other, why))
+            ranked.sort(key=_loss)
+        if run.priority > told:
+            for other, why in kept:
+                if other.priority < run.priority:
+                    choice.spared.setdefault(other.id, why)
+            told = run.priority
+        eligible = [o for o in ranked if o.priority < run.priority and o.id in free_runs]
         quota = quotas.of(run.team)
         victims: list[Running] = []
         placed = None
