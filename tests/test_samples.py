@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi.testclient import TestClient
-from sqlalchemy import func, select
+from sqlalchemy import event, func, select
 
 from jobs import samples as job
 from service.loops.follower import Follower
@@ -227,3 +227,29 @@ def test_a_spec_with_bad_samples_options_is_refused_with_the_field_path(api: Tes
         assert got.status_code == 422, got.text
         assert got.headers["content-type"].startswith("application/problem+json")
         assert f"samples.{field}" in json.dumps(got.json()) or field in json.dumps(got.json())
+
+
+def test_a_score_filter_and_the_per_step_scores_read_the_indexes_not_the_rows(
+    sqlite_db: Database,
+) -> None:
+    run_id = add_run(sqlite_db, "indexed")
+    seed(sqlite_db, run_id)
+    seen: list[tuple[str, Any]] = []
+
+    def record(_conn: object, _cursor: object, sql: str, params: Any, *_: object) -> None:
+        if "run_samples" in sql:
+            seen.append((sql, params))
+
+    engine = sqlite_db.engines[0]
+    event.listen(engine, "before_cursor_execute", record)
+    with sqlite_db.read() as s:
+        samples.page(s, run_id, samples.Query(min_score=0.5, max_score=0.9))
+        assert [x["count"] for x in samples.steps(s, run_id)] == [10, 10, 10]
+    event.remove(engine, "before_cursor_execute", record)
+    with engine.connect() as conn:
+        plans = [
+            " ".join(row[-1] for row in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}", params))
+            for sql, params in seen
+        ]
+    assert "ix_run_samples_run_id_score" in plans[0], plans
+    assert "COVERING INDEX ix_run_samples_run_step_scores" in plans[1], plans

@@ -154,9 +154,25 @@ class Query:
     limit: int = 50
 
 
-def page(session: Session, run_id: str, query: Query) -> tuple[list[RunSample], int | None]:
-    """A page of the run's samples, newest first, and the cursor of the next page."""
-    stmt = select(RunSample).where(RunSample.run_id == run_id)
+# What a page shows of a sample (``wire.sample_doc``): plain rows, no ORM objects to build.
+PAGE_COLUMNS = (
+    RunSample.id,
+    RunSample.step,
+    RunSample.prompt_id,
+    RunSample.score,
+    RunSample.input,
+    RunSample.output,
+    RunSample.gts,
+    RunSample.extras,
+    RunSample.cut,
+    RunSample.of,
+)
+
+
+def page(session: Session, run_id: str, query: Query) -> tuple[list[Any], int | None]:
+    """A page of the run's samples (rows of ``PAGE_COLUMNS``), newest first, and the cursor of
+    the next page."""
+    stmt = select(*PAGE_COLUMNS).where(RunSample.run_id == run_id)
     if query.step is not None:
         stmt = stmt.where(RunSample.step == query.step)
     if query.prompt_id is not None:
@@ -175,7 +191,7 @@ def page(session: Session, run_id: str, query: Query) -> tuple[list[RunSample], 
         )
     if query.cursor is not None:
         stmt = stmt.where(RunSample.id < query.cursor)
-    rows = list(session.scalars(stmt.order_by(RunSample.id.desc()).limit(query.limit + 1)))
+    rows = list(session.execute(stmt.order_by(RunSample.id.desc()).limit(query.limit + 1)))
     more = len(rows) > query.limit
     rows = rows[: query.limit]
     return rows, (rows[-1].id if more and rows else None)

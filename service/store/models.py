@@ -307,9 +307,11 @@ class RunSample(Base):
     of: Mapped[int | None] = mapped_column(Integer)
     chars: Mapped[int] = mapped_column(Integer)
 
+    # A page newest first filtered by score reads the score from the index; a step's page and
+    # the per-step scores (count, mean, min, max, ``of``) read the second index alone.
     __table_args__ = (
-        Index("ix_run_samples_run_id", "run_id", "id"),
-        Index("ix_run_samples_run_step", "run_id", "step", "id"),
+        Index("ix_run_samples_run_id_score", "run_id", "id", "score"),
+        Index("ix_run_samples_run_step_scores", "run_id", "step", "id", "score", "of"),
         Index("ix_run_samples_run_prompt", "run_id", "prompt_id", "id"),
     )
 
