@@ -28,8 +28,10 @@ from service.metrics import samples, store
 from service.metrics.parse import MetricLine
 from service.recipes.verl.hydra_check import FULLY_ASYNC_CONFIG
 from service.store.db import Database
-from service.store.models import RunLog
+from service.store.models import RunLog, utcnow
+from service.store.status import RunStatus
 from tests.conftest import make_settings
+from tests.factories import add_run, read_run
 from tests.live import ServerThread
 
 # Control characters are refused at the door; markup and a bidi override are not.
@@ -369,3 +371,47 @@ def test_retry_starts_the_next_attempt_of_an_ended_run_only(server: str) -> None
     run = json.loads(out)
     assert code == 0 and run["attempt"] == 3 and run["ray"]["submission_id"] == f"{run_id}-a3"
     assert [a["status"] for a in run["attempts"]] == ["CANCELLED", "CANCELLED", "QUEUED"]
+
+
+def test_cancel_at_checkpoint_sends_the_stop_and_its_limit_and_refuses_within_alone(
+    server_db: tuple[str, str],
+) -> None:
+    server, db_url = server_db
+    db = Database(db_url)
+    try:
+        for run_id in ("yield-90", "yield-default", "yield-alone"):
+            add_run(db, run_id, RunStatus.RUNNING)
+        sent = utcnow()
+        code, out, err = rlrun(
+            "cancel", "yield-90", "--at-checkpoint", "--within", "90", "--server", server
+        )
+        assert code == 0, err
+        assert "yield-90" in out and "stops at its next checkpoint by " in out, out
+        run, reasons = read_run(db, "yield-90")
+        # What reached the service: a stop at the next checkpoint within 90 s, not a stop now.
+        assert run.stop_requested_at is None and run.status == RunStatus.RUNNING
+        assert run.yield_by is not None
+        waits = run.yield_by.replace(tzinfo=None) - sent.replace(tzinfo=None)
+        assert abs(waits.total_seconds() - 90) < 30
+        assert "within 90 s" in reasons[-1], reasons
+        # Without --within the service's own limit applies (RLRUN_DEFAULT_STOP_WITHIN_S).
+        code, out, _ = rlrun(
+            "cancel", "yield-default", "--at-checkpoint", "--server", server, "--output", "json"
+        )
+        assert code == 0
+        doc = json.loads(out)
+        assert doc["stop"]["at"] == "next_checkpoint" and doc["stop_requested"] is False
+        assert "within 1800 s" in read_run(db, "yield-default")[1][-1]
+        # --within alone, or a negative one, is refused before anything is sent.
+        before = read_run(db, "yield-alone")
+        for args in (["--within", "5"], ["--at-checkpoint", "--within", "-1"]):
+            code, _, err = rlrun("cancel", "yield-alone", *args, "--server", server)
+            assert code == 2 and "--within" in err, err
+        after = read_run(db, "yield-alone")
+        assert (after[0].yield_by, after[0].stop_requested_at, after[1]) == (
+            before[0].yield_by,
+            before[0].stop_requested_at,
+            before[1],
+        )
+    finally:
+        db.dispose()
