@@ -47,14 +47,27 @@ RAY_PORT = int(os.environ.get("RLRUN_TEST_RAY_PORT", "20379"))
 RAY_TOKENS: dict[str, str] = {}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The layers: a test on the session's Ray cluster is marked ``ray`` and ``slow`` (starting
     Ray and running jobs takes seconds), so ``-m "not slow"`` is the fast layer: unit tests with
-    an in-memory Ray, and the API on SQLite and PostgreSQL."""
+    an in-memory Ray, and the API on SQLite and PostgreSQL.
+
+    The lanes, for ``pytest -n 2 --dist loadgroup`` (.ci/run): every test marked ``ray`` (the
+    session's cluster, a head of its own, a service's embedded head) runs on one worker, one
+    after another as in a serial session, since their heads share one range of ports and their
+    waits assume one Ray at a time; the real verl runs' tests (``verl_lock``) run on one worker
+    (one shared run per worker session, one verl run at a time); the rest spread over the
+    workers."""
     for item in items:
-        if "ray_cluster" in getattr(item, "fixturenames", ()):
+        names = getattr(item, "fixturenames", ())
+        if "ray_cluster" in names:
             item.add_marker(pytest.mark.ray)
             item.add_marker(pytest.mark.slow)
+        if "verl_lock" in names:  # the shared verl run's tests, and any real verl run's
+            item.add_marker(pytest.mark.xdist_group("verl"))
+        elif item.get_closest_marker("ray") is not None:
+            item.add_marker(pytest.mark.xdist_group("ray"))
 
 
 @pytest.fixture(scope="session")

