@@ -7,13 +7,23 @@ tests/benchmarks/bench_preemption.py."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.cluster.local_ray import LocalRayCluster
 from service.cluster.ray_jobs import RayJobs
-from tests.benchmarks.bench_preemption import scenario, settings_for
+from tests.benchmarks.bench_preemption import (
+    TERMINAL,
+    high_spec,
+    low_spec,
+    scenario,
+    settings_for,
+    wait,
+)
+from tests.conftest import make_settings
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -45,3 +55,27 @@ def test_two_replicas_preempt_once_and_the_victim_resumes_from_its_checkpoint(
         assert resumed is not None and saved is not None and resumed >= saved
         steps = out.steps[victim_id]
         assert steps == sorted(set(steps)) and steps[-1] == 40
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_run_admitted_lately_keeps_running_and_the_high_run_says_why(
+    db_url: str, ray_cluster: LocalRayCluster, ray: RayJobs
+) -> None:
+    settings = make_settings(
+        db_url, ray_cluster.address, preemption="on", preemption_min_admitted_s=600.0
+    )
+    with TestClient(create_app(settings)) as client:
+        low = client.post("/runs", json=low_spec("fresh", 200)).json()["id"]
+        wait(client, low, lambda r: r["status"] == "RUNNING" and r["checkpoint"], 300)
+        high = client.post("/runs", json=high_spec(1)).json()["id"]
+        told = wait(client, high, lambda r: "not preempted" in (r["queue_reason"] or ""), 60)
+        assert f"not preempted: {low} admitted " in told["queue_reason"], told["queue_reason"]
+        assert "(not preempted before 600 s)" in told["queue_reason"]
+        time.sleep(1.0)  # rounds after it: still spared
+        run = client.get(f"/runs/{low}").json()
+        assert run["status"] == "RUNNING" and run["stop"] is None, run["stop"]
+        assert not [e for e in run["events"] if e["kind"] == "preempted"], run["events"]
+        for run_id in (high, low):
+            client.post(f"/runs/{run_id}/cancel")
+        for run_id in (high, low):
+            wait(client, run_id, lambda r: r["status"] in TERMINAL, 120)
