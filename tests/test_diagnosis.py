@@ -41,7 +41,7 @@ WRITTEN_BEFORE_THE_SPLIT = {
 }
 # This project's own verl runs: in the rule set whatever their hash says, since they are the
 # logs rules are fixed on when a real run is misnamed (tests/test_verl_failures.py).
-MADE_HERE = {"tests/verl_cpu_failures.sh", "tests/test_verl_resume_real.py"}
+MADE_HERE = {"tests/verl_cpu_failures.sh", "tests/test_verl_resume_real.py", "tests/verl_run.py"}
 
 
 def test_the_held_out_set_is_named_right_and_never_wrongly_when_unsure() -> None:

@@ -1,6 +1,7 @@
 """Real verl failures, produced by this project's verl CPU runs (``tests/verl_cpu_failures.sh``,
 the overrides or the kill in each excerpt's header; the trainer SIGKILLed under the service by
-``tests/test_verl_resume_real.py``), named from the log the service keeps: the
+``tests/test_verl_resume_real.py``, the rollout server under ``tests/verl_run.py``'s service),
+named from the log the service keeps: the
 job log copied in the follower's way (chunks, the kept tail of ``log_keep_chars``) and read back
 as a failed run's failure is settled."""
 
@@ -17,7 +18,7 @@ from service.store.status import RunStatus
 from tests.factories import add_run
 from tests.failure_corpus import RULE_SET, Excerpt, load
 
-MADE_HERE = {"tests/verl_cpu_failures.sh", "tests/test_verl_resume_real.py"}
+MADE_HERE = {"tests/verl_cpu_failures.sh", "tests/test_verl_resume_real.py", "tests/verl_run.py"}
 RUNS = [e for e in load(RULE_SET) if e.source in MADE_HERE]
 # A chunk as the follower stores it (a read of Ray's tail stream).
 CHUNK = 64 * 1024

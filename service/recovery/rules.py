@@ -187,12 +187,22 @@ CAUSES = [
 # Effects: named only when no cause is; the first rule that matches wins. A death Ray reports
 # outranks the rollout frames it surfaced in (a rollout server's sleep or wake-up calls every
 # worker, so a worker's death shows there), but not the async pipeline's own actors dying.
+_DIED_SUMMARY = "an actor of the run died"
+_DIED_HINT = "the actor's own log holds the reason (a crash, SIGKILL, or an error before this line)"
 _ASYNC_SUMMARY = "the asynchronous rollout pipeline failed"
 _ASYNC_HINT = (
     "the rollouter's traceback above names the failing call; partial rollouts and the "
     "message queue stop with it"
 )
 EFFECTS = [
+    # A task of the pipeline that failed because an actor it called died (a rollout server
+    # killed under the agent loop's generate call): the death, not the pipeline's code.
+    Rule(
+        "actor_died",
+        re.compile(r"RayTaskError\((?:ActorDiedError|RayActorError)\)"),
+        _DIED_SUMMARY,
+        _DIED_HINT,
+    ),
     Rule(
         "async_pipeline_error",
         re.compile(
@@ -210,8 +220,8 @@ EFFECTS = [
             r"|Worker unexpectedly exits|^Ray's state API: actor \S+ died\b",
             re.M,
         ),
-        "an actor of the run died",
-        "the actor's own log holds the reason (a crash, SIGKILL, or an error before this line)",
+        _DIED_SUMMARY,
+        _DIED_HINT,
     ),
     Rule(
         "async_pipeline_error",
