@@ -13,11 +13,10 @@ from service.scheduling.preemption import (
     TRIES,
     Choice,
     Policy,
-    Preemption,
     Running,
-    Victim,
     _demand,
     _loss,
+    _preempt,
     spared,
 )
 from service.scheduling.shape import ResourceShape
@@ -149,40 +148,6 @@ def choose(
             else:
                 choice.spared.setdefault(other.id, why)
         eligible.sort(key=_loss)
-        quota = quotas.of(run.team)
-        victims: list[Running] = []
-        placed = None
-        for other in eligible:
-            victims.append(other)
-            placed = room.fits(run.shape, [*stopping, *victims])
-            if placed is not None:
-                break
-        if placed is None:
-            continue
-        # The fewest that make room: drop any victim the rest can do without, costliest first.
-        for other in sorted(victims, key=_loss, reverse=True):
-            fewer = [v for v in victims if v is not other]
-            again = room.fits(run.shape, [*stopping, *fewer])
-            if again is not None:
-                victims, placed = fewer, again
-        if quota is not None:
-            mine = sum(v.shape.accelerators for v in victims if v.team == run.team)
-            if held.get(run.team, 0) - mine + run.shape.accelerators > quota:
-                continue  # no team preempts its way over its quota
-        assert placed is not None
-        room.take(placed, run.shape, victims)
-        stopping = []  # given to this run: the next waiting run needs room of its own
-        for v in victims:
-            free_runs.pop(v.id, None)
-            held[v.team] -= v.shape.accelerators
-        held[run.team] = held.get(run.team, 0) + run.shape.accelerators
-        choice.preemptions.append(
-            Preemption(
-                run,
-                [
-                    Victim(v.id, v.team, v.priority, v.shape.accelerators, v.steps_lost or 0)
-                    for v in victims
-                ],
-            )
-        )
+        if _preempt(run, eligible, stopping, room, quotas.of(run.team), held, free_runs, choice):
+            stopping = []  # given to this run: the next waiting run needs room of its own
     return choice

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Protocol
 
 from service.scheduling.admission import ACCOUNTED, NEVER, QueuedRun, Quotas
 from service.scheduling.inventory import Inventory
@@ -353,40 +354,58 @@ def choose(
                     choice.spared.setdefault(other.id, why)
             told = run.priority
         eligible = [o for o in ranked if o.priority < run.priority and o.id in free_runs]
-        quota = quotas.of(run.team)
-        victims: list[Running] = []
-        placed = None
-        for other in eligible:
-            victims.append(other)
-            placed = room.fits(run.shape, [*stopping, *victims])
-            if placed is not None:
-                break
-        if placed is None:
-            continue
-        # The fewest that make room: drop any victim the rest can do without, costliest first.
-        for other in sorted(victims, key=_loss, reverse=True):
-            fewer = [v for v in victims if v is not other]
-            again = room.fits(run.shape, [*stopping, *fewer])
-            if again is not None:
-                victims, placed = fewer, again
-        if quota is not None:
-            mine = sum(v.shape.accelerators for v in victims if v.team == run.team)
-            if held.get(run.team, 0) - mine + run.shape.accelerators > quota:
-                continue  # no team preempts its way over its quota
-        assert placed is not None
-        room.take(placed, run.shape, victims)
-        stopping = []  # given to this run: the next waiting run needs room of its own
-        for v in victims:
-            free_runs.pop(v.id, None)
-            held[v.team] -= v.shape.accelerators
-        held[run.team] = held.get(run.team, 0) + run.shape.accelerators
-        choice.preemptions.append(
-            Preemption(
-                run,
-                [
-                    Victim(v.id, v.team, v.priority, v.shape.accelerators, v.steps_lost or 0)
-                    for v in victims
-                ],
-            )
-        )
+        if _preempt(run, eligible, stopping, room, quotas.of(run.team), held, free_runs, choice):
+            stopping = []  # given to this run: the next waiting run needs room of its own
     return choice
+
+
+class Room(Protocol):
+    """What the nodes would hold free if some running runs were gone (``_Room``)."""
+
+    def fits(self, shape: ResourceShape, gone: Sequence[Running]) -> Placement | None: ...
+
+    def take(self, placement: Placement, shape: ResourceShape, gone: Sequence[Running]) -> None: ...
+
+
+def _preempt(
+    run: QueuedRun,
+    eligible: Sequence[Running],
+    stopping: Sequence[Running],
+    room: Room,
+    quota: int | None,
+    held: dict[str, int],
+    free_runs: dict[str, Running],
+    choice: Choice,
+) -> bool:
+    """Stop for ``run`` the fewest of ``eligible`` (least loss first) that make its room beside
+    what is ``stopping`` already, within its team's ``quota``. When they do: the room is taken,
+    the victims leave ``free_runs``, ``held`` counts the change, and ``choice`` records it."""
+    victims: list[Running] = []
+    placed = None
+    for other in eligible:
+        victims.append(other)
+        placed = room.fits(run.shape, [*stopping, *victims])
+        if placed is not None:
+            break
+    if placed is None:
+        return False
+    # The fewest that make room: drop any victim the rest can do without, costliest first.
+    for other in sorted(victims, key=_loss, reverse=True):
+        fewer = [v for v in victims if v is not other]
+        again = room.fits(run.shape, [*stopping, *fewer])
+        if again is not None:
+            victims, placed = fewer, again
+    if quota is not None:
+        mine = sum(v.shape.accelerators for v in victims if v.team == run.team)
+        if held.get(run.team, 0) - mine + run.shape.accelerators > quota:
+            return False  # no team preempts its way over its quota
+    room.take(placed, run.shape, victims)
+    for v in victims:
+        free_runs.pop(v.id, None)
+        held[v.team] -= v.shape.accelerators
+    held[run.team] = held.get(run.team, 0) + run.shape.accelerators
+    seen = [
+        Victim(v.id, v.team, v.priority, v.shape.accelerators, v.steps_lost or 0) for v in victims
+    ]
+    choice.preemptions.append(Preemption(run, seen))
+    return True
