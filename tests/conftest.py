@@ -36,6 +36,10 @@ pytest_plugins = ["tests.verl_run", "tests.browser"]
 # Tests change runs through the lifecycle without an app as well: its listeners, as at start.
 listeners.register()
 
+# An xdist worker starts with COLUMNS=80 in its environment, which the CLI's console would keep
+# as its width for every test (its width is read once, when it is made): the tests set their own.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.pop("COLUMNS", None)
 # The name TestClient sends as Host: answered in open mode as a loopback name is.
 os.environ.setdefault("RLRUN_OPEN_MODE_HOSTS", '["testserver"]')
 # Ports for the session's Ray cluster (it and the tests' own heads use up to RAY_PORT + 2500):
