@@ -147,14 +147,17 @@ CPU_OVERRIDES = [
     "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=jobs.verl_cpu.weights",
 ]
 SMOKE_SYNCS = 3  # parameter syncs (= trainer steps here): each prompt group of 4 is one
+# One agent-loop and one reward-loop worker: verl's default 8 of each are 14 more processes, each
+# importing torch (about 0.7 GB apiece), for a run of 4 prompts at a time.
+SMOKE_WORKERS = ["actor_rollout_ref.rollout.agent.num_workers=1", "reward.num_workers=1"]
 
 
 def cpu_smoke(settings: Settings) -> dict[str, Any]:
     """A smoke run of verl's real fully async trainer on CPU: a random tiny Qwen2 (made by
     `rlrun verl make-smoke-assets $RLRUN_VERL_DATA_DIR/rlrun-smoke`), one FSDP2 trainer worker
-    and one vLLM rollout replica, 3 GRPO steps with a weight sync and a checkpoint each. It
-    proves the path (launch, metrics, syncs, checkpoints, resume), not learning: with random
-    weights every reward is 0."""
+    and one vLLM rollout replica (one agent-loop and one reward-loop worker), 3 GRPO steps with
+    a weight sync and a checkpoint each. It proves the path (launch, metrics, syncs,
+    checkpoints, resume), not learning: with random weights every reward is 0."""
     root = PurePosixPath(settings.verl_data_dir) / SMOKE_DIR
     return {
         "data": {
@@ -211,7 +214,7 @@ def cpu_smoke(settings: Settings) -> dict[str, Any]:
             "n_gpus_rollout": 1,
             "n_nodes_rollout": 1,
         },
-        "overrides": list(CPU_OVERRIDES),
+        "overrides": [*CPU_OVERRIDES, *SMOKE_WORKERS],
     }
 
 
@@ -222,8 +225,7 @@ def cpu_smoke_v1(settings: Settings) -> dict[str, Any]:
     """``cpu-smoke`` on verl's V1 trainer (``trainer_mode: separate_async``): the same model,
     data, CPU shims and pools; 2 trainer steps of 2 updates each (parameter_sync_step 2 x
     ppo_mini_batch_size 2 = train_batch_size 4 prompts), one weight sync and one checkpoint a
-    step. One storage unit of verl's transfer queue, one agent-loop and one reward-loop worker
-    (verl's default 8 of each are 8 more processes apiece, each importing torch)."""
+    step. One storage unit of verl's transfer queue."""
     body = cpu_smoke(settings)
     del body["async_training"]
     del body["rollout"]["total_rollout_steps"]
@@ -238,8 +240,6 @@ def cpu_smoke_v1(settings: Settings) -> dict[str, Any]:
     body["overrides"] = [
         *body["overrides"],
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
-        "actor_rollout_ref.rollout.agent.num_workers=1",
-        "reward.num_workers=1",
     ]
     return body
 
