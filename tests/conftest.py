@@ -42,10 +42,14 @@ if "PYTEST_XDIST_WORKER" in os.environ:
     os.environ.pop("COLUMNS", None)
 # The name TestClient sends as Host: answered in open mode as a loopback name is.
 os.environ.setdefault("RLRUN_OPEN_MODE_HOSTS", '["testserver"]')
-# Ports for the session's Ray cluster (it and the tests' own heads use up to RAY_PORT + 2500):
+# Ports for the session's Ray cluster (it and the tests' own heads use up to RAY_PORT + 3000):
 # outside 10002-19999, which Ray keeps for its workers, and below the system's ephemeral ports
-# (32768 and up), which any outgoing connection may hold.
-RAY_PORT = int(os.environ.get("RLRUN_TEST_RAY_PORT", "20379"))
+# (32768 and up), which any outgoing connection may hold. Each xdist worker has a range of its
+# own, 3000 ports above the last, and hands it to the processes it starts (benchmarks read it).
+RAY_PORT = int(os.environ.get("RLRUN_TEST_RAY_PORT", "20379")) + 3000 * int(
+    os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+)
+os.environ["RLRUN_TEST_RAY_PORT"] = str(RAY_PORT)
 # Ray's auth token of each cluster handle the tests started, by dashboard address: settings and
 # clients made for that address take it from there.
 RAY_TOKENS: dict[str, str] = {}
@@ -57,12 +61,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     Ray and running jobs takes seconds), so ``-m "not slow"`` is the fast layer: unit tests with
     an in-memory Ray, and the API on SQLite and PostgreSQL.
 
-    The lanes, for ``pytest -n 2 --dist loadgroup`` (.ci/run): every test marked ``ray`` (the
-    session's cluster, a head of its own, a service's embedded head) runs on one worker, one
-    after another as in a serial session, since their heads share one range of ports and their
-    waits assume one Ray at a time; the real verl runs' tests (``verl_lock``) run on one worker
-    (one shared run per worker session, one verl run at a time); the rest spread over the
-    workers."""
+    The lanes, for ``pytest -n 2 --dist loadgroup`` (.ci/run): the tests of a module marked
+    ``ray`` (the session's cluster, a head of its own, a service's embedded head) run on one
+    worker, so that its module fixtures start once (each worker has a Ray cluster and a range of
+    ports of its own); the real verl runs' tests (``verl_lock``) run on one worker (one shared
+    run a session, one verl run at a time); the rest spread over the workers."""
     for item in items:
         names = getattr(item, "fixturenames", ())
         if "ray_cluster" in names:
@@ -71,7 +74,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if "verl_lock" in names:  # the shared verl run's tests, and any real verl run's
             item.add_marker(pytest.mark.xdist_group("verl"))
         elif item.get_closest_marker("ray") is not None:
-            item.add_marker(pytest.mark.xdist_group("ray"))
+            item.add_marker(pytest.mark.xdist_group(f"ray-{item.path.stem}"))
 
 
 @pytest.fixture(scope="session")

@@ -125,7 +125,7 @@ def _service(root: Path, ports: tuple[int, int] = PORTS) -> ServiceProcess:
         "RLRUN_LOCAL_CPUS_PER_NODE": "64",
         "RLRUN_LOCAL_RAY_STATE_DIR": str(root / "state"),
         "RLRUN_LOCAL_RAY_DIR": str(root / RAY_DIR),
-        # Ports of this session's range (conftest: RAY_PORT..RAY_PORT+2500), not random free ones
+        # Ports of this session's range (conftest: RAY_PORT..RAY_PORT+3000), not random free ones
         # that another process may take between choosing and binding; none the Ray lane's tests
         # use (the run's service is up while they run, beside it under xdist).
         "RLRUN_LOCAL_RAY_PORT": str(RAY_PORT + ports[0]),
