@@ -28,7 +28,6 @@ import pytest
 from jobs.verl_launch import resume
 from service.cluster.ray_jobs import RayJobs
 from service.metrics.keys import REWARD_KEY, STEP_KEY
-from service.recipes.verl.preset import CPU_OVERRIDES
 from tests.conftest import RAY_PORT
 from tests.verl_run import RAY_DIR, TERMINAL, start_service
 
@@ -41,13 +40,6 @@ SPEC: dict[str, Any] = {
     "name": "cpu-smoke-resume",
     "rollout": {"total_rollout_steps": 4 * SYNCS},
     "retry": {"max_attempts": 2, "on": ["actor_died"], "backoff_s": 0},
-    # One agent-loop and one reward-loop worker instead of verl's 8 of each (each a process
-    # importing torch): two start-ups of them would cost minutes.
-    "overrides": [
-        *CPU_OVERRIDES,
-        "actor_rollout_ref.rollout.agent.num_workers=1",
-        "reward.num_workers=1",
-    ],
 }
 # The head's and dashboard's ports (offsets from RAY_PORT): beside the shared run's, and none a
 # Ray-lane test uses.
