@@ -147,12 +147,19 @@ def preemption_rounds(
         free = draw(st.sampled_from([0.0, 0.0, 0.0, 4.0, npus]))
         nodes.append(Node(f"n{i}", {"NPU": npus, "CPU": 64.0}, {"NPU": free, "CPU": 32.0}))
     teams = ["t0", "t1", "t2"]
+
+    def head(name: str, priorities: list[int]) -> tuple[str, str, int, ResourceShape]:
+        """A run's id, team, priority and shape."""
+        return (
+            name,
+            draw(st.sampled_from(teams)),
+            draw(st.sampled_from(priorities)),
+            draw(st.sampled_from(PALETTE)),
+        )
+
     running = [
         Running(
-            f"r{i:02d}",
-            draw(st.sampled_from(teams)),
-            draw(st.sampled_from([0, 0, 1, 2])),
-            draw(st.sampled_from(PALETTE)),
+            *head(f"r{i:02d}", [0, 0, 1, 2]),
             admitted_at=NOW - draw(st.sampled_from([60.0, 3600.0, 3600.0])),
             started_at=draw(st.sampled_from([None, LONG_AGO, LONG_AGO + 60])),
             steps_lost=draw(st.sampled_from([None, 0, 0, 1, 3])),
@@ -163,15 +170,7 @@ def preemption_rounds(
         )
         for i in range(draw(st.integers(1, 14)))
     ]
-    waiting = [
-        QueuedRun(
-            f"q{i:02d}",
-            draw(st.sampled_from(teams)),
-            draw(st.sampled_from([0, 1, 2, 2])),
-            draw(st.sampled_from(PALETTE)),
-        )
-        for i in range(draw(st.integers(0, 10)))
-    ]
+    waiting = [QueuedRun(*head(f"q{i:02d}", [0, 1, 2, 2])) for i in range(draw(st.integers(0, 10)))]
     quotas = Quotas({t: draw(st.sampled_from([8, 16, 64])) for t in teams if draw(st.booleans())})
     policy = Policy(
         without_checkpoints=draw(st.booleans()),
