@@ -1,12 +1,14 @@
 """Preemption decided the straightforward way: every waiting run asks every running run
-whether it is spared and sorts its own candidates, and every question about the room copies
-every node. ``preemption.choose`` must choose exactly as this does."""
+whether it is spared and sorts its own candidates, the room looks for the nodes with
+accelerators free at every question and copies every node at a take. ``preemption.choose``
+must choose exactly as this does."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from service.scheduling.admission import ACCOUNTED, QueuedRun, Quotas
+from service.scheduling import preemption
+from service.scheduling.admission import QueuedRun, Quotas
 from service.scheduling.inventory import Inventory
 from service.scheduling.placement import EPS, Placement, Pool, pack
 from service.scheduling.preemption import (
@@ -22,67 +24,12 @@ from service.scheduling.preemption import (
 from service.scheduling.shape import ResourceShape
 
 
-class _Room:
-    """What the nodes would hold free if some admitted runs were gone: what Ray reports free
-    (less the runs admitted too recently for Ray to show), plus each victim's share, placed
-    where packing it onto what is in use puts it."""
-
-    def __init__(
-        self, inventory: Inventory, running: Sequence[Running], outside: Mapping[str, float]
-    ) -> None:
-        free = Pool.of(inventory.available())
-        for run in running:
-            if not run.settled:
-                placed = pack(run.shape, free)
-                if placed is not None:
-                    free.take(placed)
-        self.free = free
-        totals = inventory.totals()
-        self.used = Pool(
-            list(free.node_ids),
-            [
-                {r: max(0.0, totals[node].get(r, 0.0) - left.get(r, 0.0)) for r in left}
-                for node, left in zip(free.node_ids, free.free, strict=True)
-            ],
-        )
-        self.index = {node: i for i, node in enumerate(free.node_ids)}
-        self.placed: dict[str, Placement | None] = {}
-        self.account = {r: inventory.sum(r) - outside.get(r, 0.0) for r in ACCOUNTED}
-        for run in running:
-            for r, n in _demand(run.shape).items():
-                self.account[r] -= n
-
-    def _where(self, run: Running) -> Placement | None:
-        """Where ``run``'s share is taken to be (worked out once per run)."""
-        if run.id not in self.placed:
-            placed = pack(run.shape, self.used)
-            if placed is not None:
-                self.used.take(placed)
-            self.placed[run.id] = placed
-        return self.placed[run.id]
-
-    def _given(self, gone: Sequence[Running]) -> tuple[dict[str, float], list[dict[str, float]]]:
-        account = dict(self.account)
-        free = list(self.free.free)
-        copied: set[int] = set()
-        for run in gone:
-            for r, n in _demand(run.shape).items():
-                account[r] += n
-            placement = self._where(run)
-            if placement is None:
-                continue
-            for slot in placement.slots:
-                i = self.index[slot.node]
-                if i not in copied:
-                    free[i] = dict(free[i])
-                    copied.add(i)
-                res = free[i]
-                res[placement.accelerator] = res.get(placement.accelerator, 0.0) + slot.accelerators
-                res["CPU"] = res.get("CPU", 0.0) + slot.cpus
-        return account, free
+class _Room(preemption._Room):
+    """The room as ``preemption._Room`` keeps it, asked the straightforward way: the nodes with
+    accelerators free looked for again at every question, and every node copied at a take."""
 
     def fits(self, shape: ResourceShape, gone: Sequence[Running]) -> Placement | None:
-        account, free = self._given(gone)
+        account, free, _ = self._given(gone)
         if any(account[r] + EPS < n for r, n in _demand(shape).items()):
             return None
         ids = self.free.node_ids
@@ -94,7 +41,7 @@ class _Room:
 
     def take(self, placement: Placement, shape: ResourceShape, gone: Sequence[Running]) -> None:
         """The preemptor is as good as admitted: its victims' room is its."""
-        account, free = self._given(gone)
+        account, free, _ = self._given(gone)
         self.account = account
         self.free = Pool(list(self.free.node_ids), [dict(r) for r in free])
         self.free.take(placement)

@@ -25,20 +25,13 @@ from fastapi.testclient import TestClient
 from service.app import create_app
 from service.cluster.local_ray import LocalRayCluster
 from service.cluster.ray_jobs import RayJobs
-from tests.conftest import (
-    RAY_PORT,
-    TERMINAL,
-    make_settings,
-    submit,
-    transitions,
-    wait_for,
-    wait_status,
-)
+from tests import conftest
+from tests.conftest import TERMINAL, make_settings, submit, transitions, wait_for, wait_status
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 # The second head's ports: apart from the session cluster's and the other tests' heads.
-PORT = RAY_PORT + 1100
+PORT = conftest.RAY_PORT + 1100
 DOWN_AFTER_S = 3.0
 PROBE_S = 0.5
 LONG = 600.0  # runs that hold their cluster until stopped
