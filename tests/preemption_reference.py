@@ -16,8 +16,10 @@ from service.scheduling.preemption import (
     Choice,
     Policy,
     Running,
+    _asked,
     _demand,
     _loss,
+    _made_by_stopping,
     _preempt,
     spared,
 )
@@ -69,20 +71,10 @@ def choose(
         held[r.team] = held.get(r.team, 0) + r.shape.accelerators
     room: _Room | None = None
     free_runs = {r.id: r for r in running if not r.stopping}
-    asked = 0
-    for run in waiting:
-        if run.priority <= lowest:
-            continue
-        if asked >= tries:
-            break
-        asked += 1
+    for run in _asked(waiting, lowest, tries):
         if room is None:
             room = _Room(inventory, running, outside or {})
-        made = room.fits(run.shape, stopping)
-        if made is not None:  # what is already stopping makes its room: nothing more to stop
-            if stopping:
-                choice.waits_on[run.id] = [r.id for r in stopping]
-            room.take(made, run.shape, stopping)
+        if _made_by_stopping(room, run, stopping, choice):
             stopping = []
             continue
         eligible = []

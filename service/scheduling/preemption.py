@@ -24,9 +24,10 @@ inventory, the runs and the clock are handed in.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import islice
 from typing import Protocol
 
 from service.scheduling.admission import ACCOUNTED, NEVER, QueuedRun, Quotas
@@ -323,20 +324,10 @@ def choose(
     kept: list[tuple[Running, str]] | None = None
     ranked: list[Running] = []
     told = lowest  # spared runs below this priority are in choice.spared already
-    asked = 0
-    for run in waiting:
-        if run.priority <= lowest:
-            continue
-        if asked >= tries:
-            break
-        asked += 1
+    for run in _asked(waiting, lowest, tries):
         if room is None:
             room = _Room(inventory, running, outside or {})
-        made = room.fits(run.shape, stopping)
-        if made is not None:  # what is already stopping makes its room: nothing more to stop
-            if stopping:
-                choice.waits_on[run.id] = [r.id for r in stopping]
-            room.take(made, run.shape, stopping)
+        if _made_by_stopping(room, run, stopping, choice):
             stopping = []
             continue
         if kept is None:
@@ -365,6 +356,25 @@ class Room(Protocol):
     def fits(self, shape: ResourceShape, gone: Sequence[Running]) -> Placement | None: ...
 
     def take(self, placement: Placement, shape: ResourceShape, gone: Sequence[Running]) -> None: ...
+
+
+def _asked(waiting: Sequence[QueuedRun], lowest: int, tries: int) -> Iterator[QueuedRun]:
+    """The waiting runs a round tries to make room for: the first ``tries`` above ``lowest``."""
+    return islice((run for run in waiting if run.priority > lowest), tries)
+
+
+def _made_by_stopping(
+    room: Room, run: QueuedRun, stopping: Sequence[Running], choice: Choice
+) -> bool:
+    """Whether what is stopping already makes ``run``'s room: then it is taken, and the run
+    waits on them (nothing more to stop)."""
+    made = room.fits(run.shape, stopping)
+    if made is None:
+        return False
+    if stopping:
+        choice.waits_on[run.id] = [r.id for r in stopping]
+    room.take(made, run.shape, stopping)
+    return True
 
 
 def _preempt(
