@@ -65,7 +65,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     ``ray`` (the session's cluster, a head of its own, a service's embedded head) run on one
     worker, so that its module fixtures start once (each worker has a Ray cluster and a range of
     ports of its own); the real verl runs' tests (``verl_lock``) run on one worker (one shared
-    run a session, one verl run at a time); the rest spread over the workers."""
+    run a session, one verl run at a time); the rest spread over the workers. The longest lanes
+    are handed out first (the verl lane, then the Ray modules): one left for last would run
+    alone at the end. The order within a lane, and within a module, is kept."""
+    lanes: dict[str, int] = {}
     for item in items:
         names = getattr(item, "fixturenames", ())
         if "ray_cluster" in names:
@@ -73,8 +76,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
         if "verl_lock" in names:  # the shared verl run's tests, and any real verl run's
             item.add_marker(pytest.mark.xdist_group("verl"))
+            lanes[item.nodeid] = 0
         elif item.get_closest_marker("ray") is not None:
             item.add_marker(pytest.mark.xdist_group(f"ray-{item.path.stem}"))
+            lanes[item.nodeid] = 1
+    items.sort(key=lambda item: lanes.get(item.nodeid, 2))
 
 
 @pytest.fixture(scope="session")
