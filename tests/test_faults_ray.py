@@ -34,6 +34,17 @@ from tests.conftest import (
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
+def _listened(port: int) -> bool:
+    """Whether something holds ``port`` as a server would (a port in TIME_WAIT does not)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError:
+            return True
+    return False
+
+
 def test_a_restarted_head_loses_running_runs_and_runs_the_queued_and_new_ones(
     tmp_path: Any,
 ) -> None:
@@ -51,6 +62,8 @@ def test_a_restarted_head_loses_running_runs_and_runs_the_queued_and_new_ones(
             assert client.get(f"/runs/{queued}").json()["status"] == "QUEUED"
             cluster.stop()
             during = submit(client, seconds=1)  # accepted while the head is down
+            # Its agent may hold its port a moment after the head stopped (on a loaded host).
+            wait_for(lambda: not any(_listened(port + o) for o in (0, 1, 10)), bool, timeout=60)
             cluster.start()
             restarted = time.monotonic()
             after = submit(client, seconds=1)
