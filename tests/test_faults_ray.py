@@ -19,7 +19,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.app import create_app
-from service.cluster.local_ray import LocalRayCluster
+from service.cluster.local_ray import LocalRayCluster, _is_free
 from service.cluster.ray_jobs import RayJobs
 from tests.conftest import (
     RAY_PORT,
@@ -32,17 +32,6 @@ from tests.conftest import (
 )
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
-
-
-def _listened(port: int) -> bool:
-    """Whether something holds ``port`` as a server would (a port in TIME_WAIT does not)."""
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("0.0.0.0", port))
-        except OSError:
-            return True
-    return False
 
 
 def test_a_restarted_head_loses_running_runs_and_runs_the_queued_and_new_ones(
@@ -63,7 +52,7 @@ def test_a_restarted_head_loses_running_runs_and_runs_the_queued_and_new_ones(
             cluster.stop()
             during = submit(client, seconds=1)  # accepted while the head is down
             # Its agent may hold its port a moment after the head stopped (on a loaded host).
-            wait_for(lambda: not any(_listened(port + o) for o in (0, 1, 10)), bool, timeout=60)
+            wait_for(lambda: all(_is_free(port + o) for o in (0, 1, 10)), bool, timeout=60)
             cluster.start()
             restarted = time.monotonic()
             after = submit(client, seconds=1)
