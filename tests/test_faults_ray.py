@@ -19,7 +19,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.app import create_app
-from service.cluster.local_ray import LocalRayCluster, _is_free
+from service.cluster.local_ray import LocalRayCluster
 from service.cluster.ray_jobs import RayJobs
 from tests.conftest import (
     RAY_PORT,
@@ -51,8 +51,6 @@ def test_a_restarted_head_loses_running_runs_and_runs_the_queued_and_new_ones(
             assert client.get(f"/runs/{queued}").json()["status"] == "QUEUED"
             cluster.stop()
             during = submit(client, seconds=1)  # accepted while the head is down
-            # Its agent may hold its port a moment after the head stopped (on a loaded host).
-            wait_for(lambda: all(_is_free(port + o) for o in (0, 1, 10)), bool, timeout=60)
             cluster.start()
             restarted = time.monotonic()
             after = submit(client, seconds=1)

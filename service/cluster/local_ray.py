@@ -201,7 +201,9 @@ class LocalRayCluster:
 
     def _spawn(self, args: list[str], index: int) -> None:
         python = str(self.python.executable)
-        argv = [python, "-c", _START if index == 0 else _JOIN, "start", *args]
+        # Unbuffered: `ray start` leaves by os._exit when a node process dies, and its reason
+        # must reach the log.
+        argv = [python, "-u", "-c", _START if index == 0 else _JOIN, "start", *args]
         self._starts[index] = self._starts.get(index, 0) + 1
         log = open(self.base_dir / f"node{index}.log", "ab")  # noqa: SIM115 - owned by the child
         proc = subprocess.Popen(
@@ -252,6 +254,15 @@ class LocalRayCluster:
     def _offsets(self) -> list[int]:
         """Ports the nodes bind next to ``port``: GCS, Ray client server, each node's agent."""
         return [0, 1, *(10 + i for i in range(len(self.npus_per_node)))]
+
+    @staticmethod
+    def _wait_free(ports: list[int], timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) for ``ports`` to be free again: a node's agent can hold
+        its port a moment after its processes were killed (on a loaded host), and a node started
+        again on that port dies."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not all(_is_free(p) for p in ports):
+            time.sleep(0.1)
 
     def resolve_ports(self) -> None:
         """Check the ports given, choose free ones for those not given."""
@@ -340,6 +351,7 @@ class LocalRayCluster:
             raise ValueError("the head node stops with the cluster only (stop)")
         _stop_group(self._procs[index], timeout_s, drain=False)
         self._stopped.add(index)
+        self._wait_free([self.port + 10 + index], timeout_s)
 
     def start_node(self, index: int, timeout_s: float = 90.0) -> None:
         """Start worker node ``index`` again after ``stop_node``; returns once it has joined."""
@@ -361,9 +373,14 @@ class LocalRayCluster:
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stop the nodes this handle started, workers first, then the head."""
+        held = bool(self._procs)
         for proc in reversed(self._procs):
             _stop_group(proc, timeout_s)
         self._procs.clear()
+        if held:  # so that a start on the same ports may follow
+            self._wait_free(
+                [*(self.port + o for o in self._offsets()), self.dashboard_port], timeout_s
+            )
         self._stopped.clear()
         self.token_path.unlink(missing_ok=True)
         if self._record_path is not None:
