@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, select, text
 
-from service.metrics import store
+from jobs import samples as frames
+from service.metrics import samples, store
 from service.metrics.parse import MetricLine
 from service.store.db import Database, downgrade, upgrade
 from service.store.models import Base, MetricKey, RunLog, utcnow
@@ -190,3 +192,30 @@ def test_the_run_cluster_migration_puts_every_existing_run_on_the_default_cluste
     db.dispose()
     downgrade(db_url, "0020")
     upgrade(db_url)
+
+
+def test_the_sample_steps_migration_sums_the_samples_already_held(db_url: str) -> None:
+    upgrade(db_url)
+    db = Database(db_url)
+    run_id = _old_run(db, "r1")
+    framed = [
+        f"{frames.PREFIX}"
+        + json.dumps(
+            {"step": 1 + i % 3, "input": f"p{i}", "output": "o", "gts": "g", "score": i / 8}
+        )
+        for i in range(12)
+    ]
+    with db.transaction() as s:
+        runlog = RunLog(run_id=run_id, log_offset=0)
+        s.add(runlog)
+        s.flush()
+        samples.ingest(s, runlog, samples.parse(framed), samples.Bounds())
+    with db.read() as s:
+        kept = samples.steps(s, run_id)
+    db.dispose()
+    downgrade(db_url, "0027")
+    upgrade(db_url)
+    with db.read() as s:
+        assert samples.steps(s, run_id) == kept
+    db.dispose()
+    assert [x["count"] for x in kept] == [4, 4, 4]

@@ -13,6 +13,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 from sqlalchemy import event, func, select
+from sqlalchemy.orm import Session
 
 from jobs import samples as job
 from service.loops.follower import Follower
@@ -169,6 +170,30 @@ def test_past_the_run_cap_old_steps_are_thinned_never_the_newest(db: Database) -
         assert runlog.samples_skipped == 3  # step 11's samples past the per-step cap
     assert steps[-2:] == [11, 11] and 1 in steps
     assert len(set(steps)) < 11
+    # The per-step rows the ingest kept are what the samples held say, thinned steps gone.
+    with db.read() as s:
+        assert samples.steps(s, run_id) == held_steps(s, run_id)
+
+
+def held_steps(session: Session, run_id: str) -> list[dict[str, Any]]:
+    """The per-step scores counted from the samples themselves."""
+    got = session.execute(
+        select(
+            RunSample.step,
+            func.count(),
+            func.sum(RunSample.score),
+            func.min(RunSample.score),
+            func.max(RunSample.score),
+            func.max(RunSample.of),
+        )
+        .where(RunSample.run_id == run_id)
+        .group_by(RunSample.step)
+        .order_by(RunSample.step)
+    )
+    return [
+        {"step": st, "count": n, "mean": total / n, "min": lo, "max": hi, "of": of}
+        for st, n, total, lo, hi, of in got
+    ]
 
 
 def seed(db: Database, run_id: str, n: int = 30) -> None:
@@ -229,7 +254,7 @@ def test_a_spec_with_bad_samples_options_is_refused_with_the_field_path(api: Tes
         assert f"samples.{field}" in json.dumps(got.json()) or field in json.dumps(got.json())
 
 
-def test_a_score_filter_and_the_per_step_scores_read_the_indexes_not_the_rows(
+def test_a_score_filter_reads_the_index_and_the_per_step_scores_a_row_a_step(
     sqlite_db: Database,
 ) -> None:
     run_id = add_run(sqlite_db, "indexed")
@@ -237,14 +262,16 @@ def test_a_score_filter_and_the_per_step_scores_read_the_indexes_not_the_rows(
     seen: list[tuple[str, Any]] = []
 
     def record(_conn: object, _cursor: object, sql: str, params: Any, *_: object) -> None:
-        if "run_samples" in sql:
+        if "run_sample" in sql:
             seen.append((sql, params))
 
     engine = sqlite_db.engines[0]
     event.listen(engine, "before_cursor_execute", record)
     with sqlite_db.read() as s:
         samples.page(s, run_id, samples.Query(min_score=0.5, max_score=0.9))
-        assert [x["count"] for x in samples.steps(s, run_id)] == [10, 10, 10]
+        per_step = samples.steps(s, run_id)
+        assert per_step == held_steps(s, run_id)
+        assert [x["count"] for x in per_step] == [10, 10, 10]
     event.remove(engine, "before_cursor_execute", record)
     with engine.connect() as conn:
         plans = [
@@ -252,4 +279,6 @@ def test_a_score_filter_and_the_per_step_scores_read_the_indexes_not_the_rows(
             for sql, params in seen
         ]
     assert "ix_run_samples_run_id_score" in plans[0], plans
-    assert "COVERING INDEX ix_run_samples_run_step_scores" in plans[1], plans
+    # The per-step scores: the rows the ingest keeps, a row a step, by their primary key.
+    assert "run_samples " not in seen[1][0] and "run_sample_steps" in seen[1][0], seen[1]
+    assert "sqlite_autoindex_run_sample_steps_1" in plans[1], plans

@@ -6,6 +6,8 @@ is skipped and counted on the run. What one run holds is bounded: a step keeps a
 ``per_step`` samples, a run at most ``per_run`` samples and ``chars_per_run`` characters; past
 either, old steps are thinned (every second one of the older steps goes, and again while still
 over), never the newest. Text fields are cut at ``jobs.samples.FIELD_CHARS`` with the cut named.
+Each step's count and scores are kept beside its samples (``RunSampleStep``), in the same
+transaction, so the per-step scores read a row a step.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from sqlalchemy import delete, func, insert, or_, select
 from sqlalchemy.orm import Session
 
 from jobs import samples as frame
-from service.store.models import RunLog, RunSample
+from service.store.models import RunLog, RunSample, RunSampleStep
 
 PAGE_MAX = 500
 
@@ -72,22 +74,21 @@ def ingest(session: Session, runlog: RunLog, parsed: Parsed, bounds: Bounds) -> 
         runlog.samples_skipped += skipped
     if not parsed.samples:
         return 0
-    steps = {s["step"] for s in parsed.samples}
-    held = dict(
-        session.execute(
-            select(RunSample.step, func.count())
-            .where(RunSample.run_id == runlog.run_id, RunSample.step.in_(steps))
-            .group_by(RunSample.step)
-        ).all()
-    )
+    held = {
+        row.step: row
+        for row in session.scalars(
+            select(RunSampleStep).where(
+                RunSampleStep.run_id == runlog.run_id,
+                RunSampleStep.step.in_({s["step"] for s in parsed.samples}),
+            )
+        )
+    }
     rows: list[dict[str, Any]] = []
     chars = 0
     for s in parsed.samples:
-        n = held.get(s["step"], 0)
-        if n >= bounds.per_step:
+        if not _count_in(session, held, runlog.run_id, s, bounds.per_step):
             runlog.samples_skipped += 1
             continue
-        held[s["step"]] = n + 1
         size = len(s["input"]) + len(s["output"]) + len(s["gts"]) + len(str(s["extras"]))
         chars += size
         rows.append(
@@ -114,16 +115,41 @@ def ingest(session: Session, runlog: RunLog, parsed: Parsed, bounds: Bounds) -> 
     return len(rows)
 
 
+def _count_in(
+    session: Session,
+    held: dict[int, RunSampleStep],
+    run_id: str,
+    sample: dict[str, Any],
+    per_step: int,
+) -> bool:
+    """Count ``sample`` in its step's row (made on its first sample), unless the step is full."""
+    step, score, of = sample["step"], sample["score"], sample.get("of")
+    row = held.get(step)
+    if row is None:
+        row = held[step] = RunSampleStep(
+            run_id=run_id, step=step, count=0, score_sum=0.0, min_score=score, max_score=score
+        )
+        session.add(row)
+    if row.count >= per_step:
+        return False
+    row.count += 1
+    row.score_sum += score
+    row.min_score, row.max_score = min(row.min_score, score), max(row.max_score, score)
+    if of is not None:
+        row.of = of if row.of is None else max(row.of, of)
+    return True
+
+
 def thin(session: Session, runlog: RunLog, bounds: Bounds) -> None:
     """While the run holds more than its bounds: drop every second step of those older than
     the newest (the oldest of them kept), and the oldest alone when only it is left."""
     while runlog.samples_kept > bounds.per_run or runlog.samples_chars > bounds.chars_per_run:
+        session.flush()  # the steps' rows as the ingest left them
         steps = list(
             session.scalars(
-                select(RunSample.step)
-                .where(RunSample.run_id == runlog.run_id)
-                .group_by(RunSample.step)
-                .order_by(RunSample.step)
+                select(RunSampleStep.step)
+                .where(RunSampleStep.run_id == runlog.run_id)
+                .order_by(RunSampleStep.step)
             )
         )[:-1]  # never the newest
         if not steps:
@@ -136,9 +162,10 @@ def thin(session: Session, runlog: RunLog, bounds: Bounds) -> None:
                     RunSample.run_id == runlog.run_id, RunSample.step.in_(part)
                 )
             ).one()
-            session.execute(
-                delete(RunSample).where(RunSample.run_id == runlog.run_id, RunSample.step.in_(part))
-            )
+            for table in (RunSample, RunSampleStep):
+                session.execute(
+                    delete(table).where(table.run_id == runlog.run_id, table.step.in_(part))
+                )
             runlog.samples_kept -= int(count)
             runlog.samples_chars -= int(chars)
 
@@ -198,21 +225,21 @@ def page(session: Session, run_id: str, query: Query) -> tuple[list[Any], int | 
 
 
 def steps(session: Session, run_id: str) -> list[dict[str, Any]]:
-    """Per step held: samples, mean/min/max score, and how many the job's file had."""
+    """Per step held: samples, mean/min/max score, and how many the job's file had (the rows the
+    ingest keeps, ``RunSampleStep``)."""
     return [
-        {"step": s, "count": n, "mean": m, "min": lo, "max": hi, "of": of}
-        for s, n, m, lo, hi, of in session.execute(
+        {"step": s, "count": n, "mean": total / n, "min": lo, "max": hi, "of": of}
+        for s, n, total, lo, hi, of in session.execute(
             select(
-                RunSample.step,
-                func.count(),
-                func.avg(RunSample.score),
-                func.min(RunSample.score),
-                func.max(RunSample.score),
-                func.max(RunSample.of),
+                RunSampleStep.step,
+                RunSampleStep.count,
+                RunSampleStep.score_sum,
+                RunSampleStep.min_score,
+                RunSampleStep.max_score,
+                RunSampleStep.of,
             )
-            .where(RunSample.run_id == run_id)
-            .group_by(RunSample.step)
-            .order_by(RunSample.step)
+            .where(RunSampleStep.run_id == run_id, RunSampleStep.count > 0)
+            .order_by(RunSampleStep.step)
         )
     ]
 

@@ -316,6 +316,22 @@ class RunSample(Base):
     )
 
 
+class RunSampleStep(Base):
+    """What a run holds of one step's samples, kept by the ingest in the transaction that stores
+    (or thins) them: the per-step scores are a read of a row a step, not of every sample."""
+
+    __tablename__ = "run_sample_steps"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    count: Mapped[int] = mapped_column(Integer)
+    score_sum: Mapped[float] = mapped_column(Float)
+    min_score: Mapped[float] = mapped_column(Float)
+    max_score: Mapped[float] = mapped_column(Float)
+    # The largest ``of`` of the step's samples (how many the job's file held).
+    of: Mapped[int | None] = mapped_column(Integer)
+
+
 class LogChunk(Base):
     """The service's own bounded copy of a job log, in the pieces it was read in."""
 
