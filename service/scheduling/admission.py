@@ -15,7 +15,9 @@
 - **No head-of-line blocking, no starvation.** The first run that waits for capacity reserves
   the nodes it will use (packed onto node totals, preferring the freest nodes). Later, smaller
   runs may start meanwhile (backfill) only on what is left outside that reservation, so they
-  can never delay it. Nothing running is ever preempted.
+  can never delay it. Admission itself never stops a running run: with
+  ``RLRUN_PREEMPTION=on``, ``preemption`` asks lower-priority runs to yield (at their next
+  checkpoint) for a waiting run of a higher priority, admitted here once their room is free.
 """
 
 from __future__ import annotations
