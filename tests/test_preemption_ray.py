@@ -79,3 +79,35 @@ def test_a_run_admitted_lately_keeps_running_and_the_high_run_says_why(
             client.post(f"/runs/{run_id}/cancel")
         for run_id in (high, low):
             wait(client, run_id, lambda r: r["status"] in TERMINAL, 120)
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_run_preempted_its_most_times_is_left_alone_and_the_high_run_says_why(
+    db_url: str, ray_cluster: LocalRayCluster, ray: RayJobs
+) -> None:
+    settings = make_settings(
+        db_url,
+        ray_cluster.address,
+        preemption="on",
+        preemption_min_admitted_s=0.0,
+        preemption_max_times=1,
+        preemption_rest_s=600.0,
+    )
+    with TestClient(create_app(settings)) as client:
+        low = client.post("/runs", json=low_spec("often", 200)).json()["id"]
+        wait(client, low, lambda r: r["status"] == "RUNNING" and r["checkpoint"], 300)
+        first = client.post("/runs", json=high_spec(1)).json()["id"]
+        wait(client, first, lambda r: r["status"] in TERMINAL, 300)
+        # Preempted once, it resumed; the next high run that needs its room finds it left alone.
+        wait(client, low, lambda r: r["status"] == "RUNNING" and r["attempt"] == 2, 300)
+        second = client.post("/runs", json=high_spec(1)).json()["id"]
+        told = wait(client, second, lambda r: "not preempted" in (r["queue_reason"] or ""), 60)
+        assert f"not preempted: {low} preempted 1 times: left alone for " in told["queue_reason"]
+        time.sleep(1.0)  # rounds after it: still spared
+        run = client.get(f"/runs/{low}").json()
+        assert run["status"] == "RUNNING" and run["attempt"] == 2 and run["stop"] is None
+        assert len([e for e in run["events"] if e["kind"] == "preempted"]) == 1, run["events"]
+        for run_id in (second, low):
+            client.post(f"/runs/{run_id}/cancel")
+        for run_id in (second, low):
+            wait(client, run_id, lambda r: r["status"] in TERMINAL, 120)
