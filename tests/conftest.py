@@ -67,8 +67,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     ports of its own); the real verl runs' tests (``verl_lock``) run on one worker (one shared
     run a session, one verl run at a time); the rest spread over the workers. The longest lanes
     are handed out first (the verl lane, then the Ray modules): one left for last would run
-    alone at the end. The order within a lane, and within a module, is kept."""
-    lanes: dict[str, int] = {}
+    alone at the end. The order within a lane, and within a module, is kept, except that the
+    verl lane runs the shared run's tests before the tests with a verl run of their own."""
+    lanes: dict[str, tuple[int, int]] = {}
     for item in items:
         names = getattr(item, "fixturenames", ())
         if "ray_cluster" in names:
@@ -76,11 +77,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
         if "verl_lock" in names:  # the shared verl run's tests, and any real verl run's
             item.add_marker(pytest.mark.xdist_group("verl"))
-            lanes[item.nodeid] = 0
+            # The shared run's readers first: its service stops after the last of them.
+            lanes[item.nodeid] = (0, 0 if "verl_run" in names else 1)
         elif item.get_closest_marker("ray") is not None:
             item.add_marker(pytest.mark.xdist_group(f"ray-{item.path.stem}"))
-            lanes[item.nodeid] = 1
-    items.sort(key=lambda item: lanes.get(item.nodeid, 2))
+            lanes[item.nodeid] = (1, 0)
+    items.sort(key=lambda item: lanes.get(item.nodeid, (2, 0)))
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""SIGKILL the service at random moments while 25 runs are accepted and submitted.
+"""SIGKILL the service at random moments while 16 runs are accepted and submitted.
 
 After restarts, every accepted run must have reached Ray exactly once, and nothing else must
 have: the run id is Ray's submission id, claims lapse, and retries find "already exists".
@@ -22,8 +22,8 @@ from tests.service_process import ServiceProcess
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-N_RUNS = 25
-PACE_S = 0.1  # 2.5 s of accepting while the service is up; a kill comes every 0.2-1.2 s of it
+N_RUNS = 16
+PACE_S = 0.1  # 1.6 s of accepting while the service is up; a kill comes every 0.2-1.2 s of it
 # The test thread's own client (the accepting thread has its own): a new client per call loads
 # the CA bundle, about 60 ms of CPU, taken from the service being restarted.
 HTTP = httpx.Client(timeout=10)
@@ -105,7 +105,7 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(
         service.stop()
 
 
-N_REPLICATED = 16
+N_REPLICATED = 10
 
 
 @pytest.mark.postgres
@@ -139,7 +139,7 @@ def test_two_replicas_on_one_postgres_never_both_submit_a_run(
     assert all(run["status"] == "SUCCEEDED" for run in done)
 
 
-N_RETRIED = 4
+N_RETRIED = 3
 DIES = "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task."
 
 

@@ -3,8 +3,9 @@
 A real run of verl's own fully async trainer (preset ``cpu-smoke`` of ``verl-fully-async``, on
 CPU, on the embedded local Ray head of a real service process) costs minutes, nearly all of it
 start-up, and peaks near 11 GB. So a session makes exactly one, the first time a test asks for
-it, and keeps its service up until the session ends: every test about verl-for-real asks this
-run what it wants to know. CI pays for one run; add assertions, not runs.
+it, and keeps its service up until the last test that asks for it is done (they run first in
+the verl lane): every test about verl-for-real asks this run what it wants to know. CI pays for
+one run; add assertions, not runs.
 
 The fixtures (session-scoped; registered for every test file by ``tests/conftest.py``):
 
@@ -164,6 +165,20 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         config.stash[_HELD] = lock
 
 
+# The shared run's service while it is up: stopped after the last test that reads it.
+_SHARED: list[ServiceProcess] = []
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stop the shared run's service (and its Ray head) once the last test that reads it is
+    done (they run first in the verl lane, ``tests/conftest.py``): idle, it would take CPU from
+    every test after it until the session ends."""
+    uses = "verl_run" in getattr(item, "fixturenames", ())
+    if uses and "verl_run" not in getattr(nextitem, "fixturenames", ()):
+        while _SHARED:
+            _SHARED.pop().stop()
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     lock = config.stash.get(_HELD, None)
     if lock is not None:
@@ -183,6 +198,7 @@ def verl_lock(pytestconfig: pytest.Config) -> None:
 @pytest.fixture(scope="session")
 def verl_run(verl_lock: None) -> Iterator[VerlRun]:
     root, service = start_service("rlrun-verl-real-")
+    _SHARED.append(service)
     try:
         with httpx.Client(base_url=service.url, timeout=30) as http:
             started = time.monotonic()

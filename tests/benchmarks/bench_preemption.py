@@ -142,7 +142,7 @@ def main() -> None:
     parser.add_argument("--grace", type=float, default=60.0)
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
-    low_versions, high_versions = (40, 3) if args.quick else (80, 6)
+    low_versions, high_versions = (12, 1) if args.quick else (80, 6)
     rep = Report("preemption")
     with ray_head([8, 8], 8, args.port) as address:
         db_url = f"sqlite:///{tempfile.mkdtemp()}/bench.db"

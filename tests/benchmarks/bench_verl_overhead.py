@@ -10,8 +10,8 @@ Goal: per-step within 2 %, start-up at most 5 s more.
     PYTHONPATH=$PWD python -m tests.benchmarks.bench_verl_overhead [--quick] [--rounds N]
 
 The full run takes the host's verl lock (1 + 2N verl runs of ``--syncs`` steps, 8 by default
-so that the per-step figure is more than the preset's 3 steps give, about 6 minutes each, 11 GB
-at peak).
+so that the per-step figure is more than the preset's 3 steps give; about 2 minutes each on a
+quiet host).
 ``--quick`` (what CI runs, seconds, no verl): the cpu-smoke launch as the service's submitter
 hands it to Ray and as the exported script hands it to ``ray job submit`` (run with a stand-in
 ``ray`` that records its arguments) must be the same job: entrypoint, runtime env (the ``jobs``
@@ -199,6 +199,11 @@ def follow(ray: RayJobs, job: str, since: float, timeout: float = 1500) -> dict[
     raise SystemExit(f"{job} did not end in {timeout:g} s")
 
 
+def summary(got: dict[str, Any]) -> str:
+    startup = f"{got['startup']:.1f} s" if got["startup"] is not None else "no step line"
+    return f"{got['status']}, start-up {startup}, submit -> end {got['total']:.0f} s"
+
+
 def by_hand(ray: RayJobs, root: Path, script: str, run_id: str, name: str) -> dict[str, Any]:
     """Submit the exported ``script`` of ``run_id`` with ``ray job submit``, as job ``name``,
     and follow it. The checkpoint dir the script names is set aside first: verl would resume
@@ -249,9 +254,7 @@ def full(report: Report, rounds: int, syncs: int) -> None:
             token = (root / "r" / "ray-token").read_text().strip()
             ray = RayJobs(address, token)
             warm_id, warm = served(ray, http, syncs)
-            report.add(
-                "warm-up (through the service, not counted)", json.dumps(warm | {"per_step": None})
-            )
+            report.add("warm-up (through the service, not counted)", summary(warm))
             script = http.get(f"/runs/{warm_id}/script").text
             for n in range(1, rounds + 1):
                 order = ["service", "hand"] if n % 2 else ["hand", "service"]
@@ -262,10 +265,7 @@ def full(report: Report, rounds: int, syncs: int) -> None:
                         got["hand"].append(
                             by_hand(ray, root, script, warm_id, f"{warm_id}-hand{n}")
                         )
-                    print(
-                        f"round {n}, {which}: {json.dumps(got[which][-1] | {'per_step': None})}",
-                        flush=True,
-                    )
+                    print(f"round {n}, {which}: {summary(got[which][-1])}", flush=True)
             ray.close()
     finally:
         service.stop()
