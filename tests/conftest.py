@@ -85,6 +85,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: lanes.get(item.nodeid, (2, 0)))
 
 
+# The session's cluster once made: stopped once this worker's Ray lane is done.
+_SESSION_CLUSTER: list[LocalRayCluster] = []
+
+
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[LocalRayCluster]:
     """Two virtual nodes with 8 NPUs each: placement and queueing are real, no device is used."""
@@ -93,9 +97,32 @@ def ray_cluster() -> Iterator[LocalRayCluster]:
     )
     cluster.start()
     RAY_TOKENS[cluster.address] = cluster.token
+    _SESSION_CLUSTER.append(cluster)
     yield cluster
+    _SESSION_CLUSTER.clear()
     RAY_TOKENS.pop(cluster.address, None)
     cluster.cleanup()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """The session's cluster, if it was stopped (``pytest_runtest_teardown``), starts again (the
+    same ports and token) for a test that asks for it."""
+    if "ray_cluster" in getattr(item, "fixturenames", ()):
+        for cluster in _SESSION_CLUSTER:
+            if not cluster.running:
+                cluster.start()
+
+
+@pytest.hookimpl(trylast=True)  # after the test's own fixtures are torn down
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stop the session's cluster once the Ray lane is behind this worker: the lanes are handed
+    out in order (``pytest_collection_modifyitems``), so a worker whose next test is not marked
+    ``ray`` gets no Ray test after it, and idle, the cluster's nodes would take CPU from every
+    test until the session ends."""
+    if nextitem is None or nextitem.get_closest_marker("ray") is None:
+        for cluster in _SESSION_CLUSTER:
+            if cluster.running:
+                cluster.stop()
 
 
 @pytest.fixture

@@ -169,6 +169,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 _SHARED: list[ServiceProcess] = []
 
 
+@pytest.hookimpl(trylast=True)  # after the test's own fixtures are torn down
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     """Stop the shared run's service (and its Ray head) once the last test that reads it is
     done (they run first in the verl lane, ``tests/conftest.py``): idle, it would take CPU from

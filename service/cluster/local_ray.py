@@ -123,6 +123,11 @@ class LocalRayCluster:
         return self.base_dir / "ray-token"
 
     @property
+    def running(self) -> bool:
+        """Whether this handle has nodes started and not stopped (``stop``)."""
+        return bool(self._procs)
+
+    @property
     def auth_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"}
 
