@@ -162,3 +162,19 @@ def test_the_trainers_own_sync_line_is_its_parameter_version_at_that_step(
     assert parsed == (None if version is None else (version, {STEP_KEY: float(version)}))
     # verl's own step line says the version the step trained with: a metric, not a sync.
     assert parse_synced("step:3 - fully_async/count/current_param_version:1.0") is None
+
+
+def test_a_step_line_glued_behind_the_drivers_unfinished_print_is_still_read() -> None:
+    # As a tiny-grpo job log had it: the driver's print wrote its text, Ray's log thread wrote a
+    # forwarded worker line, then the driver's newline came.
+    line = (
+        "[TinyGrpo] saved checkpoint global_step_12\x1b[36m(TinyGrpoTrainer pid=25496)\x1b[0m "
+        "step:12 - training/global_step:24 - critic/score/mean:0.9125"
+    )
+    got = parse_line(line)
+    assert got is not None and got.step == 12
+    assert got.values == {"training/global_step": 24.0, "critic/score/mean": 0.9125}
+    # The last of two prefixes is the step line's own; text without one is not a step line.
+    two = "(A pid=1) x (B pid=2) step:3 - a:1"
+    assert parse_line(two) == parse_line("(B pid=2) step:3 - a:1")
+    assert parse_line("note: step:3 - a:1") is None

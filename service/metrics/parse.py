@@ -30,6 +30,9 @@ from service.metrics.keys import STEP_KEY
 
 _RAY_PREFIX = re.compile(r"^\((?:[^()\s]+ )?pid=\d+(?:, ip=[^)]*)?\)\s*")
 _RAY_REPEAT = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
+# A worker's step line that Ray forwarded behind another writer's unfinished line (the driver's
+# print writes its text and its newline apart; Ray's log thread can write in between).
+_GLUED_STEP = re.compile(r".+(\((?:[^()\s]+ )?pid=\d+(?:, ip=[^)]*)?\)\s*step:)")
 _STEP = re.compile(r"^step:(\d{1,30})(?: - |$)")  # bounded: int() of any digit run is cheap
 _KEY = re.compile(r"^[^\s:\x00-\x1f\x7f]+$")
 _NUMPY = re.compile(r"^(?:np|numpy)\.(?:float|int|uint|bool_?)\d*\((.*)\)$")
@@ -63,7 +66,17 @@ def strip_ray_prefix(line: str) -> str:
 
 
 def parse_line(line: str) -> MetricLine | None:
-    """One log line to a metric line, or None when it is not one."""
+    """One log line to a metric line, or None when it is not one. A worker's step line glued
+    behind another writer's text (``_GLUED_STEP``) is read from its own prefix on."""
+    got = _parse_line(line)
+    if got is None and "step:" in line:
+        clean = strip_ansi(line)
+        if (glued := _GLUED_STEP.match(clean)) is not None:
+            got = _parse_line(clean[glued.start(1) :])
+    return got
+
+
+def _parse_line(line: str) -> MetricLine | None:
     body = strip_ray_prefix(line).strip()
     match = _STEP.match(body)
     if not match:
