@@ -178,3 +178,19 @@ def test_a_step_line_glued_behind_the_drivers_unfinished_print_is_still_read() -
     two = "(A pid=1) x (B pid=2) step:3 - a:1"
     assert parse_line(two) == parse_line("(B pid=2) step:3 - a:1")
     assert parse_line("note: step:3 - a:1") is None
+
+
+def test_a_step_line_with_a_sample_frame_glued_after_it_is_read_up_to_the_frame() -> None:
+    # As a tiny-grpo job log had it: the driver's sample shipper wrote a frame between Ray's
+    # forwarded line and its newline.
+    line = (
+        "\x1b[36m(TinyGrpoRollouter pid=26851)\x1b[0m step:12 - fully_async/rollouter/"
+        "idle_ratio:0.0044 - fully_async/rollouter/step_generated_samples:128"
+        'rlrun-sample {"step":20}'
+    )
+    got = parse_line(line)
+    assert got is not None and got.step == 12
+    assert got.values == {
+        "fully_async/rollouter/idle_ratio": 0.0044,
+        "fully_async/rollouter/step_generated_samples": 128.0,
+    }

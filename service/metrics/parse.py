@@ -24,6 +24,7 @@ import re
 from typing import Any, NamedTuple
 
 from jobs.checkpoints import PREFIX as CHECKPOINT_PREFIX
+from jobs.samples import PREFIX as SAMPLE_PREFIX
 from jobs.verl_launch import PREFIX as PREFLIGHT_PREFIX
 from service.metrics.ansi import strip_ansi
 from service.metrics.keys import STEP_KEY
@@ -67,12 +68,15 @@ def strip_ray_prefix(line: str) -> str:
 
 def parse_line(line: str) -> MetricLine | None:
     """One log line to a metric line, or None when it is not one. A worker's step line glued
-    behind another writer's text (``_GLUED_STEP``) is read from its own prefix on."""
+    behind another writer's text (``_GLUED_STEP``) is read from its own prefix on, and one with
+    a sample frame glued after it up to the frame."""
     got = _parse_line(line)
     if got is None and "step:" in line:
-        clean = strip_ansi(line)
-        if (glued := _GLUED_STEP.match(clean)) is not None:
-            got = _parse_line(clean[glued.start(1) :])
+        # A sample frame the shipper wrote before the line's newline: the line ends where the
+        # frame starts.
+        head = strip_ansi(line).partition(SAMPLE_PREFIX)[0]
+        glued = _GLUED_STEP.match(head)
+        got = _parse_line(head[glued.start(1) :] if glued else head)
     return got
 
 
