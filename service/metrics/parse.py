@@ -29,11 +29,13 @@ from jobs.verl_launch import PREFIX as PREFLIGHT_PREFIX
 from service.metrics.ansi import strip_ansi
 from service.metrics.keys import STEP_KEY
 
-_RAY_PREFIX = re.compile(r"^\((?:[^()\s]+ )?pid=\d+(?:, ip=[^)]*)?\)\s*")
+# Ray's "(Actor pid=N, ip=...)" before a line it forwards from a worker.
+_RAY_PID = r"\((?:[^()\s]+ )?pid=\d+(?:, ip=[^)]*)?\)\s*"
+_RAY_PREFIX = re.compile("^" + _RAY_PID)
 _RAY_REPEAT = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
 # A worker's step line that Ray forwarded behind another writer's unfinished line (the driver's
 # print writes its text and its newline apart; Ray's log thread can write in between).
-_GLUED_STEP = re.compile(r".+(\((?:[^()\s]+ )?pid=\d+(?:, ip=[^)]*)?\)\s*step:)")
+_GLUED_STEP = re.compile(f".+({_RAY_PID}step:)")
 _STEP = re.compile(r"^step:(\d{1,30})(?: - |$)")  # bounded: int() of any digit run is cheap
 _KEY = re.compile(r"^[^\s:\x00-\x1f\x7f]+$")
 _NUMPY = re.compile(r"^(?:np|numpy)\.(?:float|int|uint|bool_?)\d*\((.*)\)$")
