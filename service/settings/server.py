@@ -56,14 +56,16 @@ class ServerSettings(Section):
     """Worker threads for requests. Python runs one at a time, but a thread waiting for the
     database runs none: accepts that wait while one commits are stored together, so more
     threads make fuller transactions. At 64 clients on PostgreSQL, 32 accepted 40 % more than
-    8 (64 more again), and reads made meanwhile were answered twice as fast (the door lets
-    twice this many requests in: see ``max_request_wait_s``); 64 slowed those reads again."""
+    8 (64 more again), and reads made meanwhile were answered twice as fast (the door lets up
+    to twice this many requests in: see ``max_request_wait_s``); 64 slowed those reads again."""
     max_requests_in_progress: int = 128
     """Requests waiting for their answer (for a thread included) past which new ones get a 503
     with Retry-After at once, so that the admitted ones never wait long (/healthz: never)."""
     max_request_wait_s: float = Field(default=2.0, gt=0)
-    """The longest a request waits to be started (twice request_threads are in at a time);
-    past it, a 503 with Retry-After instead of a late answer."""
+    """The longest a request waits to be started; past it, a 503 with Retry-After instead of a
+    late answer. Up to twice request_threads are in at a time, fewer while the event loop lags
+    or answers take longer than a quarter of this (a CPU that other work takes, a slow
+    database), so that the ones let in are answered promptly."""
     access_log: bool = False
     """A line per request on the server's log (uvicorn's access log). Off by default: at
     hundreds of requests a second it costs a tenth of a request's time, and the audit trail
