@@ -7,9 +7,12 @@ the job never calls the service, so the samples travel the one way the service a
 the job's log. Ray's ``worker_process_setup_hook`` (``setup_worker``) starts a shipper thread in
 the job's workers; on each node one of them (an ``flock`` on the directory decides) reads each
 new step file, keeps a bounded part (every ``every``-th step, the first ``per_step`` lines, each
-text field cut at ``FIELD_CHARS``, secret values masked) and prints it as framed lines, which
-Ray forwards to the job's log with the worker's other output. A shipped step is recorded in the
-directory, so a later holder of the lock goes on where the last one stopped.
+text field cut at ``FIELD_CHARS``, secret values masked) and writes it as framed lines, which
+Ray forwards to the job's log with the worker's other output. A step's frames go out in one
+write to the output's descriptor, after a newline, so that no other writer's line can be open
+around them (``print`` writes its text and its newline apart, and another thread can write in
+between). A shipped step is recorded in the directory, so a later holder of the lock goes on
+where the last one stopped.
 
 ``read_sample`` is the one check of a sample both sides make: the shipper on each file line,
 the service on each framed line (a job can print anything).
@@ -244,15 +247,29 @@ def ship_once(
                 continue
             if wanted(step, every):
                 with open(path, "rb") as f:
-                    for line in frames(file_lines(f), step, per_step, secrets):
-                        out.write(line + "\n")
-                out.flush()
+                    emit(out, list(frames(file_lines(f), step, per_step, secrets)))
                 shipped += 1
         except OSError:
             continue
         with open(done_path, "a") as f:
             f.write(f"{step}\n")
     return shipped
+
+
+def emit(out: IO[str], lines: list[str]) -> None:
+    """Write ``lines`` to ``out`` each whole and on a line of its own: a newline first (it ends
+    a line another writer left open; else it is an empty line), then all of them in one write
+    to the descriptor, outside ``out``'s buffer. ``out`` without a descriptor: written to it."""
+    text = "\n" + "".join(line + "\n" for line in lines)
+    try:
+        fd = out.fileno()
+    except (OSError, ValueError):  # io.UnsupportedOperation is both
+        out.write(text)
+        out.flush()
+        return
+    data = text.encode()
+    while data:
+        data = data[os.write(fd, data) :]
 
 
 def wait_shipped(directory: str, timeout_s: float = 10.0) -> bool:

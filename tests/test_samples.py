@@ -20,6 +20,7 @@ from service.loops.follower import Follower
 from service.metrics import logcopy, samples
 from service.metrics.health import HealthRules
 from service.metrics.log_readers import WholeLogReader
+from service.metrics.parse import parse_line
 from service.store.db import Database
 from service.store.models import MetricPoint, RunLog, RunSample
 from tests.factories import add_run, read_run
@@ -116,6 +117,23 @@ def test_a_file_still_being_written_waits(tmp_path: Path) -> None:
     assert job.ship_once(str(tmp_path), 1, 8, [], out, settle_s=60) == 0
     os.utime(tmp_path / "1.jsonl", (time.time() - 120, time.time() - 120))
     assert job.ship_once(str(tmp_path), 1, 8, [], out, settle_s=60) == 1
+
+
+def test_a_step_shipped_while_another_writer_has_a_line_open_leaves_both_whole(
+    tmp_path: Path,
+) -> None:
+    # print() writes its text and its newline apart: the shipper's write can fall in between.
+    (tmp_path / "1.jsonl").write_text(line(1) + "\n" + line(1, 0.0) + "\n")
+    log = tmp_path / "driver.log"
+    with log.open("w") as out:
+        out.write("(TinyGrpo pid=7) step:1 - critic/score/mean:0.5")
+        out.flush()
+        assert job.ship_once(str(tmp_path), 1, 8, [], out, settle_s=0) == 1
+        out.write("\n")
+    lines = log.read_text().splitlines()
+    assert [s["score"] for s in samples.parse(lines).samples] == [1.0, 0.0]
+    got = parse_line(lines[0])
+    assert got is not None and got.values == {"critic/score/mean": 0.5}, lines[0]
 
 
 # The service's side
