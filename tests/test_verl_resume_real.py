@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ from jobs.verl_launch import resume
 from service.cluster.ray_jobs import RayJobs
 from service.metrics.keys import REWARD_KEY, STEP_KEY
 from tests.conftest import RAY_PORT
-from tests.verl_run import RAY_DIR, TERMINAL, start_service
+from tests.verl_run import RAY_DIR, own_service, wait_end
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(1500, func_only=True)]
 
@@ -70,60 +69,46 @@ def _series(http: httpx.Client, run_id: str, key: str) -> list[tuple[int, float]
 
 def test_a_sigkilled_trainer_resumes_from_verls_own_checkpoint(verl_lock: None) -> None:
     started = time.monotonic()
-    root, service = start_service("rlrun-verl-resume-", PORTS)
-    passed = False
-    try:
-        with httpx.Client(base_url=service.url, timeout=30) as http:
-            token = (root / RAY_DIR / "ray-token").read_text().strip()
-            ray = RayJobs(f"http://127.0.0.1:{RAY_PORT + PORTS[1]}", token)
-            resp = http.post("/runs", json=SPEC)
-            assert resp.status_code == 201, resp.text
-            run_id = resp.json()["id"]
-            tree = root / "checkpoints" / run_id
-            (trainer,) = _wait(
-                "verl's trainer actor",
-                lambda: ray.state("actors", "ALIVE", class_name=TRAINER),
-                RUN_TIMEOUT_S,
-            )
-            saved = _wait("verl's first checkpoint", lambda: _saved(tree), RUN_TIMEOUT_S, 0.1)
-            os.kill(int(trainer["pid"]), signal.SIGKILL)
-            print(f"\nkilled {TRAINER} pid {trainer['pid']} once global_step_{saved} was saved")
-            run = _wait(
-                "the run's end",
-                lambda: (r := http.get(f"/runs/{run_id}").json())["status"] in TERMINAL and r,
-                RUN_TIMEOUT_S,
-                2,
-            )
-            seconds = time.monotonic() - started
-            print(f"the run {run_id}: {run['status']} in {seconds:.0f} s")
-            (root / "run.json").write_text(json.dumps(run, indent=2))
-            if run["status"] != "SUCCEEDED" or len(run["attempts"]) != 2:
-                print(
-                    json.dumps({k: run.get(k) for k in ("attempts", "events", "failure")})[:20_000]
-                )
-                print(http.get(f"/runs/{run_id}/logs", params={"tail": 300}).text[-30_000:])
-            assert run["status"] == "SUCCEEDED", run["status"]
-            first, second = run["attempts"]
-            assert (first["status"], first["failure"]["class"]) == ("FAILED", "actor_died"), first
-            resumed = second["resumed_from_step"]
-            assert saved <= resumed < SYNCS, (saved, second)
-            log = ray.logs(f"{run_id}-a2") or ""
-            assert f"Load from checkpoint folder: {tree}/global_step_{resumed}" in log
-            rewards = _series(http, run_id, REWARD_KEY)
-            versions = _series(http, run_id, STEP_KEY)
-            print("rewards", rewards, "versions", versions)
-            # One series, no step twice, on to the last step line (verl's last step's own
-            # figures are never printed; those of the step the kill cut short are lost, #7933).
-            steps = [s for s, _ in rewards]
-            assert steps and steps == sorted(set(steps)) and steps[-1] == SYNCS, rewards
-            assert versions == [(v, float(v)) for v in range(SYNCS + 1)], versions
-            assert run["progress"]["step"] == SYNCS, run["progress"]
-            assert resume.tracker_step(tree) == SYNCS
-            ray.close()
-            passed = True
-    finally:
-        service.stop()
-        if passed:
-            shutil.rmtree(root, ignore_errors=True)
-        else:
-            print(f"kept {root} (its service's log s.log, the run's checkpoints)")
+    with (
+        own_service("rlrun-verl-resume-", PORTS) as (root, service),
+        httpx.Client(base_url=service.url, timeout=30) as http,
+    ):
+        token = (root / RAY_DIR / "ray-token").read_text().strip()
+        ray = RayJobs(f"http://127.0.0.1:{RAY_PORT + PORTS[1]}", token)
+        resp = http.post("/runs", json=SPEC)
+        assert resp.status_code == 201, resp.text
+        run_id = resp.json()["id"]
+        tree = root / "checkpoints" / run_id
+        (trainer,) = _wait(
+            "verl's trainer actor",
+            lambda: ray.state("actors", "ALIVE", class_name=TRAINER),
+            RUN_TIMEOUT_S,
+        )
+        saved = _wait("verl's first checkpoint", lambda: _saved(tree), RUN_TIMEOUT_S, 0.1)
+        os.kill(int(trainer["pid"]), signal.SIGKILL)
+        print(f"\nkilled {TRAINER} pid {trainer['pid']} once global_step_{saved} was saved")
+        run = wait_end(http, run_id, RUN_TIMEOUT_S)
+        seconds = time.monotonic() - started
+        print(f"the run {run_id}: {run['status']} in {seconds:.0f} s")
+        (root / "run.json").write_text(json.dumps(run, indent=2))
+        if run["status"] != "SUCCEEDED" or len(run["attempts"]) != 2:
+            print(json.dumps({k: run.get(k) for k in ("attempts", "events", "failure")})[:20_000])
+            print(http.get(f"/runs/{run_id}/logs", params={"tail": 300}).text[-30_000:])
+        assert run["status"] == "SUCCEEDED", run["status"]
+        first, second = run["attempts"]
+        assert (first["status"], first["failure"]["class"]) == ("FAILED", "actor_died"), first
+        resumed = second["resumed_from_step"]
+        assert saved <= resumed < SYNCS, (saved, second)
+        log = ray.logs(f"{run_id}-a2") or ""
+        assert f"Load from checkpoint folder: {tree}/global_step_{resumed}" in log
+        rewards = _series(http, run_id, REWARD_KEY)
+        versions = _series(http, run_id, STEP_KEY)
+        print("rewards", rewards, "versions", versions)
+        # One series, no step twice, on to the last step line (verl's last step's own
+        # figures are never printed; those of the step the kill cut short are lost, #7933).
+        steps = [s for s, _ in rewards]
+        assert steps and steps == sorted(set(steps)) and steps[-1] == SYNCS, rewards
+        assert versions == [(v, float(v)) for v in range(SYNCS + 1)], versions
+        assert run["progress"]["step"] == SYNCS, run["progress"]
+        assert resume.tracker_step(tree) == SYNCS
+        ray.close()

@@ -48,6 +48,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -138,14 +139,31 @@ def _service(root: Path, ports: tuple[int, int] = PORTS) -> ServiceProcess:
     return service
 
 
-def _wait_end(http: httpx.Client, run_id: str) -> dict[str, Any]:
-    deadline = time.monotonic() + RUN_TIMEOUT_S
+@contextmanager
+def own_service(prefix: str, ports: tuple[int, int]) -> Iterator[tuple[Path, ServiceProcess]]:
+    """``start_service`` for a test's own verl run: the service stops after the block; its root
+    goes if the block passed, and is kept (and named) if it failed."""
+    root, service = start_service(prefix, ports)
+    try:
+        yield root, service
+    except BaseException:
+        print(f"kept {root} (its service's log s.log, the run's checkpoints)")
+        raise
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+    finally:
+        service.stop()
+
+
+def wait_end(http: httpx.Client, run_id: str, timeout_s: float = RUN_TIMEOUT_S) -> dict[str, Any]:
+    """The run's document once it has ended (polled every 2 s for ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         run: dict[str, Any] = http.get(f"/runs/{run_id}").json()
         if run["status"] in TERMINAL:
             return run
         time.sleep(2)
-    raise AssertionError(f"run {run_id} did not end in {RUN_TIMEOUT_S}s")
+    raise AssertionError(f"run {run_id} did not end in {timeout_s:g} s")
 
 
 _HELD = pytest.StashKey[IO[str]]()
@@ -206,7 +224,7 @@ def verl_run(verl_lock: None) -> Iterator[VerlRun]:
             resp = http.post("/runs", json=REQUEST)
             assert resp.status_code == 201, resp.text
             run_id = resp.json()["id"]
-            run = _wait_end(http, run_id)
+            run = wait_end(http, run_id)
             seconds = time.monotonic() - started
             (root / "run.json").write_text(json.dumps(run, indent=2))
             print(f"\nthe session's verl run {run_id}: {run['status']} in {seconds:.0f} s")
