@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi.testclient import TestClient
-from sqlalchemy import event, func, select
+from sqlalchemy import create_engine, event, func, select
 from sqlalchemy.orm import Session
 
 from jobs import samples as job
@@ -21,8 +21,8 @@ from service.metrics import logcopy, samples
 from service.metrics.health import HealthRules
 from service.metrics.log_readers import WholeLogReader
 from service.metrics.parse import parse_line
-from service.store.db import Database
-from service.store.models import MetricPoint, RunLog, RunSample
+from service.store.db import Database, upgrade
+from service.store.models import TEXT_SEARCH_INDEXES, MetricPoint, RunLog, RunSample
 from tests.factories import add_run, read_run
 from tests.fake_ray import FakeRay
 
@@ -300,3 +300,68 @@ def test_a_score_filter_reads_the_index_and_the_per_step_scores_a_row_a_step(
     # The per-step scores: the rows the ingest keeps, a row a step, by their primary key.
     assert "run_samples " not in seen[1][0] and "run_sample_steps" in seen[1][0], seen[1]
     assert "sqlite_autoindex_run_sample_steps_1" in plans[1], plans
+
+
+def test_the_text_filter_is_any_case_and_has_trigram_indexes_on_postgresql(db: Database) -> None:
+    run_id = add_run(db, "texts")
+    seed(db, run_id, n=3000)  # outputs "resp 0" .. "resp 2999"
+
+    def page(q: str) -> list[str]:
+        with db.read() as s:
+            return [r.output for r in samples.page(s, run_id, samples.Query(q=q, limit=500))[0]]
+
+    assert page("RESP 123") == ["resp 1239", "resp 1238", "resp 1237", "resp 1236", "resp 1235",
+                                "resp 1234", "resp 1233", "resp 1232", "resp 1231", "resp 1230",
+                                "resp 123"]  # fmt: skip
+    assert page("50%") == page("resp_1") == []  # % and _ are text, not patterns
+    if db.engines[0].dialect.name == "postgresql":  # what serves a rare text: bench_samples
+        with db.engines[0].connect() as conn:
+            names = set(
+                conn.exec_driver_sql(
+                    "SELECT indexname FROM pg_indexes WHERE tablename = 'run_samples'"
+                ).scalars()
+            )
+        assert names >= TEXT_SEARCH_INDEXES, names
+
+
+def test_without_pg_trgm_the_migration_goes_on_and_the_text_filter_scans(
+    pg_admin_url: str,
+) -> None:
+    # A role that may make tables but not extensions (no CREATE on the database), as on a
+    # managed server whose operator keeps extensions to themselves.
+    name = f"rlrun_noext_{os.urandom(4).hex()}"
+    admin = create_engine(pg_admin_url, isolation_level="AUTOCOMMIT")
+    base = pg_admin_url.rsplit("/", 1)[0]
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE ROLE "{name}" LOGIN')
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    owner = create_engine(f"{base}/{name}", isolation_level="AUTOCOMMIT")
+    with owner.connect() as conn:
+        conn.exec_driver_sql(f'GRANT CREATE ON SCHEMA public TO "{name}"')
+    owner.dispose()
+    url = f"{base.split('//')[0]}//{name}@{base.split('@', 1)[1]}/{name}"
+    try:
+        upgrade(url)
+        db = Database(url)
+        try:
+            with db.engines[0].connect() as conn:
+                names = set(
+                    conn.exec_driver_sql(
+                        "SELECT indexname FROM pg_indexes WHERE tablename = 'run_samples'"
+                    ).scalars()
+                )
+            assert not names & TEXT_SEARCH_INDEXES, names
+            run_id = add_run(db, "texts")
+            seed(db, run_id)
+            with db.read() as s:
+                rows, _ = samples.page(s, run_id, samples.Query(q="Resp 2"))
+            assert [r.output for r in rows] == [
+                f"resp {i}" for i in (29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 2)
+            ]
+        finally:
+            db.dispose()
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE "{name}" WITH (FORCE)')
+            conn.exec_driver_sql(f'DROP ROLE "{name}"')
+        admin.dispose()

@@ -108,7 +108,8 @@ def run_samples(
     min_score: Annotated[float | None, Query(allow_inf_nan=False)] = None,
     max_score: Annotated[float | None, Query(allow_inf_nan=False)] = None,
     q: Annotated[
-        str | None, Query(max_length=200, description="text in the prompt or the response")
+        str | None,
+        Query(max_length=200, description="text in the prompt or the response (any case)"),
     ] = None,
     prompt_id: Annotated[str | None, Query(pattern=r"^[0-9a-f]{16}$")] = None,
     cursor: Annotated[int | None, Query(ge=0, le=INT64_MAX)] = None,

@@ -212,8 +212,8 @@ def page(session: Session, run_id: str, query: Query) -> tuple[list[Any], int | 
         like = "%" + query.q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
         stmt = stmt.where(
             or_(
-                RunSample.input.like(like, escape="\\"),
-                RunSample.output.like(like, escape="\\"),
+                RunSample.input.ilike(like, escape="\\"),
+                RunSample.output.ilike(like, escape="\\"),
             )
         )
     if query.cursor is not None:

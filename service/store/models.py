@@ -316,6 +316,11 @@ class RunSample(Base):
     )
 
 
+# The text filter's trigram indexes on ``run_samples.input`` and ``.output``: PostgreSQL only,
+# and only where pg_trgm could be created (migration 0029), so not in the model.
+TEXT_SEARCH_INDEXES = frozenset({"ix_run_samples_input_trgm", "ix_run_samples_output_trgm"})
+
+
 class RunSampleStep(Base):
     """What a run holds of one step's samples, kept by the ingest in the transaction that stores
     (or thins) them: the per-step scores are a read of a row a step, not of every sample."""
