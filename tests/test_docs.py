@@ -29,7 +29,7 @@ def test_a_generated_page_is_current(page: str) -> None:
     path = docs_reference.PAGES[page]
     fresh = docs_reference.BUILDERS[page]()
     assert path.read_text() == fresh, (
-        f"{path.relative_to(ROOT)} is stale: run `python -m tests.docs_reference`"
+        f"{path.relative_to(ROOT)} is stale: run `.venv/bin/python -m tests.docs_reference`"
     )
 
 
