@@ -75,8 +75,10 @@ def test_v1_argv_composes_in_verls_own_config_as_hydra_composes_it() -> None:
     from hydra import compose, initialize_config_dir
 
     root = hydra_check.verl_root()
+    # Built first: building composes with Hydra too, and Hydra's state is process-wide.
+    overrides = verl_argv(build(V1))[5:]
     with initialize_config_dir(str(root / hydra_check.TRAINER_CONFIG), version_base=None):
-        cfg = compose("ppo_trainer", overrides=verl_argv(build(V1))[5:])
+        cfg = compose("ppo_trainer", overrides=overrides)
     assert cfg.trainer.use_v1 is True and cfg.trainer.v1.trainer_mode == "separate_async"
     sync = cfg.trainer.v1.separate_async.parameter_sync_step
     assert cfg.data.train_batch_size == sync * cfg.actor_rollout_ref.actor.ppo_mini_batch_size
