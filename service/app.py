@@ -165,6 +165,7 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
         limit=settings.max_requests_in_progress,
         inside=2 * settings.request_threads,
         wait_s=settings.max_request_wait_s,
+        watch=app.state.telemetry.watch_door,
     )
     app.add_middleware(
         BodyLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s

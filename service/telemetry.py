@@ -7,7 +7,7 @@ when ``/metrics`` is read.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
@@ -54,6 +54,11 @@ class Telemetry:
         self._current = _Current()
         self.registry.register(self._current)
 
+    def watch_door(self, state: Callable[[], tuple[float, int, float]]) -> None:
+        """Read the door's state at scrape time: how many it lets in now, how many are in, and
+        the event loop's smoothed lag (``service.api.overload``)."""
+        self._current.door = state
+
     def watch(self, services: Services) -> None:
         """Read the current counts from ``services`` and time its loops' ticks."""
         self._current.services = services
@@ -68,8 +73,21 @@ class _Current(Collector):
     """Counts read at scrape time (the database's runs by status, this replica's state)."""
 
     services: Services | None = None
+    door: Callable[[], tuple[float, int, float]] | None = None
 
     def collect(self) -> Iterator[Metric]:
+        if self.door is not None:
+            limit, inside, lag = self.door()
+            yield GaugeMetricFamily(
+                "rlrun_requests_let_in",
+                "Requests the door lets into the app at a time now (fewer while the event loop "
+                "lags or answers are slow).",
+                limit,
+            )
+            yield GaugeMetricFamily("rlrun_requests_in", "Requests in the app now.", inside)
+            yield GaugeMetricFamily(
+                "rlrun_event_loop_lag_seconds", "The event loop's timer lag, smoothed.", lag
+            )
         services = self.services
         if services is None:
             return

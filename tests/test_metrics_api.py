@@ -194,6 +194,10 @@ def test_prometheus_text_counts_runs_by_status(api: TestClient) -> None:
     assert found["rlrun_runs"][(("status", "QUEUED"),)] == 1
     assert found["rlrun_runs"][(("status", "LOST"),)] == 0
     assert found["rlrun_event_streams"] == {(): 0}
+    # The door (32 request threads: up to 64 in, 16 at first): the scrape itself is in.
+    assert 4 <= found["rlrun_requests_let_in"][()] <= 64
+    assert found["rlrun_requests_in"] == {(): 1}
+    assert found["rlrun_event_loop_lag_seconds"][()] >= 0
     assert (
         found["rlrun_accepts_written_total"] == found["rlrun_accept_transactions_total"] == {(): 1}
     )

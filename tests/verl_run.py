@@ -144,15 +144,16 @@ def own_service(prefix: str, ports: tuple[int, int]) -> Iterator[tuple[Path, Ser
     """``start_service`` for a test's own verl run: the service stops after the block; its root
     goes if the block passed, and is kept (and named) if it failed."""
     root, service = start_service(prefix, ports)
+    passed = False
     try:
         yield root, service
-    except BaseException:
-        print(f"kept {root} (its service's log s.log, the run's checkpoints)")
-        raise
-    else:
-        shutil.rmtree(root, ignore_errors=True)
+        passed = True
     finally:
-        service.stop()
+        service.stop()  # before its root goes: its Ray head's files are there
+        if passed:
+            shutil.rmtree(root, ignore_errors=True)
+        else:
+            print(f"kept {root} (its service's log s.log, the run's checkpoints)")
 
 
 def wait_end(http: httpx.Client, run_id: str, timeout_s: float = RUN_TIMEOUT_S) -> dict[str, Any]:

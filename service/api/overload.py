@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -32,6 +33,11 @@ TICK_S = 0.05
 LAG_S = 0.02
 
 
+def first_limit(most: int) -> float:
+    """A slow start, as TCP's: a quarter of the most."""
+    return float(max(min(most, 2), most // 4))
+
+
 class Gate:
     """Arrival-order admission with a limit that follows how promptly the event loop turns
     and requests are answered (one event loop's)."""
@@ -40,7 +46,7 @@ class Gate:
         self.most = most
         self.least = min(most, max(2, most // 16))
         self.slow_s = slow_s
-        self.limit = float(max(self.least, most // 4))  # a slow start, as TCP
+        self.limit = first_limit(most)
         self.inside = 0
         self.lag_s = 0.0
         self._waiting: deque[asyncio.Future[None]] = deque()
@@ -105,13 +111,28 @@ class Gate:
 
 
 class ShedLoad:
-    def __init__(self, app: ASGIApp, limit: int, inside: int, wait_s: float) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        limit: int,
+        inside: int,
+        wait_s: float,
+        watch: Callable[[Callable[[], tuple[float, int, float]]], None],
+    ) -> None:
         self.app = app
         self.limit = limit
         self.most_inside = inside
         self.wait_s = wait_s
         self.in_progress = 0
         self._gate: tuple[asyncio.AbstractEventLoop, Gate] | None = None
+        watch(self.state)  # read at scrape time (service.telemetry)
+
+    def state(self) -> tuple[float, int, float]:
+        """How many the door lets in now, how many are in, and the loop's smoothed lag."""
+        if self._gate is None:
+            return first_limit(self.most_inside), 0, 0.0
+        gate = self._gate[1]
+        return float(int(gate.limit)), gate.inside, gate.lag_s
 
     def gate(self) -> Gate:
         """The gate of the running event loop (an app may be served by one loop, then another)."""
