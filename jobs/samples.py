@@ -53,6 +53,9 @@ EXTRA_CHARS = 256
 MAX_LINE_BYTES = 1 << 20
 MASK = "***"
 KNOWN = ("input", "output", "gts", "score", "step")
+# How often the shipper looks, and how long a step file must be left alone before it is read
+# (verl writes one in a moment): a job ends soon after its last step.
+LOOK_S = 0.25
 _SHIPPED = ".rlrun-shipped"
 _LOCK = ".rlrun-ship.lock"
 
@@ -284,6 +287,33 @@ def wait_shipped(directory: str, timeout_s: float = 10.0) -> bool:
     return True
 
 
+def ship_left(environ: Mapping[str, str], wait_s: float = 2.0) -> int:
+    """Ship the step files the workers' shippers left: the last step's, when the job ended
+    before they looked again. For the launcher's watcher, once verl has exited (its workers go
+    with it); under the shippers' lock, waited for ``wait_s`` at most (a shipper still alive
+    keeps it, and ships them itself). Returns how many steps were shipped."""
+    import fcntl
+
+    found = settings(environ)
+    if found is None:
+        return 0
+    directory, every, per_step, secrets = found
+    deadline = time.monotonic() + wait_s
+    try:
+        with open(os.path.join(directory, _LOCK), "a") as lock:
+            while True:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        return 0
+                    time.sleep(0.05)
+            return ship_once(directory, every, per_step, secrets, sys.stdout, settle_s=0.0)
+    except OSError:
+        return 0
+
+
 def _ship_forever(directory: str, every: int, per_step: int, secrets: list[str]) -> None:
     import fcntl
 
@@ -303,8 +333,8 @@ def _ship_forever(directory: str, every: int, per_step: int, secrets: list[str])
             time.sleep(5.0)
     while True:
         with contextlib.suppress(Exception):  # shipping never takes the worker down
-            ship_once(directory, every, per_step, secrets, sys.stdout, settle_s=0.5)
-        time.sleep(1.0)
+            ship_once(directory, every, per_step, secrets, sys.stdout, settle_s=LOOK_S)
+        time.sleep(LOOK_S)
 
 
 def env(directory: str, every: int, per_step: int, masked: Mapping[str, str]) -> dict[str, str]:

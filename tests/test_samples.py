@@ -3,6 +3,7 @@ and PostgreSQL; hostile sample lines are skipped and counted, nothing else is lo
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import math
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, event, func, select
 from sqlalchemy.orm import Session
@@ -365,3 +367,26 @@ def test_without_pg_trgm_the_migration_goes_on_and_the_text_filter_scans(
             conn.exec_driver_sql(f'DROP DATABASE "{name}" WITH (FORCE)')
             conn.exec_driver_sql(f'DROP ROLE "{name}"')
         admin.dispose()
+
+
+def test_the_steps_the_shippers_left_are_shipped_once_verl_has_exited(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    for step in (1, 2, 3):
+        (tmp_path / f"{step}.jsonl").write_text(line(step, text="key s3cr3t-value") + "\n")
+    (tmp_path / ".rlrun-shipped").write_text("1\n2\n")  # the workers' shipper did these
+    environ = job.env(str(tmp_path), 1, 8, {"API_KEY": "s3cr3t-value"}) | {
+        "API_KEY": "s3cr3t-value"
+    }
+    # A shipper still alive holds the lock (flock: per open file): it ships them itself.
+    with (tmp_path / ".rlrun-ship.lock").open("a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        started = time.monotonic()
+        assert job.ship_left(environ, wait_s=0.3) == 0
+        assert time.monotonic() - started < 2
+    assert capfd.readouterr().out == ""
+    assert job.ship_left(environ, wait_s=0.3) == 1
+    out = capfd.readouterr().out
+    assert [s["step"] for s in samples.parse(out.splitlines()).samples] == [3]
+    assert "s3cr3t-value" not in out and job.MASK in out
+    assert job.ship_left(environ) == 0  # shipped once

@@ -8,6 +8,8 @@ the rollouter's ``data.pt``, written last, and every rank's model shard); with `
 verl writes no tracker (verl #7952), so the newest complete directory counts too. The
 checkpoint the run resumed from is there at the start and is not news. It exits once verl
 has (after a last look), and never fails the job: a watcher that cannot read says nothing.
+Before it exits it ships the rollout samples the workers' shippers left (``jobs.samples``:
+the last step's, when verl ended before they looked again).
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ import sys
 import time
 from pathlib import Path
 
-from jobs import checkpoints
+from jobs import checkpoints, samples
 from jobs.verl_launch import resume
 
 POLL_S = 2.0
+EXIT_POLL_S = 0.2
 
 
 def saved(root: Path) -> tuple[int, Path] | None:
@@ -70,7 +73,9 @@ def watch(root: Path, pid: int, poll_s: float = POLL_S) -> None:
             last = now[0]
         if not running:
             return
-        time.sleep(poll_s)
+        due = time.monotonic() + poll_s
+        while time.monotonic() < due and alive(pid):  # verl's end, seen promptly
+            time.sleep(EXIT_POLL_S)
 
 
 def start(root: Path) -> None:
@@ -86,3 +91,5 @@ def start(root: Path) -> None:
 if __name__ == "__main__":
     with contextlib.suppress(KeyboardInterrupt):
         watch(Path(sys.argv[1]), int(sys.argv[2]))
+        with contextlib.suppress(Exception):
+            samples.ship_left(os.environ)
