@@ -292,49 +292,48 @@ def ship_left(environ: Mapping[str, str], wait_s: float = 2.0) -> int:
     before they looked again. For the launcher's watcher, once verl has exited (its workers go
     with it); under the shippers' lock, waited for ``wait_s`` at most (a shipper still alive
     keeps it, and ships them itself). Returns how many steps were shipped."""
-    import fcntl
-
     found = settings(environ)
     if found is None:
         return 0
     directory, every, per_step, secrets = found
     deadline = time.monotonic() + wait_s
+    while (lock := _take_lock(directory)) is None:
+        if time.monotonic() > deadline:
+            return 0
+        time.sleep(0.05)
+    with lock:
+        return ship_once(directory, every, per_step, secrets, sys.stdout, settle_s=0.0)
+
+
+def _take_lock(directory: str) -> IO[str] | None:
+    """The shippers' lock on ``directory``, held while the file stays open; None when another
+    holds it or it cannot be opened."""
+    import fcntl
+
     try:
-        with open(os.path.join(directory, _LOCK), "a") as lock:
-            while True:
-                try:
-                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        return 0
-                    time.sleep(0.05)
-            return ship_once(directory, every, per_step, secrets, sys.stdout, settle_s=0.0)
+        handle = open(os.path.join(directory, _LOCK), "a")  # noqa: SIM115 - the lock's life
     except OSError:
-        return 0
+        return None
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        return None
+    return handle
 
 
 def _ship_forever(directory: str, every: int, per_step: int, secrets: list[str]) -> None:
-    import fcntl
-
     lock = None
     while lock is None:
-        try:
+        with contextlib.suppress(OSError):
             os.makedirs(directory, exist_ok=True)
-            handle = open(os.path.join(directory, _LOCK), "a")  # noqa: SIM115 - held for life
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                lock = handle
-            except OSError:
-                handle.close()
-        except OSError:
-            pass
-        if lock is None:
+        if (lock := _take_lock(directory)) is None:
             time.sleep(5.0)
-    while True:
-        with contextlib.suppress(Exception):  # shipping never takes the worker down
-            ship_once(directory, every, per_step, secrets, sys.stdout, settle_s=LOOK_S)
-        time.sleep(LOOK_S)
+    with lock:  # held for the worker's life: the open file is the lock
+        while True:
+            with contextlib.suppress(Exception):  # shipping never takes the worker down
+                ship_once(directory, every, per_step, secrets, sys.stdout, settle_s=LOOK_S)
+            time.sleep(LOOK_S)
 
 
 def env(directory: str, every: int, per_step: int, masked: Mapping[str, str]) -> dict[str, str]:
