@@ -70,39 +70,45 @@ def submit(caller: Caller, **body: Any) -> Any:
     return caller.post("/runs", json={"recipe": "test-script", **body})
 
 
+ROLE_MATRIX = """
+anonymous get  /runs                   401
+anonymous get  /runs/{own}             401
+anonymous post /runs/{own}/cancel      401
+anonymous get  /cluster                401
+anonymous get  /healthz                200
+viewer    get  /runs                   200
+viewer    get  /runs/{own}             200
+viewer    get  /runs/{own}/script      200
+viewer    get  /runs/{own}/metrics     200
+viewer    get  /runs/{own}/logs        200
+viewer    get  /runs/{other}           404
+viewer    get  /runs/{other}/logs      404
+viewer    post /runs/{own}/cancel      403
+viewer    get  /tokens                 403
+member    get  /runs/{other}           404
+member    get  /runs/{other}/script    404
+member    get  /runs/{other}/metrics   404
+member    get  /runs/{other}/events    404
+member    post /runs/{other}/cancel    404
+member    get  /tokens                 403
+member    get  /audit                  403
+admin     get  /runs/{other}           200
+other     get  /runs/{own}             404
+member    post /runs/{own}/cancel      200
+admin     get  /runs/{own}             200
+admin     get  /tokens                 200
+admin     get  /audit                  200
+admin     post /runs/{other}/cancel    200
+"""
+
+
 def check_role_matrix(callers: dict[str, Caller], own: str, other: str) -> None:
     """What each role may do: ``own`` is a run of TEAM's member, ``other`` one of OTHER's member
     (``other``); the viewer and the member are of TEAM, the admin of either team."""
-    expected: list[tuple[str, str, str, int]] = [
-        # (who, method, path, status); the cancels last: they end the runs
-        ("anonymous", "get", "/runs", 401),
-        ("anonymous", "get", f"/runs/{own}", 401),
-        ("anonymous", "post", f"/runs/{own}/cancel", 401),
-        ("anonymous", "get", "/cluster", 401),
-        ("anonymous", "get", "/healthz", 200),
-        ("viewer", "get", "/runs", 200),
-        ("viewer", "get", f"/runs/{own}", 200),
-        ("viewer", "get", f"/runs/{own}/script", 200),
-        ("viewer", "get", f"/runs/{own}/metrics", 200),
-        ("viewer", "get", f"/runs/{own}/logs", 200),
-        ("viewer", "get", f"/runs/{other}", 404),
-        ("viewer", "get", f"/runs/{other}/logs", 404),
-        ("viewer", "post", f"/runs/{own}/cancel", 403),
-        ("viewer", "get", "/tokens", 403),
-        ("member", "get", f"/runs/{other}", 404),
-        ("member", "get", f"/runs/{other}/script", 404),
-        ("member", "get", f"/runs/{other}/metrics", 404),
-        ("member", "get", f"/runs/{other}/events", 404),
-        ("member", "post", f"/runs/{other}/cancel", 404),
-        ("member", "get", "/tokens", 403),
-        ("member", "get", "/audit", 403),
-        ("admin", "get", f"/runs/{other}", 200),
-        ("other", "get", f"/runs/{own}", 404),
-        ("member", "post", f"/runs/{own}/cancel", 200),
-        ("admin", "get", f"/runs/{own}", 200),
-        ("admin", "get", "/tokens", 200),
-        ("admin", "get", "/audit", 200),
-        ("admin", "post", f"/runs/{other}/cancel", 200),
+    # who, method, path, status; the cancels last: they end the runs
+    expected = [
+        (who, method, path.format(own=own, other=other), int(status))
+        for who, method, path, status in map(str.split, ROLE_MATRIX.strip().splitlines())
     ]
     got = [
         (who, method, path, getattr(callers[who], method)(path).status_code)

@@ -39,6 +39,26 @@ def _loops(db: Database, ray: FakeRay, ended: list[bool]) -> tuple[Reconciler, F
     return Reconciler(db, ray), whole_log_follower(db, ray, on_end=lambda: ended.append(True))
 
 
+def _exited_0(
+    db: Database, log: str, planned: int | None, status: RunStatus = RunStatus.RUNNING
+) -> tuple[Reconciler, Follower, list[bool]]:
+    """Run r1, ``status`` in the store with ``planned`` steps, whose job Ray reports exited 0
+    with ``log``; the loops that decide its end, and whether it ended."""
+    ray, ended = FakeRay(), []
+    add_run(db, "r1", status, launch=_planned(planned))
+    ray.log["r1"] = log
+    ray.set_status("r1", "SUCCEEDED", exit_code=0)
+    return *_loops(db, ray, ended), ended
+
+
+def _decide(db: Database, reconciler: Reconciler, follower: Follower) -> Run:
+    """Ray's word is read, it ages past the wait for the last lines, the log is read."""
+    reconciler.tick()
+    _seen_long_enough_ago(db)
+    follower.tick()
+    return read_run(db)[0]
+
+
 def _seen_long_enough_ago(db: Database) -> None:
     """Ray's word is older than the follower's wait for the last lines (FINAL_READ_AFTER)."""
     with db.transaction() as s:
@@ -64,11 +84,7 @@ def _statuses(db: Database) -> list[str]:
 def test_a_job_that_exits_0_after_3_of_30_steps_ends_failed_ended_early_never_succeeded(
     db: Database,
 ) -> None:
-    ray, ended = FakeRay(), []
-    reconciler, follower = _loops(db, ray, ended)
-    add_run(db, "r1", RunStatus.RUNNING, launch=_planned(30))
-    ray.log["r1"] = _steps(3)
-    ray.set_status("r1", "SUCCEEDED", exit_code=0)
+    reconciler, follower, ended = _exited_0(db, _steps(3), 30)
     reconciler.tick()
     run, reasons = read_run(db)
     assert run.status == RunStatus.RUNNING and run.ray_status == "SUCCEEDED"
@@ -90,16 +106,9 @@ def test_a_job_that_exits_0_after_3_of_30_steps_ends_failed_ended_early_never_su
 def test_a_run_ended_early_keeps_the_error_lines_no_rule_names_beside_its_last_step(
     db: Database,
 ) -> None:
-    ray, ended = FakeRay(), []
-    reconciler, follower = _loops(db, ray, ended)
-    add_run(db, "r1", RunStatus.RUNNING, launch=_planned(30))
     crash = "Traceback (most recent call last):\nValueError: reward returned a string\n"
-    ray.log["r1"] = _steps(3) + crash
-    ray.set_status("r1", "SUCCEEDED", exit_code=0)
-    reconciler.tick()
-    _seen_long_enough_ago(db)
-    follower.tick()
-    run, _ = read_run(db)
+    reconciler, follower, _ = _exited_0(db, _steps(3) + crash, 30)
+    run = _decide(db, reconciler, follower)
     assert run.failure is not None and run.failure["class"] == "ended_early"
     lines = [e["line"] for e in run.failure["evidence"]]
     assert "step:3 - " in lines[0] and lines[-1] == "ValueError: reward returned a string"
@@ -108,11 +117,7 @@ def test_a_run_ended_early_keeps_the_error_lines_no_rule_names_beside_its_last_s
 def test_a_job_that_trained_every_planned_step_succeeds_once_its_log_is_read(
     db: Database,
 ) -> None:
-    ray, ended = FakeRay(), []
-    reconciler, follower = _loops(db, ray, ended)
-    add_run(db, "r1", RunStatus.SUBMITTED, launch=_planned(3))
-    ray.log["r1"] = _steps(3)
-    ray.set_status("r1", "SUCCEEDED", exit_code=0)
+    reconciler, follower, ended = _exited_0(db, _steps(3), 3, RunStatus.SUBMITTED)
     reconciler.tick()
     _just_seen(db)
     follower.tick()  # Ray's word is too fresh: the last lines may not be in the log yet
@@ -125,21 +130,19 @@ def test_a_job_that_trained_every_planned_step_succeeds_once_its_log_is_read(
 
 
 def test_a_fatal_error_in_a_log_that_exited_0_is_the_class_found(db: Database) -> None:
-    ray, ended = FakeRay(), []
-    reconciler, follower = _loops(db, ray, ended)
-    add_run(db, "r1", RunStatus.RUNNING, launch=_planned(None))  # no plan: the error decides
-    ray.log["r1"] = _steps(2) + (
-        "(FullyAsyncRollouter pid=77) Traceback (most recent call last):\n"
-        '(FullyAsyncRollouter pid=77)   File "/verl/experimental/fully_async_policy/'
-        'fully_async_rollouter.py", line 412, in _processor_worker\n'
-        "(FullyAsyncRollouter pid=77) RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB\n"
-        "(FullyAsyncTrainer pid=78) no more data: training ends\n"
-    )
-    ray.set_status("r1", "SUCCEEDED", exit_code=0)
-    reconciler.tick()
-    _seen_long_enough_ago(db)
-    follower.tick()
-    run, _ = read_run(db)
+    reconciler, follower, _ = _exited_0(
+        db,
+        _steps(2)
+        + (
+            "(FullyAsyncRollouter pid=77) Traceback (most recent call last):\n"
+            '(FullyAsyncRollouter pid=77)   File "/verl/experimental/fully_async_policy/'
+            'fully_async_rollouter.py", line 412, in _processor_worker\n'
+            "(FullyAsyncRollouter pid=77) RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB\n"
+            "(FullyAsyncTrainer pid=78) no more data: training ends\n"
+        ),
+        None,
+    )  # no plan: the error decides
+    run = _decide(db, reconciler, follower)
     assert run.status == RunStatus.FAILED and run.failure is not None
     assert run.failure["class"] == "npu_oom" and "exited 0" in run.failure["summary"]
 
@@ -147,21 +150,18 @@ def test_a_fatal_error_in_a_log_that_exited_0_is_the_class_found(db: Database) -
 def test_a_traceback_in_a_run_that_trained_every_planned_step_was_survived(
     db: Database,
 ) -> None:
-    ray, ended = FakeRay(), []
-    reconciler, follower = _loops(db, ray, ended)
-    add_run(db, "r1", RunStatus.RUNNING, launch=_planned(3))
-    ray.log["r1"] = (
-        _steps(1)
-        + "(vLLMHttpServer pid=9) Traceback (most recent call last):\n"
-        + "(vLLMHttpServer pid=9) RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB\n"
-        + "(vLLMHttpServer pid=9) retrying the request with a smaller batch\n"
-        + _steps(3)[len(_steps(1)) :]
+    reconciler, follower, _ = _exited_0(
+        db,
+        (
+            _steps(1)
+            + "(vLLMHttpServer pid=9) Traceback (most recent call last):\n"
+            + "(vLLMHttpServer pid=9) RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB\n"
+            + "(vLLMHttpServer pid=9) retrying the request with a smaller batch\n"
+            + _steps(3)[len(_steps(1)) :]
+        ),
+        3,
     )
-    ray.set_status("r1", "SUCCEEDED", exit_code=0)
-    reconciler.tick()
-    _seen_long_enough_ago(db)
-    follower.tick()
-    run, _ = read_run(db)
+    run = _decide(db, reconciler, follower)
     assert run.status == RunStatus.SUCCEEDED and run.failure is None
 
 
@@ -228,15 +228,8 @@ _VERL_3_OF_3 = "".join(
 def test_a_verl_run_is_held_to_the_versions_its_trainer_synced_not_its_lagging_step_lines(
     db: Database, planned: int, end: RunStatus
 ) -> None:
-    ray, ended = FakeRay(), []
-    reconciler, follower = _loops(db, ray, ended)
-    add_run(db, "r1", RunStatus.RUNNING, launch=_planned(planned))
-    ray.log["r1"] = _VERL_3_OF_3
-    ray.set_status("r1", "SUCCEEDED", exit_code=0)
-    reconciler.tick()
-    _seen_long_enough_ago(db)
-    follower.tick()
-    run, _ = read_run(db)
+    reconciler, follower, _ = _exited_0(db, _VERL_3_OF_3, planned)
+    run = _decide(db, reconciler, follower)
     # 3 synced: finished though its step lines print version 1; of 4, short however it exited.
     assert run.status == end
     # Its progress is the trainer's word too: version 3, at step 3 (not its lagging line's 1).
