@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from service import usage
 from service.cluster.inventory_cache import InventoryCache
 from service.loops.submitter import Submitter
-from service.scheduling.admission import QueuedRun, Quotas, Shapes, fair_order
+from service.scheduling.admission import QueuedRun, Quotas, fair_order
 from service.scheduling.fair_share import decay_over, recent_accelerators
 from service.scheduling.shape import Group, ResourceShape
 from service.store.db import Database
@@ -26,16 +26,16 @@ EIGHT = ResourceShape(groups=(Group("job", 8, 0.0),), driver_cpus=0.1)
 def test_a_team_that_used_the_cluster_lately_waits_behind_one_that_did_not() -> None:
     older, newer = QueuedRun("a1", "a", 1, EIGHT), QueuedRun("b1", "b", 1, EIGHT)
     share = lambda _: 16.0  # noqa: E731
-    assert [r.id for r in fair_order([older, newer], {}, Quotas(), share, Shapes())] == [
+    assert [r.id for r in fair_order([older, newer], {}, Quotas(), share)] == [
         "a1",
         "b1",
     ]
     recent = {"a": 6.0}  # held 6 accelerators on average lately; nothing now
-    ordered = fair_order([older, newer], {}, Quotas(), share, Shapes(), recent)
+    ordered = fair_order([older, newer], {}, Quotas(), share, recent)
     assert [r.id for r in ordered] == ["b1", "a1"]
     # Another class is not reordered by it: priority first.
     urgent = QueuedRun("a2", "a", 2, EIGHT)
-    ordered = fair_order([older, newer, urgent], {}, Quotas(), share, Shapes(), recent)
+    ordered = fair_order([older, newer, urgent], {}, Quotas(), share, recent)
     assert [r.id for r in ordered] == ["a2", "b1", "a1"]
 
 

@@ -197,10 +197,8 @@ class Submitter:
         lowest = min(policy.preemptible, default=None) if policy else None
         if policy is None or inventory is None or lowest is None:
             return
-        rank = {run_id: i for i, run_id in enumerate(decision.order)}
-        waiting = sorted(
-            (r.run for r in offered if preemption.waits_for_room(r.run, decision.reasons)),
-            key=lambda r: rank[r.id],
+        waiting = preemption.waiting(
+            decision.order, {r.run.id: r.run for r in offered}, decision.reasons
         )
         if not any(r.priority > lowest for r in waiting):
             return

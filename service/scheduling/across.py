@@ -161,7 +161,7 @@ def decide_across(
     where = _where(queued, candidates, by_name)
     used = held_by_team([h for c in clusters for h in c.held])
     shares = _shares(queued, where)
-    order = fair_order(queued, dict(used), quotas, shares, shapes, recent)
+    order = fair_order(queued, dict(used), quotas, shares, recent)
     decision = ClusterDecision([], {}, {}, {}, [r.id for r in order])
     told = _Told(
         queued if recent is not None else (),

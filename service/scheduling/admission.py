@@ -22,11 +22,11 @@
 
 from __future__ import annotations
 
-import heapq
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from operator import itemgetter
 
 from service.scheduling.fair_share import Standing, standing_of
 from service.scheduling.fit import on_empty_cluster
@@ -87,7 +87,7 @@ def decide(
     accelerators each team held lately (``fair_share.recent_accelerators``)."""
     part = Round(held, inventory, quotas, outside)
     share = part.share
-    order = fair_order(queued, part.team_used.copy(), quotas, lambda _: share, part.shapes, recent)
+    order = fair_order(queued, part.team_used.copy(), quotas, lambda _: share, recent)
     decision = Decision([r.id for r in order], [], {}, {})
     for run in order:
         outcome = part.assess(run)
@@ -383,7 +383,7 @@ def queue_order(
 ) -> list[QueuedRun]:
     """The order in which ``decide`` considers the queue (it depends on no free resources)."""
     share = _share(inventory)
-    return fair_order(queued, held_by_team(held), quotas, lambda _: share, Shapes(), recent)
+    return fair_order(queued, held_by_team(held), quotas, lambda _: share, recent)
 
 
 def standings(
@@ -440,7 +440,6 @@ def fair_order(
     used: dict[str, int],
     quotas: Quotas,
     share: Callable[[str], float],
-    shapes: Shapes,
     recent: Mapping[str, float] | None = None,
 ) -> list[QueuedRun]:
     """Priority classes, then teams by their standing (``fair_share``: accelerators held
@@ -464,22 +463,18 @@ def fair_order(
     }
     order: list[QueuedRun] = []
     for priority in sorted(classes, reverse=True):
-        teams = classes[priority]
-        taken = dict.fromkeys(teams, 0)  # runs of each team already in the order
-        heap = [(projected[team] / weights[team], at[0], team) for team, (_, at) in teams.items()]
-        heapq.heapify(heap)
-        while heap:
-            team = heap[0][2]
-            runs, at = teams[team]
-            n = taken[team]
-            run = runs[n]
-            order.append(run)
-            projected[team] += shapes.of(run.shape).accelerators
-            n = taken[team] = n + 1
-            if n < len(runs):  # the team's next run takes its turn by the standing it has now
-                heapq.heapreplace(heap, (projected[team] / weights[team], at[n], team))
-            else:
-                heapq.heappop(heap)
+        # Each team's runs in turn, each by the standing its team has when its turn comes:
+        # every team's standings only grow, so merging the teams' turns is sorting them all
+        # (a run's place in the queue breaks ties, and no two runs share one).
+        turns: list[tuple[float, int, QueuedRun]] = []
+        for team, (runs, at) in classes[priority].items():
+            held, weight = projected[team], weights[team]
+            for run, index in zip(runs, at, strict=True):
+                turns.append((held / weight, index, run))
+                held += run.shape.accelerators
+            projected[team] = held
+        turns.sort(key=itemgetter(0, 1))
+        order.extend(run for _, _, run in turns)
     return order
 
 

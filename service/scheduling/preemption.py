@@ -146,6 +146,13 @@ def waits_for_room(run: QueuedRun, reasons: Mapping[str, str]) -> bool:
     return _waits(reasons.get(run.id, ""))
 
 
+def waiting(
+    order: Sequence[str], runs: Mapping[str, QueuedRun], reasons: Mapping[str, str]
+) -> list[QueuedRun]:
+    """The runs admission left waiting for capacity, in ``order`` (the round's queue order)."""
+    return [runs[i] for i in order if i in runs and _waits(reasons.get(i, ""))]
+
+
 @lru_cache(maxsize=4096)  # a round's runs that wait alike are told the same reason
 def _waits(reason: str) -> bool:
     if reason.startswith("waits for "):  # several clusters: the one it waits for comes first

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property, lru_cache
 from typing import Any, Literal
 
 
@@ -30,7 +31,7 @@ class ResourceShape:
     groups: tuple[Group, ...] = ()
     driver_cpus: float = 1.0
 
-    @property
+    @cached_property
     def accelerators(self) -> int:
         return sum(g.accelerators for g in self.groups)
 
@@ -42,10 +43,18 @@ class ResourceShape:
             "groups": [g.__dict__ for g in self.groups],
         }
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ResourceShape:
-        return cls(
-            accelerator=data["accelerator"],
-            groups=tuple(Group(**g) for g in data["groups"]),
-            driver_cpus=data["driver_cpus"],
-        )
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> ResourceShape:
+        """The shape ``as_dict`` gave, one object for equal shapes: a round over thousands of
+        queued runs of a few presets then hashes a few shapes, not one per run."""
+        groups = tuple(tuple(g.items()) for g in data["groups"])
+        return _interned(data["accelerator"], groups, data["driver_cpus"])
+
+
+@lru_cache(maxsize=4096)
+def _interned(
+    accelerator: Literal["NPU", "GPU"],
+    groups: tuple[tuple[tuple[str, Any], ...], ...],
+    driver_cpus: float,
+) -> ResourceShape:
+    return ResourceShape(accelerator, tuple(Group(**dict(g)) for g in groups), driver_cpus)

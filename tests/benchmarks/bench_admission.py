@@ -99,7 +99,7 @@ def at_scale(
     n_nodes: int = 1000, n_queued: int = 10_000, n_teams: int = 20
 ) -> tuple[Inventory, list[QueuedRun], list[HeldRun], Quotas]:
     """Mixed nodes (8 and 16 NPUs), the cluster mostly busy, every other team with a quota;
-    each queued run's shape its own object, as when read from the database."""
+    each queued run's shape read as from the database."""
     rng = random.Random(11)
     nodes = []
     for i in range(n_nodes):
@@ -111,8 +111,7 @@ def at_scale(
     held = [HeldRun(f"h{i}", teams[i % n_teams], SHAPES[i % 2], settled=True) for i in range(400)]
     queued = []
     for i in range(n_queued):
-        s = rng.choice(SHAPES)
-        shape = ResourceShape(s.accelerator, tuple(s.groups), s.driver_cpus)
+        shape = ResourceShape.from_dict(rng.choice(SHAPES).as_dict())
         queued.append(QueuedRun(f"q{i:05d}", rng.choice(teams), rng.choice([0, 1, 1, 1, 2]), shape))
     quotas = Quotas({t: rng.choice([64, 256, 1024, 4096]) for t in teams[::2]})
     return Inventory(tuple(nodes)), queued, held, quotas
@@ -179,13 +178,12 @@ def bench_history_and_preemption(rounds: int, n_nodes: int = 1000, n_queued: int
     state = ClusterState("default", inventory, held)
     candidates = {r.id: ["default"] for r in queued}
     policy = Policy()
+    by_id = {r.id: r for r in queued}
     wall, cpu, choosing, victims, preemptors = [], [], [], 0, 0
     for _ in range(rounds):
         start, cpu_start = time.perf_counter(), time.process_time()
         decision = decide_across([state], queued, candidates, quotas, 16, recent)
-        waiting = [r for r in queued if preemption.waits_for_room(r, decision.reasons)]
-        order = {run_id: i for i, run_id in enumerate(decision.order)}
-        waiting.sort(key=lambda r: order[r.id])
+        waiting = preemption.waiting(decision.order, by_id, decision.reasons)
         chose = time.process_time()
         choice = preemption.choose(waiting, running, inventory, quotas, policy, now)
         choosing.append((time.process_time() - chose) * 1000)
