@@ -87,6 +87,7 @@ def choose(
             else:
                 choice.spared.setdefault(other.id, why)
         eligible.sort(key=_loss)
-        if _preempt(run, eligible, stopping, room, quotas.of(run.team), held, free_runs, choice):
+        limits = [(quotas.of(run.team), held)]
+        if _preempt(run, eligible, stopping, room, limits, free_runs, choice):
             stopping = []  # given to this run: the next waiting run needs room of its own
     return choice

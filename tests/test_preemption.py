@@ -9,7 +9,14 @@ from hypothesis import strategies as st
 
 from service.scheduling.admission import QueuedRun, Quotas
 from service.scheduling.inventory import Inventory, Node
-from service.scheduling.preemption import NO_CHECKPOINTS, Policy, Running, choose
+from service.scheduling.preemption import (
+    NO_CHECKPOINTS,
+    Policy,
+    Running,
+    Site,
+    choose,
+    choose_across,
+)
 from service.scheduling.shape import Group, ResourceShape
 from tests import preemption_reference
 
@@ -123,6 +130,47 @@ def test_runs_already_stopping_make_the_room_and_nothing_more_is_preempted() -> 
     choice = choose([HIGH, second], running, full(8, 8), Quotas(), Policy(), NOW)
     assert [(p.run.id, [v.id for v in p.victims]) for p in choice.preemptions] == [
         ("urgent2", ["b"])
+    ]
+
+
+def test_across_clusters_a_run_preempts_where_it_waits_first_else_where_it_may_go() -> None:
+    # It waits for "a" (its first), where nothing is preemptible; "b" has a low run to stop.
+    sites = {
+        "a": Site(full(8), [low("peer", priority=2, steps_lost=0)]),
+        "b": Site(full(8), [low("cheap", steps_lost=0)]),
+    }
+    choice = choose_across([HIGH], sites, {"urgent": ["a", "b"]}, Quotas(), Policy(), NOW)
+    assert victims(choice) == [["cheap"]] and choice.preemptions[0].cluster == "b"
+    # Where both could make room, the one it waits for first is used.
+    sites["a"] = Site(full(8), [low("costly", steps_lost=4)])
+    choice = choose_across([HIGH], sites, {"urgent": ["a", "b"]}, Quotas(), Policy(), NOW)
+    assert victims(choice) == [["costly"]] and choice.preemptions[0].cluster == "a"
+    # A cluster it may not use is never touched.
+    assert (
+        choose_across([HIGH], sites, {"urgent": ["c"]}, Quotas(), Policy(), NOW).preemptions == []
+    )
+
+
+def test_across_clusters_quotas_hold_over_all_clusters_and_on_each() -> None:
+    # Team h holds 8 on "a"; its quota of 8 over all clusters leaves no room to preempt on "b".
+    sites = {
+        "a": Site(full(8), [low("held", team="h", priority=2, steps_lost=0)]),
+        "b": Site(full(8), [low("theirs", team="o", steps_lost=0)]),
+    }
+    where = {"urgent": ["b"]}
+    assert choose_across([HIGH], sites, where, Quotas({"h": 8}), Policy(), NOW).preemptions == []
+    assert victims(choose_across([HIGH], sites, where, Quotas({"h": 16}), Policy(), NOW))
+    # A quota of the cluster's own holds there.
+    sites["b"] = Site(full(8), [low("theirs", team="o", steps_lost=0)], quotas=Quotas({"h": 4}))
+    assert choose_across([HIGH], sites, where, Quotas(), Policy(), NOW).preemptions == []
+    # Two waiting runs: the second gets room of its own, on the other cluster.
+    sites = {"a": Site(full(8), [low("x", steps_lost=0)]), "b": Site(full(8), [low("y")])}
+    second = QueuedRun("urgent2", "h", 2, shape(8))
+    both = {"urgent": ["a", "b"], "urgent2": ["a", "b"]}
+    choice = choose_across([HIGH, second], sites, both, Quotas(), Policy(), NOW)
+    assert [(p.run.id, p.cluster, [v.id for v in p.victims]) for p in choice.preemptions] == [
+        ("urgent", "a", ["x"]),
+        ("urgent2", "b", ["y"]),
     ]
 
 

@@ -9,6 +9,8 @@ from datetime import timedelta
 from sqlalchemy import select
 
 from service.cluster.inventory_cache import InventoryCache
+from service.cluster.registry import ClusterHandle, Clusters
+from service.cluster.spec import ClusterSpec
 from service.loops.reconciler import Reconciler
 from service.loops.submitter import Submitter
 from service.recipes.base import Launch
@@ -33,11 +35,11 @@ def launch(checkpoints: bool) -> dict[str, object]:
 
 def running_low(db: Database, run_id: str = "lo", checkpoints: bool = True, **kw: object) -> None:
     long_ago = utcnow() - timedelta(hours=1)
+    kw.setdefault("priority", 0)
     add_run(
         db,
         run_id,
         RunStatus.RUNNING,
-        priority=0,
         npus=8,
         launch=launch(checkpoints),
         submitted_at=long_ago,
@@ -133,6 +135,39 @@ def test_a_run_admitted_lately_is_not_preempted_and_the_waiting_run_says_so(db: 
     assert read_run(db, "fresh")[0].yield_by is None
     reason = read_run(db, "hi")[0].queue_reason or ""
     assert "not preempted: fresh admitted 3" in reason and "(not preempted before 600 s)" in reason
+
+
+def test_across_clusters_a_high_run_preempts_on_the_cluster_that_can_make_its_room(
+    db: Database,
+) -> None:
+    # Cluster a is full of a run that may not be preempted, cluster b of a low one that may.
+    rays = {name: FakeRay(ONE_NODE) for name in ("a", "b")}
+    for ray in rays.values():
+        ray.used["n1"] = {"NPU": 8.0, "CPU": 0.1}
+    clusters = Clusters(
+        [
+            ClusterHandle(
+                ClusterSpec(name=name, address=f"http://{name}:8265", accelerator="NPU"),
+                ray,
+                InventoryCache(ray, 0.0),
+            )
+            for name, ray in rays.items()
+        ]
+    )
+    running_low(db, "peer", priority=2, cluster="a")
+    running_low(db, "lo", cluster="b")
+    add_run(db, "hi", RunStatus.QUEUED, priority=2, npus=8)
+    submitter = Submitter(db, clusters, None, Quotas(), "me", 30.0, 10, preemption=ON)
+    submitter.tick()
+    assert read_run(db, "peer")[0].yield_by is None
+    victim, reasons = read_run(db, "lo")
+    preempted = [r for r in reasons if r.startswith("preempted for run hi (high)")]
+    assert victim.yield_by is not None and len(preempted) == 1
+    assert read_run(db, "hi")[0].queue_reason == (
+        "preempting lo on b (lower priority): they stop at their next checkpoint, within 300 s"
+    )
+    submitter.tick()  # decided once: the next round waits for lo
+    assert [r for r in read_run(db, "lo")[1] if r.startswith("preempted for")] == preempted
 
 
 def test_a_plan_says_what_preemption_would_do_to_the_run(db_url: str) -> None:

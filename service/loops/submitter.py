@@ -144,8 +144,8 @@ class Submitter:
         for r in offered:
             if not candidates[r.run.id]:
                 reasons[r.run.id] = "no declared cluster may take this run now"
-        if self.preemption is not None and len(states) == 1:
-            self._preempt(session, now, states[0], offered, decision, reasons)
+        if self.preemption is not None:
+            self._preempt(session, now, states, offered, decision, candidates, reasons)
         admitted = dict(decision.admit)
         out = []
         for row in rows:
@@ -184,29 +184,38 @@ class Submitter:
         self,
         session: Session,
         now: datetime,
-        state: ClusterState,
+        states: Sequence[ClusterState],
         offered: Sequence[backlog.QueuedRow],
         decision: ClusterDecision,
+        candidates: Mapping[str, Sequence[str]],
         reasons: dict[str, str],
     ) -> None:
         """Preempt for the runs left waiting for capacity (in this round's transaction, under
-        the admission lock: with several replicas, one decision): each victim is asked to stop
-        at its next checkpoint within the grace; the run it makes room for says so."""
+        the admission lock: with several replicas, one decision), each on the cluster it waits
+        for first, else on another it may use: each victim is asked to stop at its next
+        checkpoint within the grace; the run it makes room for says so."""
         policy = self.preemption
-        inventory = state.inventory
-        lowest = min(policy.preemptible, default=None) if policy else None
-        if policy is None or inventory is None or lowest is None:
+        if policy is None or not policy.preemptible:
             return
-        waiting = preemption.waiting(
-            decision.order, {r.run.id: r.run for r in offered}, decision.reasons
-        )
+        lowest = min(policy.preemptible)
+        runs = {r.run.id: r.run for r in offered}
+        waiting = preemption.waiting(decision.order, runs, decision.reasons)
         if not any(r.priority > lowest for r in waiting):
             return
-        primary = state.name == self.clusters.primary.name
-        running = backlog.running(session, now, state.name, primary)
-        outside = held_outside(state.outside)
-        choice = preemption.choose(
-            waiting, running, inventory, self.quotas, policy, now.timestamp(), outside
+        sites = {
+            state.name: preemption.Site(
+                state.inventory,
+                backlog.running(session, now, state.name, state.name == self.clusters.primary.name),
+                held_outside(state.outside),
+                state.quotas,
+            )
+            for state in states
+            if state.inventory is not None and state.down is None
+        }
+        asked = [r for r in waiting if r.priority > lowest][: preemption.TRIES]
+        where = {r.id: _first(decision.chosen.get(r.id), candidates[r.id]) for r in asked}
+        choice = preemption.choose_across(
+            waiting, sites, where, self.quotas, policy, now.timestamp()
         )
         for p in choice.preemptions:
             stopping = []
@@ -226,9 +235,10 @@ class Submitter:
                 )
                 request_yield(session, row, policy.grace_s, p.reason)
                 stopping.append(v.id)
+            on = f" on {p.cluster}" if len(states) > 1 else ""
             reasons[p.run.id] = (
-                f"preempting {', '.join(stopping)} (lower priority): they stop at their next "
-                f"checkpoint, within {policy.grace_s:g} s"
+                f"preempting {', '.join(stopping)}{on} (lower priority): they stop at their "
+                f"next checkpoint, within {policy.grace_s:g} s"
             )
         for run_id, ids in choice.waits_on.items():
             reasons[run_id] = f"waits for {', '.join(ids)} to stop (at a checkpoint, or in time)"
@@ -328,3 +338,8 @@ class Submitter:
             if row is not None and row.status == RunStatus.QUEUED:
                 row.ray_message = reason
                 transition(session, row, RunStatus.FAILED, reason)
+
+
+def _first(chosen: str | None, names: Sequence[str]) -> list[str]:
+    """The clusters a run may use, the one it waits for first."""
+    return [chosen, *(n for n in names if n != chosen)] if chosen else list(names)

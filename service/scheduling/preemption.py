@@ -18,8 +18,11 @@ Ray reports free plus each victim's share, placed where packing it onto what is 
 it; the service's own account (totals less every admitted run and what jobs outside the service
 hold) must agree, as for admission. A run's groups and its driver's CPUs are looked for on the
 nodes with accelerators free (on a busy cluster, a few), which may find no room where a
-driver's CPUs would fit elsewhere: then one more victim is chosen, never one too few. Pure: the
-inventory, the runs and the clock are handed in.
+driver's CPUs would fit elsewhere: then one more victim is chosen, never one too few.
+
+On several clusters (``choose_across``) each waiting run is served on the cluster it waits for
+first, else on the next it may use that can make its room; a team's quota holds over all of
+them, a cluster's own quotas on it. Pure: the inventories, the runs and the clock are handed in.
 """
 
 from __future__ import annotations
@@ -124,6 +127,7 @@ class Victim:
 class Preemption:
     run: QueuedRun
     victims: list[Victim]
+    cluster: str = ""  # where (with several clusters)
 
     @property
     def reason(self) -> str:
@@ -302,6 +306,73 @@ def _demand(shape: ResourceShape) -> dict[str, float]:
     return need
 
 
+@dataclass(frozen=True)
+class Site:
+    """One cluster as preemption sees it: its nodes, its admitted runs not ended (in admission
+    order), what jobs outside the service hold there, and its own quotas."""
+
+    inventory: Inventory
+    running: Sequence[Running]
+    outside: Mapping[str, float] = field(default_factory=dict)
+    quotas: Quotas = field(default_factory=Quotas)
+
+
+class _Site:
+    """A cluster in one round of choosing: the room its runs would leave, the runs already
+    stopping (their room given to the first waiting run it fits), the runs still free to be
+    chosen, each team's accelerators there."""
+
+    def __init__(self, name: str, site: Site, policy: Policy, now: float) -> None:
+        self.name, self.site, self.policy, self.now = name, site, policy, now
+        self.stopping = [r for r in site.running if r.stopping]
+        self.free_runs = {r.id: r for r in site.running if not r.stopping}
+        self.held: dict[str, int] = {}
+        for r in site.running:
+            self.held[r.team] = self.held.get(r.team, 0) + r.shape.accelerators
+        self._room: _Room | None = None
+        # Whether a run is spared, and its loss, depend on it, the policy and the clock only:
+        # asked once. The spared stay free (never victims); the others, least loss first (ties
+        # in admission order, as sorting each waiting run's own would give).
+        self._kept: list[tuple[Running, str]] | None = None
+        self._ranked: list[Running] = []
+        self._told = min(policy.preemptible)  # spared runs below this are in choice.spared
+
+    @property
+    def room(self) -> _Room:
+        if self._room is None:
+            self._room = _Room(self.site.inventory, self.site.running, self.site.outside)
+        return self._room
+
+    def serve(self, run: QueuedRun, held_all: dict[str, int], quota: int | None, c: Choice) -> bool:
+        """Make ``run``'s room here: from what is stopping already, else by preempting the
+        fewest lower-priority runs that lose the least, within its team's quotas (``quota``
+        over every cluster, with ``held_all``; this cluster's own)."""
+        if _made_by_stopping(self.room, run, self.stopping, c):
+            self.stopping = []
+            return True
+        if self._kept is None:
+            self._kept = []
+            for other in self.free_runs.values():
+                why = spared(other, self.policy, self.now)
+                if why is None:
+                    self._ranked.append(other)
+                else:
+                    self._kept.append((other, why))
+            self._ranked.sort(key=_loss)
+        if run.priority > self._told:
+            for other, why in self._kept:
+                if other.priority < run.priority:
+                    c.spared.setdefault(other.id, why)
+            self._told = run.priority
+        eligible = [o for o in self._ranked if o.priority < run.priority and o.id in self.free_runs]
+        limits = [(quota, held_all), (self.site.quotas.of(run.team), self.held)]
+        if not _preempt(run, eligible, self.stopping, self.room, limits, self.free_runs, c):
+            return False
+        c.preemptions[-1].cluster = self.name
+        self.stopping = []  # given to this run: the next waiting run needs room of its own
+        return True
+
+
 def choose(
     waiting: Sequence[QueuedRun],
     running: Sequence[Running],
@@ -312,48 +383,44 @@ def choose(
     outside: Mapping[str, float] | None = None,
     tries: int = TRIES,
 ) -> Choice:
-    """The preemptions of one round. ``waiting``: the queued runs admission left waiting for
-    capacity, in queue order; ``running``: every admitted run not ended, in admission order
-    (those already stopping count as gone)."""
+    """The preemptions of one round on one cluster. ``waiting``: the queued runs admission left
+    waiting for capacity, in queue order; ``running``: every admitted run not ended, in
+    admission order (those already stopping count as gone)."""
+    site = Site(inventory, running, outside or {})
+    return choose_across(waiting, {"": site}, {}, quotas, policy, now, tries)
+
+
+def choose_across(
+    waiting: Sequence[QueuedRun],
+    sites: Mapping[str, Site],
+    where: Mapping[str, Sequence[str]],
+    quotas: Quotas,
+    policy: Policy,
+    now: float,
+    tries: int = TRIES,
+) -> Choice:
+    """The preemptions of one round over several clusters: each waiting run (in queue order)
+    is served on the first of the clusters ``where`` names for it (the one it waits for first)
+    that can make its room; a run ``where`` does not name may use any of ``sites`` in their
+    order. ``quotas`` hold over all clusters together, each ``Site.quotas`` on its own."""
     choice = Choice()
-    lowest = min(policy.preemptible, default=None)
-    if lowest is None or not waiting or not running:
+    if not policy.preemptible or not waiting or not any(s.running for s in sites.values()):
         return choice
-    stopping = [r for r in running if r.stopping]
-    held: dict[str, int] = {}
-    for r in running:
-        held[r.team] = held.get(r.team, 0) + r.shape.accelerators
-    room: _Room | None = None
-    free_runs = {r.id: r for r in running if not r.stopping}
-    # Whether a run is spared, and its loss, depend on it, the policy and the clock only: asked
-    # once. The spared stay free (never victims); the others, least loss first (ties in
-    # admission order, as sorting each waiting run's own would give).
-    kept: list[tuple[Running, str]] | None = None
-    ranked: list[Running] = []
-    told = lowest  # spared runs below this priority are in choice.spared already
+    lowest = min(policy.preemptible)
+    held_all: dict[str, int] = {}
+    for site in sites.values():
+        for r in site.running:
+            held_all[r.team] = held_all.get(r.team, 0) + r.shape.accelerators
+    state: dict[str, _Site] = {}
     for run in _asked(waiting, lowest, tries):
-        if room is None:
-            room = _Room(inventory, running, outside or {})
-        if _made_by_stopping(room, run, stopping, choice):
-            stopping = []
-            continue
-        if kept is None:
-            kept = []
-            for other in free_runs.values():
-                why = spared(other, policy, now)
-                if why is None:
-                    ranked.append(other)
-                else:
-                    kept.append((other, why))
-            ranked.sort(key=_loss)
-        if run.priority > told:
-            for other, why in kept:
-                if other.priority < run.priority:
-                    choice.spared.setdefault(other.id, why)
-            told = run.priority
-        eligible = [o for o in ranked if o.priority < run.priority and o.id in free_runs]
-        if _preempt(run, eligible, stopping, room, quotas.of(run.team), held, free_runs, choice):
-            stopping = []  # given to this run: the next waiting run needs room of its own
+        quota = quotas.of(run.team)
+        for name in where.get(run.id, sites):
+            if name not in sites:
+                continue
+            if name not in state:
+                state[name] = _Site(name, sites[name], policy, now)
+            if state[name].serve(run, held_all, quota, choice):
+                break
     return choice
 
 
@@ -389,14 +456,14 @@ def _preempt(
     eligible: Sequence[Running],
     stopping: Sequence[Running],
     room: Room,
-    quota: int | None,
-    held: dict[str, int],
+    limits: Sequence[tuple[int | None, dict[str, int]]],
     free_runs: dict[str, Running],
     choice: Choice,
 ) -> bool:
     """Stop for ``run`` the fewest of ``eligible`` (least loss first) that make its room beside
-    what is ``stopping`` already, within its team's ``quota``. When they do: the room is taken,
-    the victims leave ``free_runs``, ``held`` counts the change, and ``choice`` records it."""
+    what is ``stopping`` already, within its team's quota of each of ``limits`` (a quota and
+    what each team holds under it). When they do: the room is taken, the victims leave
+    ``free_runs``, each ``limits``' holdings count the change, and ``choice`` records it."""
     victims: list[Running] = []
     placed = None
     for other in eligible:
@@ -412,15 +479,17 @@ def _preempt(
         again = room.fits(run.shape, [*stopping, *fewer])
         if again is not None:
             victims, placed = fewer, again
-    if quota is not None:
-        mine = sum(v.shape.accelerators for v in victims if v.team == run.team)
-        if held.get(run.team, 0) - mine + run.shape.accelerators > quota:
+    mine = sum(v.shape.accelerators for v in victims if v.team == run.team)
+    for quota, held in limits:
+        if quota is not None and held.get(run.team, 0) - mine + run.shape.accelerators > quota:
             return False  # no team preempts its way over its quota
     room.take(placed, run.shape, victims)
     for v in victims:
         free_runs.pop(v.id, None)
-        held[v.team] -= v.shape.accelerators
-    held[run.team] = held.get(run.team, 0) + run.shape.accelerators
+        for _, held in limits:
+            held[v.team] -= v.shape.accelerators
+    for _, held in limits:
+        held[run.team] = held.get(run.team, 0) + run.shape.accelerators
     seen = [
         Victim(v.id, v.team, v.priority, v.shape.accelerators, v.steps_lost or 0) for v in victims
     ]
