@@ -125,6 +125,17 @@ def test_gpu_shapes_use_gpu_not_npu() -> None:
     assert pack(ResourceShape("GPU", (Group("t", 8, 1),), 0.0), nodes) is None
 
 
+def test_a_shape_read_back_is_equal_and_one_object_per_distinct_shape() -> None:
+    trainer = Group("trainer", 8, 24.0, "trainer.n_npus_per_node", "trainer.nnodes")
+    shape = ResourceShape("NPU", (trainer, trainer, Group("rollout", 4, 8.0)), 2.0)
+    first, again = (ResourceShape.from_dict(shape.as_dict()) for _ in range(2))
+    assert first == shape and first is again and first.accelerators == 20
+    other = ResourceShape.from_dict(ResourceShape("GPU", (trainer,), 2.0).as_dict())
+    assert other != first and other.accelerator == "GPU" and other.groups == (trainer,)
+    with pytest.raises(TypeError):
+        ResourceShape.from_dict({**shape.as_dict(), "groups": [{"role": "x", "npus": 1}]})
+
+
 node_st = st.tuples(st.integers(0, 8), st.integers(0, 8))
 group_st = st.tuples(st.integers(1, 8), st.integers(0, 4))
 
