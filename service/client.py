@@ -19,17 +19,9 @@ from pydantic import BaseModel
 
 from service.backoff import Backoff
 from service.store.status import TERMINAL as TERMINAL
-from service.wire import (
-    BaselineOut,
-    LatestOut,
-    RecipeOut,
-    RunOut,
-    RunPage,
-    RunSummary,
-    SamplesPage,
-    SeriesOut,
-    StepTimeOut,
-)
+from service.wire.cluster import RecipeOut
+from service.wire.metrics import LatestOut, SamplesPage, SeriesOut, StepTimeOut
+from service.wire.runs import BaselineOut, RunOut, RunPage, RunSummary
 
 # Where the client looks for the service, and where ``rlrun serve`` listens by default.
 URL_ENV, TOKEN_ENV = "RLRUN_URL", "RLRUN_TOKEN"

@@ -14,7 +14,7 @@ from service.metrics.parse import MetricLine
 from service.store.db import Database
 from service.store.models import AuditEntry
 from service.store.status import RunStatus
-from service.wire import RunSummary
+from service.wire.runs import RunSummary
 from tests.conftest import auth_on
 from tests.factories import add_run
 

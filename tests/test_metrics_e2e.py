@@ -17,7 +17,7 @@ from service.cli import app as cli
 from service.cluster.local_ray import LocalRayCluster
 from service.cluster.ray_jobs import RayJobs
 from service.metrics.parse import parse_line
-from service.wire import encode
+from service.wire.documents import encode
 from tests.conftest import TERMINAL, make_settings, wait_status
 from tests.live import ServerThread, SseClient
 

@@ -18,9 +18,9 @@ HOMES = {
     r"[\"']RLRUN_URL[\"']": "client.py",
     r"\b8000\b": "client.py",
     r"datetime\.now\(|datetime\.utcnow\(": "clock.py",
-    r"inf_nan_mode|[\"']-?Infinity[\"']\s*(?:if|else|$)": "wire.py",
+    r"inf_nan_mode|[\"']-?Infinity[\"']\s*(?:if|else|$)": "wire/documents.py",
     # A run event's JSON, in a run's answer and on its stream alike: the one list of its columns.
-    r"[\"']from_status[\"'],\s*[\"']to_status[\"']": "wire.py",
+    r"[\"']from_status[\"'],\s*[\"']to_status[\"']": "wire/runs.py",
     r"frozenset\(\s*\{[^}]*SUCCEEDED": "store/status.py",
     r"^(?:class ResourceShape|PRIORITIES\b)": "scheduling/",
 }

@@ -29,7 +29,7 @@ from service.cluster.local_ray import LocalRayCluster
 from service.cluster.ray_jobs import RayJobs
 from service.metrics.keys import REWARD_KEY
 from service.store.status import TERMINAL
-from service.wire import RunOut
+from service.wire.runs import RunOut
 from tests.browser import shot, until
 from tests.conftest import make_settings, wait_for, wait_status
 from tests.live import ServerThread

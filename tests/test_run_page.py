@@ -18,7 +18,7 @@ from service.store.db import Database
 from service.store.lifecycle import note
 from service.store.models import Run
 from service.store.runs import events_of, run_page, run_row
-from service.wire import encode
+from service.wire.documents import encode
 from tests.factories import add_run, statements
 
 

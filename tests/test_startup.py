@@ -21,7 +21,7 @@ from service.metrics.health import HealthRules
 from service.metrics.log_readers import WholeLogReader
 from service.store.db import Database
 from service.store.status import RunStatus
-from service.wire import StartupPhaseOut
+from service.wire.runs import StartupPhaseOut
 from tests.factories import add_run, read_run
 from tests.fake_ray import FakeRay
 

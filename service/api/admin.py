@@ -12,7 +12,7 @@ from service.api.deps import INT32_MAX, ServicesDep
 from service.errors import Forbidden
 from service.store import audit, tokens
 from service.store.tokens import Role
-from service.wire import AuditOut, AuditPage, NewToken, TokenOut, TokenPage, token_out
+from service.wire.admin import AuditOut, AuditPage, NewToken, TokenOut, TokenPage, token_out
 
 router = APIRouter(tags=["admin"])
 

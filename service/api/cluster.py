@@ -11,7 +11,7 @@ from service.api.auth import Viewer
 from service.api.deps import ServicesDep
 from service.operations.cluster_view import cluster_view
 from service.operations.clusters_view import clusters_view
-from service.wire import ClusterOut, ClustersOut
+from service.wire.cluster import ClusterOut, ClustersOut
 
 router = APIRouter(tags=["cluster"])
 

@@ -1,4 +1,4 @@
-"""An answer's document as the HTTP response, serialised once (``service.wire.encode``)."""
+"""An answer's document as the HTTP response, serialised once (``wire.documents.encode``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import Response
 
-from service.wire import encode
+from service.wire.documents import encode
 
 
 def json_response(

@@ -7,7 +7,7 @@ from fastapi import APIRouter
 
 from service.api.auth import Viewer
 from service.api.deps import ServicesDep
-from service.wire import RecipeOut
+from service.wire.cluster import RecipeOut
 
 router = APIRouter(tags=["runs"])
 

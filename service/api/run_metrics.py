@@ -32,7 +32,8 @@ from service.metrics import logcopy, samples, store
 from service.metrics.ansi import strip_ansi
 from service.metrics.broker import Cursor, Item
 from service.operations.step_time import step_time
-from service.wire import LatestOut, SamplesPage, SeriesOut, StepTimeOut, encode, sample_doc
+from service.wire.documents import encode
+from service.wire.metrics import LatestOut, SamplesPage, SeriesOut, StepTimeOut, sample_doc
 
 router = APIRouter(prefix="/runs", tags=["metrics"])
 

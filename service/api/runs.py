@@ -28,7 +28,8 @@ from service.operations.idempotency import Accepted
 from service.operations.run_docs import SUMMARY_KEYS, run_doc, summary_doc
 from service.store.runs import ended_attempts, page_query, run_page
 from service.store.status import RunStatus
-from service.wire import BaselineOut, RunOut, RunPage, encode
+from service.wire.documents import encode
+from service.wire.runs import BaselineOut, RunOut, RunPage
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 

@@ -20,7 +20,7 @@ from service.api.deps import ServicesDep
 from service.api.json_answer import json_response
 from service.clock import utcnow
 from service.errors import InvalidSpec, field_error
-from service.wire import UsageOut
+from service.wire.admin import UsageOut
 
 router = APIRouter(tags=["usage"])
 

@@ -29,7 +29,14 @@ from service.notify.standing import Standing, standing
 from service.notify.thresholds import rule_id
 from service.store.models import Webhook, WebhookAttempt, WebhookDelivery, WebhookThreshold
 from service.store.status import RunStatus
-from service.wire import AttemptOut, DeliveryOut, NewSecret, NewWebhook, Threshold, WebhookOut
+from service.wire.webhooks import (
+    AttemptOut,
+    DeliveryOut,
+    NewSecret,
+    NewWebhook,
+    Threshold,
+    WebhookOut,
+)
 
 router = APIRouter(tags=["webhooks"])
 

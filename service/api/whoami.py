@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from service.api.auth import Viewer
 from service.api.deps import ServicesDep
-from service.wire import WhoAmIOut
+from service.wire.admin import WhoAmIOut
 
 router = APIRouter(tags=["auth"])
 

@@ -33,7 +33,7 @@ from service.cli_tables import Column, print_table
 from service.client import Client, Event, Unreachable
 from service.clock import utcnow
 from service.metrics.keys import REWARD_KEY, STEP_KEY
-from service.wire import RunOut, RunSummary
+from service.wire.runs import RunOut, RunSummary
 
 
 def load_spec(path: str, preset: str | None, sets: list[str]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import sys
 
 from service.cli.common import clean, connect, emit_json, say
 from service.cli.options import Output, OutputOpt, ServerOpt, TokenOpt
-from service.wire import StepTimeOut
+from service.wire.metrics import StepTimeOut
 
 
 def why_slow(

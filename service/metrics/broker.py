@@ -31,7 +31,7 @@ from service.store.db import Database
 from service.store.models import MetricPoint, Run, RunEvent, RunLog
 from service.store.prepared import Prepared, RowsConnection, fetch
 from service.store.runs import EVENT_COLUMNS
-from service.wire import event_doc
+from service.wire.runs import event_doc
 
 log = logging.getLogger(__name__)
 _INT64_MAX = 2**63 - 1

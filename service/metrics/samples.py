@@ -181,7 +181,7 @@ class Query:
     limit: int = 50
 
 
-# What a page shows of a sample (``wire.sample_doc``): plain rows, no ORM objects to build.
+# What a page shows of a sample (``wire.metrics.sample_doc``): plain rows, no ORM objects to build.
 PAGE_COLUMNS = (
     RunSample.id,
     RunSample.step,

@@ -282,7 +282,7 @@ def analyse(series: Series, pools: tuple[int, int] = (0, 0), rules: Rules = Rule
 
 
 def as_doc(analysis: Analysis) -> dict[str, Any]:
-    """The analysis as the API answers it (``wire.StepTimeOut`` without the run and change)."""
+    """The analysis as the API answers it (``wire.metrics.StepTimeOut`` less run and change)."""
     trend = analysis.sync
     return {
         "trainer": analysis.trainer,

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from service.clock import utcnow
 from service.store.models import Run, RunEvent, Webhook, WebhookDelivery
-from service.wire import attributes
+from service.wire.documents import attributes
 
 # What a subscription may ask for.
 EventType = Literal[

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from service.metrics.parse import MetricLine
 from service.notify import outbox
 from service.store.models import Run, Webhook, WebhookThreshold
-from service.wire import ThresholdOp
+from service.wire.webhooks import ThresholdOp
 
 _COMPARE: dict[ThresholdOp, Callable[[float, float], bool]] = {
     "<": operator.lt,

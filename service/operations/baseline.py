@@ -20,7 +20,8 @@ from service.metrics.keys import RESPONSE_LENGTH_KEY, REWARD_KEY, STEP_TIME_KEY
 from service.operations.parts import Parts
 from service.principal import Principal, record_call, visible_run
 from service.store.models import Baseline, MetricKey, MetricPoint, utcnow
-from service.wire import BaselineOut, attributes
+from service.wire.documents import attributes
+from service.wire.runs import BaselineOut
 
 # What a difference is taken on, by its name in the answer.
 COMPARED = {
@@ -37,7 +38,7 @@ def baseline_doc(row: Baseline) -> dict[str, Any]:
 
 
 def pin(parts: Parts, principal: Principal, run_id: str, client: str | None) -> dict[str, Any]:
-    """Make the run the baseline of its team and recipe (``wire.BaselineOut``)."""
+    """Make the run the baseline of its team and recipe (``wire.runs.BaselineOut``)."""
     with parts.db.transaction() as session:
         run = visible_run(session, principal, run_id, lock=True)
         session.execute(

@@ -1,7 +1,7 @@
-"""A run's documents (``wire.RunSummary``, ``wire.RunOut``), built from its row, events and
-latest metrics: what they show of the run's attempts, priority and spec (secrets masked) is
-decided by the domain modules they read, which is why they are built here and not in
-``wire``."""
+"""A run's documents (``wire.runs.RunSummary``, ``wire.runs.RunOut``), built from its row,
+events and latest metrics: what they show of the run's attempts, priority and spec (secrets
+masked) is decided by the domain modules they read, which is why they are built here and not
+in ``wire``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from service.metrics.keys import REWARD_KEY, STEP_KEY, TRAINER_STEP_KEY, progres
 from service.recovery.attempts import history, job_id
 from service.scheduling.priority import PRIORITY_NAMES
 from service.team_secrets import masked_runtime_env, masked_spec
-from service.wire import event_doc
+from service.wire.runs import event_doc
 
 # What a run's summary shows of its metrics: progress and the latest mean reward.
 SUMMARY_KEYS = (STEP_KEY, TRAINER_STEP_KEY, REWARD_KEY)

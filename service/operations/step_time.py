@@ -27,7 +27,7 @@ TRIED = 3
 
 
 def step_time(parts: Parts, principal: Principal, run_id: str) -> dict[str, Any]:
-    """``wire.StepTimeOut`` of a run the caller sees (checked by the route)."""
+    """``wire.metrics.StepTimeOut`` of a run the caller sees (checked by the route)."""
     with parts.db.read() as session:
         run = load_run(session, run_id)
         found = store.series(session, run_id, list(KEYS), MAX_POINTS)

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from service.recipes import env_names
 from service.retry_policy import RetryPolicy
 from service.scheduling.shape import ResourceShape
-from service.wire import Threshold
+from service.wire.webhooks import Threshold
 
 
 class PlacementSpec(BaseModel):
