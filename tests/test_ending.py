@@ -130,18 +130,14 @@ def test_a_job_that_trained_every_planned_step_succeeds_once_its_log_is_read(
 
 
 def test_a_fatal_error_in_a_log_that_exited_0_is_the_class_found(db: Database) -> None:
-    reconciler, follower, _ = _exited_0(
-        db,
-        _steps(2)
-        + (
-            "(FullyAsyncRollouter pid=77) Traceback (most recent call last):\n"
-            '(FullyAsyncRollouter pid=77)   File "/verl/experimental/fully_async_policy/'
-            'fully_async_rollouter.py", line 412, in _processor_worker\n'
-            "(FullyAsyncRollouter pid=77) RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB\n"
-            "(FullyAsyncTrainer pid=78) no more data: training ends\n"
-        ),
-        None,
-    )  # no plan: the error decides
+    oom = (
+        "(FullyAsyncRollouter pid=77) Traceback (most recent call last):\n"
+        '(FullyAsyncRollouter pid=77)   File "/verl/experimental/fully_async_policy/'
+        'fully_async_rollouter.py", line 412, in _processor_worker\n'
+        "(FullyAsyncRollouter pid=77) RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB\n"
+        "(FullyAsyncTrainer pid=78) no more data: training ends\n"
+    )
+    reconciler, follower, _ = _exited_0(db, _steps(2) + oom, None)  # no plan: the error decides
     run = _decide(db, reconciler, follower)
     assert run.status == RunStatus.FAILED and run.failure is not None
     assert run.failure["class"] == "npu_oom" and "exited 0" in run.failure["summary"]
@@ -150,17 +146,14 @@ def test_a_fatal_error_in_a_log_that_exited_0_is_the_class_found(db: Database) -
 def test_a_traceback_in_a_run_that_trained_every_planned_step_was_survived(
     db: Database,
 ) -> None:
-    reconciler, follower, _ = _exited_0(
-        db,
-        (
-            _steps(1)
-            + "(vLLMHttpServer pid=9) Traceback (most recent call last):\n"
-            + "(vLLMHttpServer pid=9) RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB\n"
-            + "(vLLMHttpServer pid=9) retrying the request with a smaller batch\n"
-            + _steps(3)[len(_steps(1)) :]
-        ),
-        3,
+    survived = (
+        _steps(1)
+        + "(vLLMHttpServer pid=9) Traceback (most recent call last):\n"
+        + "(vLLMHttpServer pid=9) RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB\n"
+        + "(vLLMHttpServer pid=9) retrying the request with a smaller batch\n"
+        + _steps(3)[len(_steps(1)) :]
     )
+    reconciler, follower, _ = _exited_0(db, survived, 3)
     run = _decide(db, reconciler, follower)
     assert run.status == RunStatus.SUCCEEDED and run.failure is None
 
