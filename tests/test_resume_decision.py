@@ -4,7 +4,10 @@ start from scratch that sets the earlier checkpoints aside."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 from jobs import resume
 from jobs.verl_launch import resume as verl_resume
@@ -86,3 +89,28 @@ def test_the_watcher_says_every_save_the_tracker_passed_between_two_looks(tmp_pa
     assert [s for s, _ in saves.news(tmp_path, 1, now)] == [2, 3]
     assert [s for s, _ in saves.news(tmp_path, None, now)] == [1, 2, 3]
     assert [s for s, _ in saves.news(tmp_path, 2, now)] == [3]
+
+
+def test_the_watcher_says_a_save_well_inside_a_verl_step(tmp_path: Path, monkeypatch: Any) -> None:
+    """A save is said at the watcher's next look, at most ``POLL_S`` after it is written: well
+    inside a verl step on CPU (0.6 s on a quiet host). Said a step later, it would follow that
+    step's lines in the log, and a stop decided on it would count that step as lost."""
+    from jobs.verl_launch import saves
+
+    slept: list[float] = []
+    said: list[tuple[int, float]] = []  # each save said, and the watcher's sleep until then
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        if len(slept) == 1:  # verl saves while the watcher waits
+            _step(tmp_path, 1)
+            (tmp_path / verl_resume.TRACKER).write_text("1")
+
+    def announce(step: int, path: str) -> None:
+        said.append((step, sum(slept)))
+
+    monkeypatch.setattr(saves, "time", SimpleNamespace(sleep=sleep, monotonic=time.monotonic))
+    monkeypatch.setattr(saves, "alive", lambda pid: not said)  # verl ends once a save is said
+    monkeypatch.setattr(saves.checkpoints, "announce", announce)
+    saves.watch(tmp_path, 1)
+    assert said == [(1, 0.25)]
