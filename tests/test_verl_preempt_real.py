@@ -29,7 +29,12 @@ from service.metrics.keys import STEP_KEY
 from tests.benchmarks.bench_preemption import VERL_SYNCS, report, verl_preempted
 from tests.benchmarks.report import Report
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(1800, func_only=True)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.ray,
+    pytest.mark.extra,
+    pytest.mark.timeout(1800, func_only=True),
+]
 
 GRACE_S = 300.0
 # The head's and dashboard's ports (offsets from RAY_PORT): beside the other verl runs', and none
