@@ -27,7 +27,7 @@ from tests.conftest import make_settings
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-LOW_VERSIONS = 20  # a low run's versions: running well past the high run's arrival
+LOW_VERSIONS = 30  # a low run's versions: well past the high run's arrival, after a slow start
 
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
