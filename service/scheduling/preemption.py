@@ -27,7 +27,7 @@ them, a cluster's own quotas on it. Pure: the inventories, the runs and the cloc
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import islice
@@ -186,6 +186,14 @@ def spared(run: Running, policy: Policy, now: float) -> str | None:
     return None
 
 
+def _held(runs: Iterable[Running]) -> dict[str, int]:
+    """Accelerators each team's ``runs`` hold."""
+    held: dict[str, int] = {}
+    for r in runs:
+        held[r.team] = held.get(r.team, 0) + r.shape.accelerators
+    return held
+
+
 def _loss(run: Running) -> tuple[float, int, float]:
     """Least loss first: steps since the last save, then the lowest priority, then the latest
     started."""
@@ -326,9 +334,7 @@ class _Site:
         self.name, self.site, self.policy, self.now = name, site, policy, now
         self.stopping = [r for r in site.running if r.stopping]
         self.free_runs = {r.id: r for r in site.running if not r.stopping}
-        self.held: dict[str, int] = {}
-        for r in site.running:
-            self.held[r.team] = self.held.get(r.team, 0) + r.shape.accelerators
+        self.held = _held(site.running)
         self._room: _Room | None = None
         # Whether a run is spared, and its loss, depend on it, the policy and the clock only:
         # asked once. The spared stay free (never victims); the others, least loss first (ties
@@ -407,10 +413,7 @@ def choose_across(
     if not policy.preemptible or not waiting or not any(s.running for s in sites.values()):
         return choice
     lowest = min(policy.preemptible)
-    held_all: dict[str, int] = {}
-    for site in sites.values():
-        for r in site.running:
-            held_all[r.team] = held_all.get(r.team, 0) + r.shape.accelerators
+    held_all = _held(r for site in sites.values() for r in site.running)
     state: dict[str, _Site] = {}
     for run in _asked(waiting, lowest, tries):
         quota = quotas.of(run.team)
