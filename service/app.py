@@ -48,17 +48,20 @@ from service.api.problems import install_handlers
 from service.api.read_cache import ReadCache, shown_change
 from service.api.token_cache import TokenCache
 from service.backoff import Backoff
-from service.cluster import embedded_trust
+from service.cluster import embedded_trust, job_user
 from service.cluster import registry as registry_of_clusters
 from service.cluster import spec as cluster_spec
 from service.cluster.embedded_trust import StartRefused
 from service.cluster.job_user import JobUserError
 from service.cluster.local_ray import LocalRayCluster, PortInUse
 from service.cluster.registry import Clusters
+from service.loops import strays
 from service.loops.base import Loop
 from service.loops.cluster_health import ClusterHealth
+from service.loops.drains import DrainWatch, gcs_address
 from service.loops.follower import Follower
 from service.loops.reconciler import Reconciler
+from service.loops.strays import StrayProcesses
 from service.loops.submitter import Submitter
 from service.loops.unmanaged import UnmanagedJobs
 from service.loops.watchdog import Watchdog
@@ -142,9 +145,12 @@ def create_app(settings: Settings | None = None, registry: RecipeRegistry | None
                 # Hand this replica's followers over at once rather than when the lease lapses.
                 await asyncio.to_thread(services.follower.release)
             services.clusters.close()
+            await asyncio.gather(*(asyncio.to_thread(c.cleanup) for c in local.values()))
+            # What the stop ended of the job users' processes, recorded while the database is.
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(strays.record, services.db, local.items())
             await services.db.dispose_async()
             services.db.dispose()
-            await asyncio.gather(*(asyncio.to_thread(c.cleanup) for c in local.values()))
 
     app = FastAPI(
         title="rlrun",
@@ -208,7 +214,7 @@ async def _start_local(
         return {}
     # Made for the jobs' user if missing; one that exists keeps its owner and mode.
     checkpoints = [
-        Path(settings.tiny_grpo_checkpoint_root or default_checkpoint_root()),
+        Path(settings.tiny_grpo_checkpoint_root or default_checkpoint_root(settings.instance_name)),
         Path(settings.verl_checkpoint_root),
     ]
     made: set[Path] = set()
@@ -222,7 +228,10 @@ async def _start_local(
                     settings,
                     checkpoints,
                     spec.local.user if settings.clusters_file else settings.local_job_user,
-                    f"rlrun-job-{spec.name}" if settings.clusters_file else "",
+                    job_user.default_name(
+                        settings.instance_name,
+                        spec.name if settings.clusters_file else None,
+                    ),
                     made,
                 )
     except (StartRefused, JobUserError) as exc:
@@ -376,6 +385,15 @@ def build_services(
                 backoff,
             ),
         }
+        if any(gcs_address(handle) for handle in clusters):  # a draining node saves first
+            drains = DrainWatch(db, clusters, gcs_address, settings.preemption_grace_s)
+            drains.on_change = lambda: loops["reconciler"].wake()
+            interval = settings.reconcile_interval_s
+            loops["drains"] = Loop("drains", drains.tick, interval, backoff, drains.close)
+        if any(handle.local is not None for handle in clusters):
+            loops["strays"] = Loop(
+                "strays", StrayProcesses(db, clusters).tick, settings.reconcile_interval_s, backoff
+            )
     reads = ReadCache(db, settings.read_cache_s)
     signed_in = TokenCache(settings.signin_cache_s)
     db.on_commit(signed_in.changed)

@@ -24,6 +24,7 @@ RetryClass = Literal[
     "missing_path",
     "async_pipeline_error",
     "nan",
+    "killed_outside",
     "ended_early",
     "stopped_outside",
     "cluster_down",
@@ -32,7 +33,12 @@ RetryClass = Literal[
 # Attempts a policy may ask for, the first included, whatever the operator allows.
 MAX_ATTEMPTS = 20
 RETRY_CLASSES: tuple[str, ...] = get_args(RetryClass)
-TRANSIENT: tuple[RetryClass, ...] = ("actor_died", "node_lost", "collective_timeout")
+TRANSIENT: tuple[RetryClass, ...] = (
+    "actor_died",
+    "node_lost",
+    "collective_timeout",
+    "killed_outside",
+)
 
 
 class RetryPolicy(BaseModel):

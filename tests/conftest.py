@@ -30,8 +30,9 @@ from tests import postgres
 from tests.live import ServerThread
 
 # The session's one real verl run, for every test file that asks for it (tests/verl_run.py);
-# the browser tests' Chromium and page (tests/browser.py).
-pytest_plugins = ["tests.verl_run", "tests.browser"]
+# the browser tests' Chromium and page (tests/browser.py); each test's lane and time, where
+# RLRUN_TEST_TIMES names a file (tests/timing.py).
+pytest_plugins = ["tests.verl_run", "tests.browser", "tests.timing"]
 
 # Tests change runs through the lifecycle without an app as well: its listeners, as at start.
 listeners.register()
@@ -279,6 +280,9 @@ def cli_on(db_url: str, monkeypatch: pytest.MonkeyPatch) -> CliRunner:
     return CliRunner()
 
 
+TEST_INSTANCE = "test"
+
+
 def make_settings(db_url: str, ray_address: str, **overrides: Any) -> Settings:
     defaults: dict[str, Any] = {
         "database_url": db_url,
@@ -288,6 +292,8 @@ def make_settings(db_url: str, ray_address: str, **overrides: Any) -> Settings:
         "max_backoff_s": 2.0,
         "recipe_plugins": "tests.recipes:register",
         "ray_token": RAY_TOKENS.get(ray_address),
+        # One job user (rlrun-job-test) and run root for every test's service, not one a database.
+        "instance": TEST_INSTANCE,
     }
     return Settings(**(defaults | overrides))
 

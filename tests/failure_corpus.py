@@ -7,7 +7,9 @@ excerpt is written and where a new one goes.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +19,10 @@ from service.recovery.classify import classify
 ROOT = Path(__file__).resolve().parent / "data" / "failures"
 RULE_SET = ROOT
 HELD_OUT = ROOT / "held_out"
+# Whole console logs of real verl runs broken on purpose on this project's CPU stack, each
+# named with its cause in the manifest; split by cause, not by file.
+WHOLE = ROOT / "whole"
+MANIFEST = WHOLE / "manifest.json"
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,39 @@ def held_out_by_hash(source: str) -> bool:
     """The side a new thread goes to: held out when the first byte of its address's SHA-256
     is below 128 (about half), whatever its content."""
     return hashlib.sha256(source.encode()).digest()[0] < 128
+
+
+def side_of_cause(cause: str) -> str:
+    """The side a cause's whole logs go to, fixed by its name before any rule is written for
+    it: held out when the first byte of its SHA-256 is below 128."""
+    return "held_out" if hashlib.sha256(cause.encode()).digest()[0] < 128 else "rules"
+
+
+@dataclass(frozen=True)
+class WholeLog:
+    excerpt: Excerpt  # its cause as the source, its class, the whole log
+    cause: str
+    made: str  # what broke the run (overrides, a kill)
+    side: str
+    why: str = ""  # what the log says (its root exception, as a verl engineer reads it)
+
+
+def load_whole(side: str | None = None) -> list[WholeLog]:
+    """The whole logs of ``MANIFEST`` (gzip-compressed beside it), of one side or both."""
+    out = []
+    for entry in json.loads(MANIFEST.read_text())["logs"]:
+        path = WHOLE / entry["file"]
+        body = gzip.decompress(path.read_bytes()).decode()
+        log = WholeLog(
+            Excerpt(path, f"tests/verl_cpu_failures.sh#{entry['cause']}", entry["class"], body),
+            entry["cause"],
+            entry["made"],
+            entry["side"],
+            entry.get("why", ""),
+        )
+        if side is None or log.side == side:
+            out.append(log)
+    return out
 
 
 @dataclass

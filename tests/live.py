@@ -114,3 +114,17 @@ class SseClient:
             for e in self.events
             if e.kind == "status" and e.data["from_status"] != e.data["to_status"]
         ]
+
+
+def status_from(source: str, url: str, method: str, path: str, token: str) -> int:
+    """The status of one bodiless request to ``url`` (``http://host:port``) sent from the local
+    address ``source`` (any of 127/8 on loopback), over a connection of its own."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30, source_address=(source, 0)) as s:
+        head = (
+            f"{method} {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {token}\r\n"
+            "Content-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+        s.sendall(head.encode())
+        first = s.makefile("rb").readline().split()
+    return int(first[1])

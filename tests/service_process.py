@@ -35,6 +35,7 @@ class ServiceProcess:
             "RLRUN_CLAIM_TTL_S": "3",
             "RLRUN_SUBMIT_BATCH": "4",
             "RLRUN_PROBE_PORT": self.probe_url.rsplit(":", 1)[1],
+            "RLRUN_INSTANCE": "test",  # one job user for every test's service (conftest's)
         }
         if ray_address in RAY_TOKENS:
             self.env["RLRUN_RAY_TOKEN"] = RAY_TOKENS[ray_address]

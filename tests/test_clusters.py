@@ -123,7 +123,7 @@ def test_without_a_file_the_one_cluster_is_default_at_the_ray_address() -> None:
     (remote,) = declared(Settings(ray_address="http://head:8265"))
     assert (remote.name, remote.address, remote.local) == ("default", "http://head:8265", None)
     (local,) = declared(Settings(ray_address="local", local_npus=[8, 8]))
-    assert local.local == LocalShape(npus=[8, 8], cpus_per_node=16)
+    assert local.local == LocalShape(npus=[8, 8], cpus_per_node=64)
 
 
 def test_a_run_may_use_only_the_clusters_its_team_selector_and_verl_version_allow() -> None:

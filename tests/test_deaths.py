@@ -153,3 +153,45 @@ def test_ray_s_reason_that_the_actor_s_node_died_is_a_lost_node_though_no_node_i
     failure = _failed(db, ray, "step:1 - a:1\n" + DIED)
     assert failure["class"] == "node_lost", failure
     assert "(actor_died_error_context, NODE_DIED)" in failure["evidence"][0]["line"]
+
+
+def test_on_a_shared_cluster_a_trainer_killed_after_a_forged_oom_line_is_killed_outside(
+    db: Database,
+) -> None:
+    """Another team's job on the run's cluster wrote one "NPU out of memory" line into its log,
+    then killed its trainer: Ray records a worker that ended with no error of its own and no
+    memory evidence, so the run was killed from outside it, audited."""
+    from sqlalchemy import select
+
+    from service.store.models import AuditEntry
+
+    ray = FakeRay()
+    why = (
+        "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR "
+        "Worker exit detail: Worker unexpectedly exits with a connection error code 2."
+    )
+    ray.dead_actors.append(
+        {
+            "job_id": "r1",
+            "class_name": "TaskRunner",
+            "node_id": "n1",
+            "pid": 4242,
+            "death_cause": {"actor_died_error_context": {"error_message": why, "reason": 1}},
+        }
+    )
+    forged = "(TaskRunner pid=7) torch.OutOfMemoryError: NPU out of memory.\n"
+    launch = {"argv": ["true"], "shared_on": ["default"]}
+    add_run(db, "r1", RunStatus.FAILED, team="vision", cluster="default", launch=launch)
+    with db.transaction() as s:
+        run = s.get(Run, "r1")
+        assert run is not None
+        run.ended_at = run.started_at = (run.started_at or run.created_at) - timedelta(minutes=1)
+    ray.set_status("r1", "FAILED", error_type="JOB_FAILED")
+    ray.log["r1"] = "step:1 - a:1\n" + forged + DIED
+    Follower(db, ray, "me", 30.0, 100_000, HealthRules(), reader=WholeLogReader(ray)).tick()
+    failure = read_run(db)[0].failure
+    assert failure is not None and failure["class"] == "killed_outside", failure
+    assert "(npu_oom)" in failure["summary"]
+    with db.read() as s:
+        rows = s.scalars(select(AuditEntry).where(AuditEntry.action == "run.killed_outside"))
+        assert [(r.run_id, r.target, r.user) for r in rows] == [("r1", "vision", "ray-cluster")]

@@ -25,8 +25,8 @@ from service.store.lifecycle import transition
 from service.store.models import Run, RunEvent, SecretGrant, WebhookDelivery
 from service.store.status import RunStatus
 from tests.conftest import make_settings
-from tests.factories import add_run, add_webhook
-from tests.live import ServerThread
+from tests.factories import add_run, add_webhook, sqlite_with_tokens
+from tests.live import ServerThread, status_from
 
 WANDB = "wandb-secret-value-0123456789"
 SECRETS = {"WANDB_API_KEY": "wandb-key"}
@@ -124,6 +124,31 @@ def test_a_flood_of_refused_redemptions_leaves_one_row_a_minute(
     assert _audited(db)[-1] == ("grant.refused", "r1", "grant already redeemed; refusals=200")
 
 
+def test_replays_from_500_loopback_addresses_fold_into_one_row(
+    tmp_path: Path, secrets_dir: str
+) -> None:
+    # A job picks any source address of 127/8: the refusals fold per grant, not per address.
+    # (On SQLite only: the folding is the same on both, and 500 connections cost seconds.)
+    db_url, _ = sqlite_with_tokens(tmp_path, "grants.sqlite")
+    db = Database(db_url)
+    token = _granted(db)
+    settings = make_settings(db_url, "http://127.0.0.1:9", run_loops=False, secrets_dir=secrets_dir)
+    headers = {"Authorization": f"Bearer {token}"}
+    with ServerThread(create_app(settings)) as url:
+        assert httpx.post(f"{url}/grants/redeem", headers=headers).status_code == 200
+        for i in range(500):
+            address = f"127.{1 + i // 250}.{i % 250}.{1 + i % 7}"
+            assert status_from(address, url, "POST", "/grants/redeem", token) == 401
+    assert _audited(db) == [
+        ("grant.redeem", "r1", None),
+        ("grant.refused", "r1", "grant already redeemed; refusals=1"),
+    ]
+    with db.read() as session:
+        events = [e.reason for e in session.scalars(select(RunEvent)).all()]
+    assert sum("presented again" in reason for reason in events) == 1
+    db.dispose()
+
+
 def test_a_replayed_grant_is_an_event_of_its_run_and_a_webhook_message(
     client: TestClient, db: Database
 ) -> None:
@@ -136,7 +161,7 @@ def test_a_replayed_grant_is_an_event_of_its_run_and_a_webhook_message(
         secret="whsec_x",
     )
     assert _redeem(client, token).status_code == 200
-    for _ in range(3):  # told once, as the refusals are audited: once a minute per address
+    for _ in range(3):  # told once, as the refusals are audited: once a minute per grant
         assert _redeem(client, token).status_code == 401
     with db.read() as session:
         sent = session.scalars(select(WebhookDelivery)).all()

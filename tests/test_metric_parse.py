@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from service.loops.follower import split_lines
 from service.metrics.keys import STEP_KEY
-from service.metrics.parse import parse_line, parse_synced, parse_value
+from service.metrics.parse import parse_line, parse_lines, parse_synced, parse_value
 
 DATA = Path(__file__).parent / "data"
 
@@ -194,3 +195,45 @@ def test_a_step_line_with_a_sample_frame_glued_after_it_is_read_up_to_the_frame(
         "fully_async/rollouter/idle_ratio": 0.0044,
         "fully_async/rollouter/step_generated_samples": 128.0,
     }
+
+
+# Two cpu-learn runs' logs, as Ray's Jobs API gave them: step 19's line glued behind its own
+# worker's "Dumped generations" print; step 28's cut in two by Ray's log monitor (it read the
+# worker's file mid-write), its rest 6 lines later behind that worker's progress bar.
+CUT = DATA / "verl_cut_step_lines.log"
+
+
+def _lines(text: str) -> list[tuple[int, str]]:
+    return split_lines(text, 0, True)[1]  # as the follower splits a read (\r too)
+
+
+def test_a_step_line_cut_in_two_or_glued_behind_its_workers_print_is_read_whole() -> None:
+    lines = _lines(CUT.open(encoding="utf-8", newline="").read())
+    steps = [
+        (m.step, len(m.values), m.values.get("critic/score/mean")) for _, m in parse_lines(lines)
+    ]
+    assert steps == [(19, 141, 0.6640625), (28, 1, None), (28, 5, None), (28, 141, 0.6640625)]
+    # Line by line, step 28's reward is not there.
+    alone = [m for _, line in lines if (m := parse_line(line)) and m.step == 28]
+    assert not [m for m in alone if "critic/score/mean" in m.values]
+
+
+def test_a_step_line_cut_anywhere_with_other_lines_between_is_read_as_the_whole() -> None:
+    whole = "step:7 - " + " - ".join(f"k{i}/x_{i}:{i * 0.731:.5f}" for i in range(60))
+    expected = parse_line(whole)
+    assert expected is not None and len(expected.values) == 60
+    worker = "\x1b[36m(FullyAsyncTrainer pid=42)\x1b[0m "
+    for cut in range(9, len(whole) - 1, 7):
+        text = (
+            f"{worker}{whole[:cut]}\n"
+            "\x1b[36m(FullyAsyncRollouter pid=43)\x1b[0m step:7 - other:1.0\n"
+            f"{worker}\rTraining Progress:  47%|####  | 28/60\n"
+            f"{worker}\n"
+            f"{worker}{whole[cut:]}\n"
+            f"{worker}aggregated metrics done. cost 0.0027 seconds.\n"
+        )
+        got = [m for _, m in parse_lines(_lines(text)) if m.values != {"other": 1.0}]
+        assert got == [expected], (cut, whole[:cut][-20:], got)
+    # A whole line and the worker's next line stay apart.
+    text = f"{worker}{whole}\n{worker}{whole.replace('step:7', 'step:8')}\n"
+    assert [m.step for _, m in parse_lines(_lines(text))] == [7, 8]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, select, update
@@ -20,6 +21,8 @@ from service.store.models import MetricBucket, MetricKey, MetricPoint, Run, RunL
 from service.store.status import RunStatus
 from tests.factories import add_run, read_run
 from tests.fake_ray import FakeRay
+
+DATA = Path(__file__).parent / "data"
 
 
 def follower(db: Database, ray: FakeRay, owner: str, **rules: Any) -> Follower:
@@ -325,6 +328,46 @@ def test_nan_in_a_loss_and_a_reward_collapse_show_in_health_with_a_reason(db: Da
     run, reasons = read_run(db, run_id)
     assert run.health == "nan" and run.health_reason == "actor/pg_loss is NaN at step 7"
     assert len(reasons) == 2
+
+
+def test_a_step_line_ray_forwarded_in_two_parts_is_stored_whole(db: Database) -> None:
+    # cpu-learn's step 28 as Ray's Jobs API gave it: cut mid-item, its rest lines later.
+    run_id, ray = add_run(db), FakeRay()
+    ray.log[run_id] = (DATA / "verl_cut_step_lines.log").open(encoding="utf-8", newline="").read()
+    follower(db, ray, "one").tick()
+    rewards = [(step, v) for step, key, v in points(db, run_id) if key == "critic/score/mean"]
+    assert rewards == [(19, 0.6640625), (28, 0.6640625)]
+    assert len({key for step, key, _ in points(db, run_id) if step == 28}) >= 141
+
+
+def test_a_collapsed_reward_stays_collapsed_past_the_window_until_it_is_back(db: Database) -> None:
+    # cpu-learn at too high a learning rate: its answers left the format at step 4 and every
+    # response scored 0 from then on, long past the window's 20 rewards (which alone have no
+    # best); the verdict stands, given once, until the reward is back above half its best.
+    run_id, ray = add_run(db), FakeRay()
+    f = follower(db, ray, "one")
+
+    def log(start: int, rewards: list[float]) -> None:
+        ray.log[run_id] = ray.log.get(run_id, "") + "".join(
+            f"step:{start + i} - critic/score/mean:{r}\n" for i, r in enumerate(rewards)
+        )
+        f.tick()
+
+    log(0, [0.19, 0.27, 0.41, 0.5, 0.03, 0.0, 0.0])
+    run, _ = read_run(db, run_id)
+    assert run.health == "reward_collapse", run.health_reason
+    assert run.health_reason == (
+        "critic/score/mean fell from its best 0.5 (step 3) to 0 for 3 steps; "
+        "every response scored 0"
+    )
+    for start in range(7, 57, 5):
+        log(start, [0.0] * 5)
+        run, reasons = read_run(db, run_id)
+        assert run.health == "reward_collapse", (start, run.health_reason)
+    assert sum("reward_collapse" in r for r in reasons) == 1, reasons
+    log(57, [0.3, 0.35, 0.4])
+    run, reasons = read_run(db, run_id)
+    assert run.health == "ok" and reasons[-1] == "health ok: recovered", reasons
 
 
 def test_a_run_without_a_new_step_for_too_long_is_stalled(db: Database) -> None:

@@ -204,3 +204,10 @@ def test_the_client_loads_no_server() -> None:
         [sys.executable, "-c", code], cwd=HERE, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_no_module_is_named_like_a_standard_library_module() -> None:
+    """A module named ``platform`` or ``types`` reads, in a traceback or an import, as the
+    standard library's."""
+    named = {m for m in modules() if m.rsplit(".", 1)[-1] in sys.stdlib_module_names}
+    assert named == set()

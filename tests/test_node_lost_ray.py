@@ -6,7 +6,6 @@ session's cluster gets its second node back afterwards."""
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,20 +18,11 @@ from service.cluster.ray_jobs import RayJobs
 from service.recovery.deaths import PREFIX
 from tests.conftest import transitions, wait_for
 from tests.recipes import retried_tiny_grpo
+from tests.two_nodes import ACTORS, actor_nodes, hold_head
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 SPEC = retried_tiny_grpo("lost-node", 10, "node_lost")
-ACTORS = {"TinyGrpoTrainer", "TinyGrpoRollouter"}
-
-
-def _actor_nodes(ray: RayJobs, submission_id: str, state: str) -> dict[str, str]:
-    """The node of each of the job's actors in ``state``, by the actor's class."""
-    info = ray.get(submission_id)
-    if info is None or not info.job_id:
-        return {}
-    actors = ray.state("actors", state, job_id=info.job_id)
-    return {a["class_name"]: a["node_id"] for a in actors if a["class_name"] in ACTORS}
 
 
 def test_a_run_whose_node_is_lost_is_retried_once_on_the_nodes_that_remain(
@@ -44,16 +34,7 @@ def test_a_run_whose_node_is_lost_is_retried_once_on_the_nodes_that_remain(
     (head,) = [n["node_id"] for n in ray.state("nodes", "ALIVE") if n.get("is_head_node")]
     # A job outside the service holds the head's NPUs, so the run can only be placed on the
     # second node; it lets go before that node is lost, so the retry fits on the head.
-    holder = f"hold-head-{uuid.uuid4().hex[:8]}"
-    ray.submit(
-        holder,
-        "sleep 600",
-        {},
-        {},
-        entrypoint_num_cpus=0.01,
-        entrypoint_resources={"NPU": 8.0, "node:__internal_head__": 0.001},
-    )
-    wait_for(lambda: ray.get(holder), lambda j: j is not None and j.status == "RUNNING")
+    holder = hold_head(ray)
     stopped = False
     try:
         with sqlite_service(
@@ -61,7 +42,7 @@ def test_a_run_whose_node_is_lost_is_retried_once_on_the_nodes_that_remain(
         ) as client:
             run_id = client.post("/runs", json=SPEC).json()["id"]
             first_nodes = wait_for(
-                lambda: _actor_nodes(ray, run_id, "ALIVE"),
+                lambda: actor_nodes(ray, run_id, "ALIVE"),
                 lambda nodes: set(nodes) == ACTORS,
                 timeout=120,
                 every=0.3,
@@ -103,7 +84,7 @@ def test_a_run_whose_node_is_lost_is_retried_once_on_the_nodes_that_remain(
             ours = sorted(j.submission_id for j in ray.list_jobs() if run_id in j.submission_id)
             assert ours == [run_id, f"{run_id}-a2"], ours
             # Placed on what remains: the head.
-            assert set(_actor_nodes(ray, f"{run_id}-a2", "DEAD").values()) == {head}
+            assert set(actor_nodes(ray, f"{run_id}-a2", "DEAD").values()) == {head}
     finally:
         if stopped:
             ray_cluster.start_node(1)

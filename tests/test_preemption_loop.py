@@ -108,16 +108,25 @@ def test_a_high_run_preempts_a_low_one_once_and_it_comes_back_as_its_next_attemp
     assert read_run(db, "hi")[0].status == RunStatus.SUBMITTED
 
 
-def test_with_preemption_off_or_no_checkpoints_nothing_running_is_stopped(db: Database) -> None:
+def test_with_preemption_off_or_sparing_runs_that_save_nothing_nothing_is_stopped(
+    db: Database,
+) -> None:
     ray = FakeRay(ONE_NODE)
     running_low(db, "nock", checkpoints=False)
+    with db.transaction() as s:  # a checkpoint line in its log (another team's job can write it)
+        run = s.get(Run, "nock")
+        assert run is not None
+        checkpoint_saved(s, run, 900_000, 900_001)
     add_run(db, "hi", RunStatus.QUEUED, priority=2, npus=8)
-    loop(db, ray).tick()
+    loop(db, ray, policy=Policy(without_checkpoints=False)).tick()
     victim, _ = read_run(db, "nock")
     assert victim.yield_by is None and victim.stop_requested_at is None
     high, _ = read_run(db, "hi")
     assert high.queue_reason is not None
     assert "not preempted: nock saves no checkpoints: never preempted" in high.queue_reason
+    # The operator's default: saving nothing exempts nothing (and the forged save is no save).
+    loop(db, ray).tick()
+    assert read_run(db, "nock")[0].yield_by is not None
     running_low(db, "lo")
     loop(db, ray, policy=None).tick()
     assert read_run(db, "lo")[0].yield_by is None
@@ -185,7 +194,9 @@ def test_a_plan_says_what_preemption_would_do_to_the_run(db_url: str) -> None:
             assert answer.status_code == 200, answer.text
             return dict(answer.json()["plan"])
 
-        assert plan(priority="low")["preemption"] == "saves no checkpoints: never preempted"
+        assert plan(priority="low")["preemption"] == (
+            "saves no checkpoints: may be preempted, losing every step since its start"
+        )
         assert str(plan(priority="low", save_every=1)["preemption"]).startswith(
             "may be preempted by a higher priority: asked to stop at its next checkpoint"
         )

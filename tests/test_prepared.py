@@ -113,18 +113,23 @@ def test_a_dropped_connection_is_busy_once_then_renewed(
     params = {"run_id": stored["run"]}
 
     async def reads() -> list[Any]:
-        first = await db.rows(runs._PAGE_RUN, params)  # a pooled connection of the loop's
-        with db.engine.connect() as admin:
-            admin.execute(
-                text(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        try:
+            first = await db.rows(runs._PAGE_RUN, params)  # a pooled connection of the loop's
+            with db.engine.connect() as admin:
+                admin.execute(
+                    text(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    )
                 )
-            )
-        with pytest.raises(DatabaseBusy, match="lost"):
-            for _ in range(16):  # the first is refused, and has the pool's others checked
-                await db.rows(runs._PAGE_RUN, params)
-        return [first, await db.rows(runs._PAGE_RUN, params)]
+            with pytest.raises(DatabaseBusy, match="lost"):
+                for _ in range(16):  # the first is refused, and has the pool's others checked
+                    await db.rows(runs._PAGE_RUN, params)
+            return [first, await db.rows(runs._PAGE_RUN, params)]
+        finally:
+            # As the app does at shutdown: the pool's own tasks (its check's reconnections) are
+            # ended by closing it, not left for asyncio.run to cancel.
+            await db.dispose_async()
 
     first, again = asyncio.run(reads())
     assert first[0].id == again[0].id == stored["run"]

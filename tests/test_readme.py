@@ -27,7 +27,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 CLIENT_DOC = ROOT / "docs" / "guide" / "client.md"
-SKIP = ("pytest",)  # blocks that run the test suite
+# Blocks that run the test suite, and verl's CPU run (its stack is 4 GB; the session's shared verl
+# run, tests/verl_run.py, runs the same preset, assets command and serve).
+SKIP = ("pytest", "verl-cpu", "cpu-learn")
 COPY_IGNORE = shutil.ignore_patterns(
     ".git", ".venv", "site", "__pycache__", "*.db", "*.db-*", ".*_cache", "*.egg-info", "build"
 )
@@ -76,6 +78,8 @@ def shell_env(port: int) -> dict[str, str]:
     # PIP_NO_COMPILE: a fresh install skips byte-compiling (ray's most of all), halving its time;
     # pip's cache and the machine's wheel sources (PIP_* as set here) are used as they are.
     env |= {"PATH": fresh_path(), "COLUMNS": "120", "PIP_NO_COMPILE": "1"}
+    # As root, the tests' job user (rlrun-job-test), not one more user for each fresh copy.
+    env["RLRUN_INSTANCE"] = "test"
     if port != 8000:
         env["RLRUN_URL"] = f"http://127.0.0.1:{port}"  # what the README says for another port
     return env

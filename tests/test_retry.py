@@ -477,3 +477,24 @@ def test_a_run_decided_on_the_kept_log_ends_as_its_attempt_did_when_not_retried(
     with loops.db.transaction() as s:
         runlog = s.get(RunLog, "r1")
         assert runlog is not None and runlog.finished_at is not None
+
+
+HOST_OOM = (
+    "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.\n"
+)
+
+
+def test_a_host_oom_is_retried_once_whatever_the_policy_s_attempts(
+    api: TestClient, db_url: str
+) -> None:
+    db, loops = _submitted(db_url, {"retry": {**POLICY, "max_attempts": 5, "on": ["host_oom"]}})
+    loops.end("r1", "FAILED", HOST_OOM)
+    run, reasons = read_run(db)
+    assert (run.status, run.attempt) == (RunStatus.QUEUED, 2), reasons
+    loops.submitter.tick()
+    loops.end("r1-a2", "FAILED", HOST_OOM)
+    run, reasons = read_run(db)
+    assert (run.status, run.attempt) == (RunStatus.FAILED, 2)
+    assert "not retried: host_oom is retried once, and an earlier attempt ended with it too" in (
+        reasons
+    )

@@ -19,7 +19,7 @@ from jobs import samples as job_samples
 from jobs.tiny_grpo.policy import Batch
 from jobs.tiny_grpo.rollouts import write_step
 from service.recipes.tiny_grpo import default_checkpoint_root
-from tests.conftest import TERMINAL, wait_for, wait_status
+from tests.conftest import TERMINAL, TEST_INSTANCE, wait_for, wait_status
 
 SCORE_MEAN = "critic/score/mean"
 # Four trainer steps of 8 prompts x 8 responses; a sync each step, so its version is its step.
@@ -71,7 +71,7 @@ def test_a_runs_samples_reach_the_service_every_step_with_its_logged_mean(
             timeout=30,
         )
         series = client.get(f"/runs/{run_id}/metrics", params={"keys": SCORE_MEAN}).json()
-    files = Path(default_checkpoint_root()) / run_id / job_samples.SUBDIR
+    files = Path(default_checkpoint_root(TEST_INSTANCE)) / run_id / job_samples.SUBDIR
     assert sorted(int(p.stem) for p in files.glob("*.jsonl")) == [1, 2, 3, 4]
     assert got["skipped"] == 0 and got["kept"] == 4 * 64
     logged = {p["step"]: p["value"] for p in series["series"][SCORE_MEAN]}

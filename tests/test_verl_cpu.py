@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from jobs.verl_cpu import plugin
-from jobs.verl_cpu.platform import DeviceId, PlatformCPU
+from jobs.verl_cpu.cpu_platform import DeviceId, PlatformCPU
 from jobs.verl_cpu.weights import FileCheckpointEngine
 
 

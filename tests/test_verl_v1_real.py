@@ -4,6 +4,11 @@ Ray head of its own (CPU only). Its metrics arrive under V1's own names, its pro
 trainer step it syncs the weights at, its end is judged against the planned steps, verl writes
 a checkpoint a step in its own layout, and the samples it writes come home.
 
+Its weight sync is broken on purpose (the ``file-stale`` checkpoint engine, a fault drill: every
+sync sends the first sync's weights while the trainer's digest names the weights it should have
+sent): the run trains and ends as before, but its health reads ``weights_unsynced`` from the
+first sync the rollout did not take, naming the version and both digests.
+
 Its own run (the session's shared run is the fully async trainer's, ``tests/verl_run.py``): one
 more verl start-up. It asks for the session's verl lock (``verl_lock``: taken at collection,
 before its timeout starts). Slow, and it needs the trainer stack (rlrun[verl-cpu], README):
@@ -20,13 +25,24 @@ import pytest
 
 from jobs.verl_launch import resume
 from service.metrics.keys import STEP_KEY, TRAINER_STEP_KEY
-from service.recipes.verl.preset import SMOKE_V1_STEPS
+from service.recipes.verl.preset import SMOKE_V1_STEPS, cpu_smoke_v1
+from service.settings import Settings
 from tests.test_verl_v1_log import V1_KEYS
 from tests.verl_run import own_service, wait_end
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(1500, func_only=True)]
 
-REQUEST = {"recipe": "verl-fully-async", "preset": "cpu-smoke-v1", "name": "cpu-smoke-v1"}
+STALE = "actor_rollout_ref.rollout.checkpoint_engine.backend=file-stale"
+OVERRIDES = [
+    STALE if o.startswith("actor_rollout_ref.rollout.checkpoint_engine.backend=") else o
+    for o in cpu_smoke_v1(Settings())["overrides"]
+]
+REQUEST = {
+    "recipe": "verl-fully-async",
+    "preset": "cpu-smoke-v1",
+    "name": "cpu-smoke-v1",
+    "overrides": OVERRIDES,
+}
 # The head's and dashboard's ports (offsets from RAY_PORT): beside the other verl runs', and none
 # a Ray-lane test uses.
 PORTS = (1900, 2000)
@@ -67,6 +83,16 @@ def test_the_v1_trainer_trains_for_real_under_the_service(verl_lock: None) -> No
         assert resume.tracker_step(tree) == SMOKE_V1_STEPS
         for step in range(1, SMOKE_V1_STEPS + 1):
             assert resume.complete(tree / f"global_step_{step}"), step
+
+        # The sync broken on purpose is seen: the rollout's weights stayed the first sync's.
+        assert STALE in run["command"], run["command"]
+        health, sync = run["health"], run["weight_sync"]
+        assert health["status"] == "weights_unsynced", (health, sync)
+        assert "never reached the rollout" in health["reason"], health
+        assert "its newest load was version" in health["reason"], health
+        noted = [e["reason"] for e in run["events"] if e["reason"].startswith("weight sync not")]
+        assert len(noted) == 1 and sync["problem"] == health["reason"], (noted, sync)
+        print("broken sync:", health["reason"])
 
         # The samples V1 wrote (its own writer) are served, step by step.
         files = sorted((tree / "rollout-samples").glob("*.jsonl"))

@@ -1,11 +1,11 @@
 """The one real verl run of a test session, shared by every test file that asks about it.
 
-A real run of verl's own fully async trainer (preset ``cpu-smoke`` of ``verl-fully-async``, on
-CPU, on the embedded local Ray head of a real service process) costs minutes, nearly all of it
-start-up, and peaks near 11 GB. So a session makes exactly one, the first time a test asks for
-it, and keeps its service up until the last test that asks for it is done (they run first in
-the verl lane): every test about verl-for-real asks this run what it wants to know. CI pays for
-one run; add assertions, not runs.
+A real run of verl's own fully async trainer (preset ``cpu-learn`` of ``verl-fully-async``, on
+CPU, on the embedded local Ray head of a real service process: the seed's recipe in miniature,
+whose reward rises) costs minutes and peaks near 11 GB. So a session makes exactly one, the
+first time a test asks for it, and keeps its service up until the last test that asks for it
+is done (they run first in the verl lane): every test about verl-for-real asks this run what
+it wants to know. CI pays for one run; add assertions, not runs.
 
 The fixtures (session-scoped; registered for every test file by ``tests/conftest.py``):
 
@@ -21,14 +21,14 @@ The fixtures (session-scoped; registered for every test file by ``tests/conftest
 
 A test file uses them so::
 
-    pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(1500)]
+    pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(2400)]
 
     def test_something_of_the_real_run(verl_run: VerlRun) -> None:
         series = verl_run.http.get(f"/runs/{verl_run.run_id}/metrics").json()["series"]
         assert ...
 
 A test that asks for the run waits for it to end; the first one pays for it (its timeout must
-cover a run: ``pytest.mark.timeout(1500)``). A test must not change the run (cancel it, retry
+cover a run: ``pytest.mark.timeout(2400)``). A test must not change the run (cancel it, retry
 it) or the service; one that needs a run of its own asks for ``verl_lock`` and pays for its
 run in CI. A session that collects a test asking for the lock (``verl_run`` does) takes the
 host's verl lock (``flock`` on ``LOCK``, as every real verl run here does) once collection
@@ -45,6 +45,8 @@ import fcntl
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -56,14 +58,15 @@ from typing import IO, Any
 import httpx
 import pytest
 
+from service.recipes.verl.preset import LEARN_DIR, SMOKE_DIR
 from tests.conftest import RAY_PORT
 from tests.service_process import ServiceProcess
 
 LOCK = Path("/tmp/rlrun-verl-real.lock")
-RUN_TIMEOUT_S = 900
+RUN_TIMEOUT_S = 1800
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "STOPPED", "LOST")
 # The run's request: the preset as a user posts it.
-REQUEST: dict[str, Any] = {"recipe": "verl-fully-async", "preset": "cpu-smoke", "name": "cpu-smoke"}
+REQUEST: dict[str, Any] = {"recipe": "verl-fully-async", "preset": "cpu-learn", "name": "cpu-learn"}
 RAY_DIR = "r"  # the embedded head's dir under the root (short: Ray's socket paths are bounded)
 # The shared run's head and dashboard ports (offsets from RAY_PORT): none a Ray-lane test uses.
 PORTS = (1500, 1600)
@@ -88,8 +91,8 @@ class VerlRun:
 
     @property
     def data(self) -> Path:
-        """The smoke assets (model, tokenizer, parquet data) the run read."""
-        return self.root / "data" / "rlrun-smoke"
+        """The assets (model, tokenizer, parquet data) the run read."""
+        return self.root / "data" / LEARN_DIR
 
     @property
     def ray_address(self) -> str:
@@ -101,8 +104,11 @@ class VerlRun:
         return (self.root / RAY_DIR / "ray-token").read_text().strip()
 
 
-def start_service(prefix: str, ports: tuple[int, int] = PORTS) -> tuple[Path, ServiceProcess]:
-    """A new root (smoke assets in it) and a service on an embedded head of its own, started.
+def start_service(
+    prefix: str, ports: tuple[int, int] = PORTS, learn: bool = False
+) -> tuple[Path, ServiceProcess]:
+    """A new root (the smoke assets in it, or with ``learn`` cpu-learn's) and a service on an
+    embedded head of its own, started.
     The root is where the embedded nodes' own user (the service runs as root) reads data and
     writes checkpoints: not in pytest's private temp dir. The checkpoint root is the service's
     to make at start (for that user); one that exists is not taken over. ``ports``: the head's
@@ -112,19 +118,26 @@ def start_service(prefix: str, ports: tuple[int, int] = PORTS) -> tuple[Path, Se
 
     root = Path(tempfile.mkdtemp(prefix=prefix))
     root.chmod(0o755)
-    assets.make(root / "data" / "rlrun-smoke")
-    service = _service(root, ports)
+    if learn:  # as the README makes them
+        cli = [sys.executable, "-m", "service.cli", "verl", "make-smoke-assets", "--learn"]
+        subprocess.run([*cli, str(root / "data" / LEARN_DIR)], check=True, timeout=600)
+    else:
+        assets.make(root / "data" / SMOKE_DIR)
+    service = _service(root, ports, cluster_defaults=learn)
     service.start(timeout=180)
     return root, service
 
 
-def _service(root: Path, ports: tuple[int, int] = PORTS) -> ServiceProcess:
+def _service(
+    root: Path, ports: tuple[int, int] = PORTS, cluster_defaults: bool = False
+) -> ServiceProcess:
+    """A service on an embedded head of 2 NPU slots, or with ``cluster_defaults`` the default
+    embedded cluster (16 NPUs, 64 logical CPUs: what `rlrun serve` starts), on ``ports``."""
     service = ServiceProcess("sqlite:///" + str(root / "db.sqlite"), "local", root / "s.log")
     data = root / "data"
+    if not cluster_defaults:  # two slots: a run of 1 + 1 fills the cluster
+        service.env |= {"RLRUN_LOCAL_NPUS": "2"}
     service.env |= {
-        # verl's actors ask for 23 CPUs beside the pools' bundles (logical: more than cores).
-        "RLRUN_LOCAL_NPUS": "2",
-        "RLRUN_LOCAL_CPUS_PER_NODE": "64",
         "RLRUN_LOCAL_RAY_STATE_DIR": str(root / "state"),
         "RLRUN_LOCAL_RAY_DIR": str(root / RAY_DIR),
         # Ports of this session's range (conftest: RAY_PORT..RAY_PORT+3000), not random free ones
@@ -140,10 +153,12 @@ def _service(root: Path, ports: tuple[int, int] = PORTS) -> ServiceProcess:
 
 
 @contextmanager
-def own_service(prefix: str, ports: tuple[int, int]) -> Iterator[tuple[Path, ServiceProcess]]:
+def own_service(
+    prefix: str, ports: tuple[int, int], learn: bool = False
+) -> Iterator[tuple[Path, ServiceProcess]]:
     """``start_service`` for a test's own verl run: the service stops after the block; its root
     goes if the block passed, and is kept (and named) if it failed."""
-    root, service = start_service(prefix, ports)
+    root, service = start_service(prefix, ports, learn)
     passed = False
     try:
         yield root, service
@@ -217,7 +232,7 @@ def verl_lock(pytestconfig: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def verl_run(verl_lock: None) -> Iterator[VerlRun]:
-    root, service = start_service("rlrun-verl-real-")
+    root, service = start_service("rlrun-verl-real-", learn=True)
     _SHARED.append(service)
     try:
         with httpx.Client(base_url=service.url, timeout=30) as http:

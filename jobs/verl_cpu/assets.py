@@ -16,6 +16,12 @@ Random weights never write ``#### N``: every reward is 0, GRPO's advantages are 
 proves the path, not learning. ``--warm-start-steps`` first trains the model briefly on the
 answer format (supervised, same seed), which gives mixed rewards within groups and so real
 policy-gradient updates.
+
+``--learn`` makes the ``cpu-learn`` preset's assets instead (``LEARN``): sums of 0-2, 7 in 10
+of them with the sum 2, and a warm start on the format alone, every answer drawn at random from
+the task's sums. The model
+then writes ``#### N`` with a number that has nothing to do with the question (its reward is
+chance, about a fifth), so whatever the reward gains in the run, verl's GRPO gained it.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +41,43 @@ CHAT_TEMPLATE = (
     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 TRAIN_ROWS, TEST_ROWS = 256, 16
-MAX_OPERAND = 3
 
 
-def problem(rng: random.Random) -> tuple[str, str]:
-    a, b = rng.randint(0, MAX_OPERAND), rng.randint(0, MAX_OPERAND)
+@dataclass(frozen=True)
+class Task:
+    """What the assets teach: sums of operands 0..``max_operand``, and a warm start of
+    ``warm_start_steps`` on answers right for ``right_share`` of them and drawn at random from
+    the task's sums for the rest (0: the format without the task)."""
+
+    max_operand: int = 3
+    warm_start_steps: int = 0
+    warm_start_lr: float = 3e-3
+    # The share of warm-start answers that are right; the others are drawn at random from the
+    # task's sums (1: the answers, 0: the format alone).
+    right_share: float = 1.0
+    # The share of questions whose sum is ``favoured`` (the rest drawn evenly): an answer that
+    # pays more than the others, which a policy learns before it learns to add.
+    favoured_share: float = 0.0
+    favoured: int = 2
+
+
+SMOKE = Task()
+LEARN = Task(
+    max_operand=2,
+    warm_start_steps=300,
+    warm_start_lr=1e-3,
+    right_share=0.0,
+    favoured_share=0.7,
+)
+
+
+def problem(rng: random.Random, task: Task = SMOKE) -> tuple[str, str]:
+    top = task.max_operand
+    if task.favoured_share and rng.random() < task.favoured_share:
+        a = rng.randint(max(0, task.favoured - top), min(top, task.favoured))
+        b = task.favoured - a
+    else:
+        a, b = rng.randint(0, top), rng.randint(0, top)
     return f"What is {a} + {b}? End with #### and the number.", str(a + b)
 
 
@@ -101,13 +140,17 @@ def make_model(tokenizer: Any, out: Path) -> Any:
     return Qwen2ForCausalLM(config).to(torch.float32)
 
 
-def warm_start(model: Any, tokenizer: Any, rows: list[dict[str, Any]], steps: int) -> list[float]:
-    """``steps`` of supervised training on prompt -> ``#### N<|im_end|>`` (loss on the answer)."""
+def warm_start(
+    model: Any, tokenizer: Any, rows: list[dict[str, Any]], steps: int, task: Task = SMOKE
+) -> list[float]:
+    """``steps`` of supervised training on prompt -> ``#### N<|im_end|>`` (loss on the answer):
+    N the answer for ``task.right_share`` of them, else a sum of the task drawn at random."""
     import torch
 
     torch.manual_seed(SEED)
     rng = random.Random(SEED)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    sums = range(2 * task.max_operand + 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=task.warm_start_lr)
     model.train()
     losses = []
     for _ in range(steps):
@@ -117,7 +160,9 @@ def warm_start(model: Any, tokenizer: Any, rows: list[dict[str, Any]], steps: in
             prompt = tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True,
                                                    tokenize=False)  # fmt: skip
             p = tokenizer(prompt)["input_ids"]
-            a = tokenizer(f"#### {r['reward_model']['ground_truth']}<|im_end|>")["input_ids"]
+            right = rng.random() < task.right_share
+            answer = r["reward_model"]["ground_truth"] if right else rng.choice(sums)
+            a = tokenizer(f"#### {answer}<|im_end|>")["input_ids"]
             ids.append(p + a)
             labels.append([-100] * len(p) + a)
         width = max(len(x) for x in ids)
@@ -134,21 +179,28 @@ def warm_start(model: Any, tokenizer: Any, rows: list[dict[str, Any]], steps: in
     return losses
 
 
-def make(out_dir: str | Path, warm_start_steps: int = 0) -> dict[str, Any]:
-    """Write the model, tokenizer and data under ``out_dir``; a summary of what was written."""
+def make(
+    out_dir: str | Path, warm_start_steps: int = 0, task: Task | None = None
+) -> dict[str, Any]:
+    """Write the model, tokenizer and data under ``out_dir``; a summary of what was written.
+    ``task`` (default: the smoke run's, with ``warm_start_steps``) says what they teach."""
     import pandas as pd
 
+    task = task or Task(warm_start_steps=warm_start_steps)
     out = Path(out_dir)
     model_dir, data_dir = out / "model", out / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
     rng = random.Random(SEED)
     splits = {"train": TRAIN_ROWS, "test": TEST_ROWS}
-    rows = {s: [row(*problem(rng), s, i) for i in range(n)] for s, n in splits.items()}
-    corpus = [r["prompt"][0]["content"] + f" #### {r['reward_model']['ground_truth']}"
-              for r in rows["train"]] + ["user assistant system\n"]  # fmt: skip
+    rows = {s: [row(*problem(rng, task), s, i) for i in range(n)] for s, n in splits.items()}
+    # The tokenizer is the smoke task's whatever the task: BPE's merges follow its corpus, and
+    # on another corpus "#### N" splits otherwise than the chat text around it.
+    smoke = random.Random(SEED)
+    corpus = [q + f" #### {a}" for q, a in (problem(smoke) for _ in range(TRAIN_ROWS))]
+    corpus.append("user assistant system\n")
     tokenizer = make_tokenizer(corpus, model_dir)
     model = make_model(tokenizer, model_dir)
-    losses = warm_start(model, tokenizer, rows["train"], warm_start_steps)
+    losses = warm_start(model, tokenizer, rows["train"], task.warm_start_steps, task)
     model.save_pretrained(model_dir, safe_serialization=True)
     for split, items in rows.items():
         pd.DataFrame(items).to_parquet(data_dir / f"{split}.parquet", index=False)
@@ -161,7 +213,9 @@ def make(out_dir: str | Path, warm_start_steps: int = 0) -> dict[str, Any]:
         "train_files": str(data_dir / "train.parquet"),
         "val_files": str(data_dir / "test.parquet"),
         "parameters": sum(p.numel() for p in model.parameters()),
-        "warm_start_steps": warm_start_steps,
+        "max_operand": task.max_operand,
+        "warm_start_steps": task.warm_start_steps,
+        "warm_start_right_share": task.right_share,
         "warm_start_loss": [round(losses[0], 4), round(losses[-1], 4)] if losses else None,
         "bytes": sizes,
     }
@@ -173,8 +227,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("dir")
     parser.add_argument("--warm-start-steps", type=int, default=0)
+    parser.add_argument("--learn", action="store_true", help="the cpu-learn preset's assets")
     args = parser.parse_args()
-    print(json.dumps(make(args.dir, args.warm_start_steps), indent=2))
+    summary = make(args.dir, task=LEARN) if args.learn else make(args.dir, args.warm_start_steps)
+    print(json.dumps(summary, indent=2))
 
 
 if __name__ == "__main__":

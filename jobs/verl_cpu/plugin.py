@@ -5,18 +5,19 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from jobs.verl_cpu import enabled
+from jobs.verl_cpu import enabled, vision
 
 _applied = False
 
 
 def load() -> None:
     """Register the ``cpu`` platform; on CPU runs, apply the shims (``verl_plugin`` calls it)."""
-    from jobs.verl_cpu import platform  # noqa: F401 - registers the ``cpu`` platform
+    from jobs.verl_cpu import cpu_platform  # noqa: F401 - registers the ``cpu`` platform
 
     if enabled():
         _dedupe_process_group_backend()
         _logger_flush_keyword()
+        vision.without_torchvision()
         apply_vllm()
 
 
@@ -24,6 +25,7 @@ def load_vllm() -> None:
     """vLLM's ``vllm.general_plugins`` entry point, run in every vLLM engine process (which
     need not import verl before it loads the model)."""
     if enabled():
+        vision.without_torchvision()
         apply_vllm()
 
 
@@ -83,6 +85,7 @@ def apply_vllm() -> None:
     _applied = True
     _plain_cpu_linear()
     _pause_generation_keyword()
+    _digest_loaded_weights()
 
 
 def _plain_cpu_linear() -> None:
@@ -116,3 +119,49 @@ def _pause_generation_keyword() -> None:
 
     pause_generation._rlrun_compat = True  # type: ignore[attr-defined]
     AsyncLLM.pause_generation = pause_generation
+
+
+def _digest_loaded_weights() -> None:
+    """Each vLLM worker says what its model loaded at a weight sync (``jobs.weight_digest``):
+    the digest of every tensor verl's worker extension handed to the model, and a read-back of
+    the parameters vLLM keeps under the trainer's names, taken right after each bucket loaded
+    (the bucket's buffer is reused for the next)."""
+    import torch
+    from verl.workers.rollout.vllm_rollout import utils as vllm_utils
+
+    from jobs import weight_digest
+
+    extension = vllm_utils.vLLMColocateWorkerExtension
+    if getattr(extension, "_rlrun_digest", False):
+        return
+    update_from_ipc, update = extension.update_weights_from_ipc, extension._update_weights
+
+    @functools.wraps(update)
+    def _update_weights(self: Any, weights: Any, *args: Any, **kwargs: Any) -> Any:
+        result = update(self, weights, *args, **kwargs)
+        sync = getattr(self, "_rlrun_sync", None)
+        if sync is not None:
+            digest, read_back = sync
+            params = dict(self.model_runner.model.named_parameters())
+            for name, tensor in weights:
+                digest.add(name, tensor)
+                param = params.get(name)
+                if param is not None and tuple(param.shape) == tuple(tensor.shape):
+                    read_back[1] += 1
+                    read_back[0] += bool(torch.equal(param.data, tensor.to(param.dtype)))
+        return result
+
+    @functools.wraps(update_from_ipc)
+    def update_weights_from_ipc(self: Any, *args: Any, **kwargs: Any) -> Any:
+        self._rlrun_sync = (weight_digest.Digest(), [0, 0])
+        try:
+            result = update_from_ipc(self, *args, **kwargs)
+            digest, read_back = self._rlrun_sync
+            weight_digest.announce_rollout(digest, (read_back[0], read_back[1]))
+            return result
+        finally:
+            self._rlrun_sync = None
+
+    extension._update_weights = _update_weights
+    extension.update_weights_from_ipc = update_weights_from_ipc
+    extension._rlrun_digest = True

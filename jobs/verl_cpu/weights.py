@@ -6,7 +6,13 @@ run syncs weights through a file (``checkpoint_engine.backend=file`` with
 walks verl's per-tensor generator (the other actor ranks walk it too: producing each tensor is
 collective over the actor group) and renames it into place; each rollout worker waits for that
 file and loads it. Trainer and rollout must therefore share a filesystem (one node, as here).
-Actor rank 0 removes the file when the sync is finalized.
+Actor rank 0 removes the file when the sync is finalized, and says the digest of what it sent
+(``jobs.weight_digest``; each vLLM worker says the digest of what it loaded, ``plugin``).
+
+``file-stale`` is a fault drill, not a transport to train with: it sends the first sync's
+weights at every sync, so the rollout never sees the trainer's updates while every sync looks
+done. Its sender still says the digest of the weights it should have sent: what a sync that
+silently fails looks like to the service.
 """
 
 from __future__ import annotations
@@ -24,7 +30,10 @@ import torch
 from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineRegistry
 from verl.workers.rollout.utils import ensure_async_iterator
 
+from jobs import weight_digest
+
 BACKEND = "file"
+STALE_BACKEND = "file-stale"
 DIR_ENV = "RLRUN_CPU_WEIGHTS_DIR"  # where the sync files go (default: the temp dir)
 WAIT_S = 600.0
 FILE = "weights.pt"
@@ -70,10 +79,17 @@ class FileCheckpointEngine(CheckpointEngine):  # type: ignore[misc]
                 state[name] = tensor.detach().to("cpu", copy=True)
         if not self.sender or self.path is None:
             return
+        digest = weight_digest.Digest()
+        digest.add_all(state.items())
         os.makedirs(self.path, exist_ok=True)
         partial = os.path.join(self.path, FILE + ".partial")
-        torch.save(state, partial)
+        torch.save(self.to_send(state), partial)
         os.replace(partial, os.path.join(self.path, FILE))  # readers never see half a file
+        weight_digest.announce_trainer(global_steps, digest)
+
+    def to_send(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """What goes into the sync's file: the state itself."""
+        return state
 
     async def receive_weights(
         self, global_steps: int | None = None
@@ -88,3 +104,15 @@ class FileCheckpointEngine(CheckpointEngine):  # type: ignore[misc]
         state = torch.load(target, map_location="cpu", weights_only=True)
         for name, tensor in state.items():
             yield name, tensor
+
+
+@CheckpointEngineRegistry.register(STALE_BACKEND)
+class StaleFileCheckpointEngine(FileCheckpointEngine):
+    """The fault drill ``file-stale``: every sync sends the first sync's weights."""
+
+    _first: dict[str, torch.Tensor] | None = None
+
+    def to_send(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if StaleFileCheckpointEngine._first is None:
+            StaleFileCheckpointEngine._first = state
+        return StaleFileCheckpointEngine._first

@@ -29,6 +29,7 @@ class Plan(TypedDict, total=False):
     writable: list[PathCheck]  # directories the run creates (nearest existing parent writable)
     packages: dict[str, str]  # distribution name -> version specifier ("" = installed)
     timeout_s: float
+    stack: str  # the spec's accelerator ("npu", "gpu"): its known broken pairs are checked
 
 
 Report = dict[str, Any]

@@ -99,7 +99,11 @@ def first_failure(report: Report) -> str:
     for node in report["nodes"]:
         for c in node["checks"]:
             if not c["ok"]:
-                what = f"{c['key']} {c['target']}".strip() if c["check"] != "package" else c["key"]
+                what = f"{c['key']} {c['target']}".strip()
+                if c["check"] == "package":
+                    what = c["key"]
+                elif c["check"] == "pair":
+                    what = c["target"]
                 return f"node {node['node']} ({node['node_id'][:12]}): {what} {c['reason']}"
     return "no node answered"
 

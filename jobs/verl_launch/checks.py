@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import glob
 import os
+import platform
 import tempfile
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
-from jobs.verl_launch import Plan
+from jobs.verl_launch import Plan, pairs
 
 DEVICE_FILES = {"NPU": "/dev/davinci[0-9]*", "GPU": "/dev/nvidia[0-9]*"}
 
@@ -84,6 +85,35 @@ def devices(accelerator: str, declared: float) -> tuple[str, str | None]:
     return target, None
 
 
+def installed(names: list[str]) -> dict[str, str]:
+    """Distribution -> installed version, for those of ``names`` that are installed."""
+    out = {}
+    for name in names:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return out
+
+
+def stack(accelerator: str, cann_info: str = pairs.CANN_INFO) -> list[dict[str, Any]]:
+    """One failed check for each known broken pair this node's packages (and CANN) meet."""
+    have = installed(pairs.dists(accelerator))
+    if accelerator == "npu":
+        cann = pairs.cann_version(cann_info.format(arch=platform.machine()))
+        if cann is not None:
+            have[pairs.CANN] = cann
+    return [
+        _result(
+            "pair",
+            row.name,
+            ", ".join(f"{d} {have[d]}" for d in row.when),
+            f"is a stack pair known to break ({row.name}): {row.says()}",
+        )
+        for row in pairs.broken(accelerator, have)
+    ]
+
+
 def check_node(plan: Plan, declared: float) -> list[dict[str, Any]]:
     """Every check of ``plan`` on this node (``declared``: Ray's accelerator count here)."""
     out = []
@@ -100,6 +130,8 @@ def check_node(plan: Plan, declared: float) -> list[dict[str, Any]]:
     for name, spec in sorted(plan.get("packages", {}).items()):
         have, reason = package(name, spec)
         out.append(_result("package", name, have, reason))
+    if plan.get("stack"):
+        out += stack(plan["stack"])
     accelerator = plan.get("accelerator", "NPU")
     if declared > 0 and plan.get("check_devices", True):
         target, reason = devices(accelerator, declared)

@@ -73,8 +73,8 @@ async def resolve(
         if row is None:
             raise Unauthorized("the API token is unknown or revoked")
     except Unauthorized as exc:
-        # Counted on the loop; only a due row (one a minute per address) takes a thread.
-        if due := services.sign_ins.count(client):
+        # Counted on the loop; only a due row (one a minute per network) takes a thread.
+        if due := services.sign_ins.failed(client):
             await run_in_threadpool(services.sign_ins.write, services.db, client, exc.detail, due)
         raise
     principal = Principal(user=row.user, team=row.team, role=row.role, token_id=row.id)

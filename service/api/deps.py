@@ -62,9 +62,9 @@ class Services:
     validations: ValidationSlots = field(default_factory=ValidationSlots)
     # Live streams of API tokens, ended when their token is revoked.
     revocations: Revocations = field(default_factory=Revocations)
-    # Failed sign-ins, written to the audit trail at most once a minute per address.
+    # Failed sign-ins, written to the audit trail at most once a minute per network, capped in all.
     sign_ins: FailedSignIns = field(default_factory=FailedSignIns)
-    # Refused redemptions of issued grants, audited at most once a minute per grant and address.
+    # Refused redemptions of issued grants, audited at most once a minute per grant.
     grant_refusals: Folding = field(default_factory=Folding)
     # Other replicas' writes, told on PostgreSQL (``store/change_feed.py``).
     feed: ChangeFeed | None = None

@@ -1,7 +1,7 @@
 """``POST /grants/redeem``: a run's job trades its one-time grant (the bearer credential here, no
 API token) for the values of the secrets its spec names. Any refusal is the same 401; one for a
 grant the service issued (used, expired, its run over) is audited, at most one row a minute per
-grant and address."""
+grant, whatever address it comes from (a job picks any address of its 127/8)."""
 
 from __future__ import annotations
 
@@ -49,8 +49,8 @@ def redeem_grant(
                 missing = str(exc)
             target = missing
         else:
-            # One row a minute per grant and address, however many times it is tried.
-            count = services.grant_refusals.count(client, about=grants.digest(token))
+            # One row a minute per grant, however many times and from wherever it is tried.
+            count = services.grant_refusals.count(grants.digest(token))
             target = f"{found.refused}; refusals={count}" if count else None
             if count and found.refused == grants.REPLAYED:
                 _tell_replay(session, found.run_id, client)

@@ -50,18 +50,39 @@ def make_smoke_assets(
         int,
         typer.Option(min=0, help="supervised steps on the answer format first (0: random weights)"),
     ] = 0,
+    learn: Annotated[
+        bool,
+        typer.Option(
+            "--learn",
+            help="the cpu-learn preset's assets: sums of 0-2, warm-started on the format alone",
+        ),
+    ] = False,
+    vl: Annotated[
+        bool,
+        typer.Option(
+            "--vl", help="cpu-smoke-vl's tiny Qwen3-VL, processor and geo3k-style image data"
+        ),
+    ] = False,
     output: OutputOpt = Output.table,
 ) -> None:
     """Make the cpu-smoke preset's tiny Qwen2 model, tokenizer and gsm8k-style parquet data in
-    DIRECTORY, the same bytes each time; needs the verl-cpu extra (--output json: what was
-    written)."""
+    DIRECTORY (with --learn, cpu-learn's; with --vl, cpu-smoke-vl's), the same bytes each time;
+    needs the verl-cpu extra (--output json: what was written)."""
+    if vl and (warm_start_steps or learn):
+        say("--warm-start-steps and --learn apply to the text model only, not with --vl",
+            style="red", to=errors)  # fmt: skip
+        raise typer.Exit(2)
     try:
-        from jobs.verl_cpu import assets
+        from jobs.verl_cpu import assets, vl_assets
     except ImportError as exc:  # the package itself is always there: a dependency is missing
         say(f"the verl-cpu extra is not installed ({exc})", style="red", to=errors)
         raise typer.Exit(1) from exc
     try:
-        summary = assets.make(directory, warm_start_steps)
+        if vl:
+            summary = vl_assets.make(directory)
+        else:
+            task = assets.LEARN if learn else assets.Task(warm_start_steps=warm_start_steps)
+            summary = assets.make(directory, task=task)
     except (ImportError, OSError) as exc:
         say(str(exc), style="red", to=errors)
         raise typer.Exit(1) from exc

@@ -21,11 +21,11 @@ from sqlalchemy.engine import make_url
 
 from service.cluster.job_python import JobPython, for_user
 from service.cluster.job_user import (
-    DEFAULT_NAME,
     READ,
     SEARCH,
     WRITE,
     JobUser,
+    default_name,
     private_to_service,
     resolve,
 )
@@ -66,7 +66,7 @@ def prepare(
     is not the service's to give (a shared checkpoint root, the operator's, an earlier start's):
     it keeps its owner and mode, and a warning says when the user cannot write it."""
     made = set() if made is None else made
-    user = resolve(named, default or DEFAULT_NAME)
+    user = resolve(named, default or default_name(settings.instance_name))
     if user is None:
         if settings.auth_enabled and not settings.local_single_tenant:
             raise StartRefused(

@@ -3,23 +3,40 @@ so that no job reads the service's environment (``/proc/<pid>/environ``), databa
 any other file of its.
 
 Starting processes as another user needs root. As root, the service uses the user named by
-``RLRUN_LOCAL_JOB_USER``, or makes ``rlrun-job`` (a system user: no home, no login shell) the
-first time. Not root and no user named: none (``resolve`` answers ``None``), and the caller
+``RLRUN_LOCAL_JOB_USER``, or makes one of its own (``default_name``: a system user, no home, no
+login shell) the first time: ``rlrun-job-<instance>``, so that two services on one host never
+share one. Not root and no user named: none (``resolve`` answers ``None``), and the caller
 decides whether a single-tenant cluster is acceptable.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pwd
+import re
 import stat
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_NAME = "rlrun-job"
+PREFIX = "rlrun-job"
 SETTING = "RLRUN_LOCAL_JOB_USER"
 READ, WRITE, SEARCH = 4, 2, 1
+NAME_MAX = 32  # useradd's limit
+
+
+def default_name(instance: str, cluster: str | None = None) -> str:
+    """The job user a service ``instance`` makes: ``rlrun-job-<instance>``, and for an
+    embedded cluster of a clusters file ``rlrun-job-<instance>-<cluster>`` (the cluster's name
+    as 8 hex digits of its digest when the whole would pass 32 characters)."""
+    name = f"{PREFIX}-{instance}"
+    if cluster is None:
+        return name
+    whole = f"{name}-{cluster.lower()}"
+    if len(whole) <= NAME_MAX and re.fullmatch(r"[a-z0-9-]+", whole):
+        return whole
+    return f"{name}-{hashlib.sha256(cluster.encode()).hexdigest()[:8]}"
 
 
 class JobUserError(RuntimeError):
@@ -68,7 +85,7 @@ class JobUser:
         os.chmod(path, mode)
 
 
-def resolve(named: str | None, default: str = DEFAULT_NAME) -> JobUser | None:
+def resolve(named: str | None, default: str) -> JobUser | None:
     """The job user: the one named, else (as root) ``default``, made if missing; None when
     the service is not root and none is named."""
     if os.geteuid() != 0:

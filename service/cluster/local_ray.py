@@ -24,6 +24,12 @@ With a ``state_dir``, the handle records its nodes' process groups there while t
 process that dies without stopping them (SIGKILL) leaves that record behind, and the next handle
 started with the same ``state_dir`` kills those groups (only processes still running in that
 node's temp dir) before it starts its own.
+
+With a ``user``, no process of that user outlives its job (``strays``): at the start (before the
+nodes start) and at the stop (after they are gone) every process of the user is ended, and while
+the nodes run ``end_strays`` ends those in no node's tree and of no live job (a ``setsid``,
+double-forked child of a job that ended). What was ended is kept in ``ended`` until the caller
+records it.
 """
 
 from __future__ import annotations
@@ -46,11 +52,16 @@ from typing import Any
 
 import httpx
 
+from service.cluster import strays
 from service.cluster.job_python import JobPython
 from service.cluster.job_user import JobUser
 
 log = logging.getLogger(__name__)
 RAY_WORKER_PORTS = range(10002, 20000)
+# How long a process is found in no live job before a round ends it (``end_strays``).
+STRAY_GRACE_S = 2.0
+# Every node (its ``ray start``) a handle of this process started and has not stopped.
+_NODES: set[subprocess.Popen[bytes]] = set()
 
 # What the nodes' processes (and so every job's driver and workers) take from the environment
 # that starts them; anything else (RLRUN_*, secrets, credentials of any tool) stays behind.
@@ -113,6 +124,38 @@ class LocalRayCluster:
         # Ray's auth token, made once per handle (each start of the service makes its own):
         # a head restarted by the same handle takes the same token, and its clients keep working.
         self.token = secrets.token_hex(32)
+        # Processes of the job user ended (at start, at stop, or as strays), not yet recorded.
+        self.ended: list[strays.Stray] = []
+        # Found by confirming calls, since when (on the monotonic clock).
+        self._suspects: dict[tuple[int, str], float] = {}
+
+    def end_strays(self, live: Collection[str], confirm: bool = False) -> list[strays.Stray]:
+        """End the job user's processes in no live node's tree and of no job in ``live``
+        (submission ids); kept in ``ended`` too. With ``confirm`` (a round while jobs come and
+        go), only those found so for ``STRAY_GRACE_S`` already: a job started after ``live``
+        was read is in it next time, and Ray's own watcher of an ended job's driver (a shell
+        that outlives its supervisor by a second at most) ends by itself. None without a job
+        user (the nodes then run as the service's own user, whose processes are not the
+        cluster's to end)."""
+        if self.user is None:
+            return []
+        # Every live node this process started, of any handle (two may share a user).
+        roots = [p.pid for p in _NODES if p.poll() is None]
+        found = strays.find(self.user.uid, roots, live)
+        due = found
+        if confirm:
+            now = time.monotonic()
+            seen = {(s.pid, s.started): self._suspects.get((s.pid, s.started), now) for s in found}
+            self._suspects = seen
+            due = [s for s in found if now - seen[(s.pid, s.started)] >= STRAY_GRACE_S]
+        ended = strays.end(due)
+        self.ended.extend(ended)
+        return ended
+
+    def take_ended(self) -> list[strays.Stray]:
+        """What was ended and not yet taken (to be recorded), once."""
+        taken, self.ended = self.ended, []
+        return taken
 
     @property
     def token_path(self) -> Path:
@@ -222,6 +265,7 @@ class LocalRayCluster:
             **self._as_user(),
         )
         log.close()
+        _NODES.add(proc)
         if index < len(self._procs):
             self._procs[index] = proc
         else:
@@ -284,6 +328,7 @@ class LocalRayCluster:
     def start(self, timeout_s: float = 90.0) -> LocalRayCluster:
         if self.state_dir is not None:
             clear_orphans(self.state_dir)
+        self.end_strays(())  # no node of this handle yet: no job of its is live
         self.resolve_ports()
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self._give_dirs()
@@ -387,6 +432,8 @@ class LocalRayCluster:
                 [*(self.port + o for o in self._offsets()), self.dashboard_port], timeout_s
             )
         self._stopped.clear()
+        if held:  # and no process of the job user outlives the nodes
+            self.end_strays(())
         self.token_path.unlink(missing_ok=True)
         if self._record_path is not None:
             self._record_path.unlink(missing_ok=True)
@@ -414,6 +461,7 @@ def _stop_group(proc: subprocess.Popen[bytes], timeout_s: float, drain: bool = T
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    _NODES.discard(proc)
     # Anything left in the node's session (raylet, workers) goes too, and has gone (its ports
     # are free) before this returns.
     with contextlib.suppress(ProcessLookupError):

@@ -208,6 +208,32 @@ class Clusters:
             if (others := self._handles[name].spec.other_teams(team)) is not None
         ]
 
+    def shared_among(self, team: str, names: Sequence[str]) -> list[str]:
+        """Those of ``names`` that other teams' runs go to too (authentication on): where their
+        jobs run as the same Unix user as a run of ``team``'s and can write its log."""
+        if not self.guard_secrets:
+            return []
+        return [n for n in names if self._handles[n].spec.other_teams(team) is not None]
+
+    def shared_record(self, team: str, names: Sequence[str]) -> list[str]:
+        """For a run of ``team`` (authentication on) that may go to ``names``: on each of them
+        that other teams' runs go to, what those teams' jobs can do to it, one sentence each.
+        No service in front of Ray can check a log line or a file against the job that wrote
+        it when both jobs run as one Unix user."""
+        if not self.guard_secrets:
+            return []
+        return [
+            f"on cluster {name!r} the jobs of {others} run as the same Unix user as this run's: "
+            "they can write its log (what the service records of it follows that log: its "
+            "progress, checkpoints, metrics and samples, a target reached, its stop record, the "
+            "class of a failure that Ray and the kernel do not record, and so whether it is "
+            "retried), read and write its run "
+            "directories and signal its processes; a cluster of the team's own (the clusters "
+            "file's `teams`, or RLRUN_CLUSTER_TEAMS) closes it"
+            for name in names
+            if (others := self._handles[name].spec.other_teams(team)) is not None
+        ]
+
     def for_queued(
         self, team: str, launch: Mapping[str, Any], previous: str | None = None
     ) -> list[str]:

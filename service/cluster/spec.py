@@ -38,8 +38,8 @@ class LocalShape(_Strict):
     cpus_per_node: int = Field(16, ge=1)
     port: int | None = Field(None, ge=1, le=65535)
     dashboard_port: int | None = Field(None, ge=1, le=65535)
-    # The Unix user its nodes run as (as root); unset: rlrun-job-<cluster name>, made once, so
-    # that no two embedded clusters share one.
+    # The Unix user its nodes run as (as root); unset: rlrun-job-<instance>-<cluster name>,
+    # made once, so that no two embedded clusters (of one service or two) share one.
     user: str | None = Field(None, pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
 
 
@@ -52,6 +52,8 @@ class ClusterSpec(_Strict):
     address: str | None = None
     local: LocalShape | None = None
     token: TokenRef | None = None
+    # Its GCS (``host:port``): where the nodes Ray drains are read (``loops.drains``).
+    gcs_address: str | None = Field(None, pattern=r"^[A-Za-z0-9.\[\]:-]+:[0-9]{1,5}$")
     # None: not declared (the default cluster of RLRUN_RAY_ADDRESS): any selector's kind fits.
     accelerator: Accelerator | None = None
     verl_versions: list[str] = Field(default_factory=list)  # empty: not declared, any
@@ -158,4 +160,11 @@ def declared(settings: Settings) -> list[ClusterSpec]:
             dashboard_port=settings.local_dashboard_port,
         )
         return [ClusterSpec(name=DEFAULT, local=local, **shared)]
-    return [ClusterSpec(name=DEFAULT, address=settings.ray_address, **shared)]
+    return [
+        ClusterSpec(
+            name=DEFAULT,
+            address=settings.ray_address,
+            gcs_address=settings.ray_gcs_address,
+            **shared,
+        )
+    ]

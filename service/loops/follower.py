@@ -27,11 +27,18 @@ from sqlalchemy.orm import Session
 from jobs import resume
 from service.cluster.ray_jobs import RayJobs, RayRejected, RayUnavailable
 from service.cluster.registry import Clusters, UnknownCluster
-from service.metrics import logcopy, samples, startup, store, targets
+from service.metrics import logcopy, resumed, samples, startup, store, targets, weight_sync
 from service.metrics.health import HealthRules, evaluate
-from service.metrics.keys import TRAINER_STEP_KEY
+from service.metrics.keys import STEP_KEY, TRAINER_STEP_KEY
 from service.metrics.log_readers import LogReader, TailReader
-from service.metrics.parse import MetricLine, parse_checkpoint, parse_line, parse_preflight
+from service.metrics.parse import (
+    MetricLine,
+    WeightDigest,
+    parse_checkpoint,
+    parse_lines,
+    parse_preflight,
+    parse_weights,
+)
 from service.notify import thresholds
 from service.recovery import attempts, deaths, ending, retry
 from service.recovery.retry import RetryConfig
@@ -89,6 +96,8 @@ class _Read:
     # (the kept log copy holds no sample).
     samples: samples.Parsed = field(default_factory=lambda: samples.Parsed([], {}))
     parts: list[tuple[int, str]] = field(default_factory=list)
+    # Each side's digest of a weight sync (``metrics.weight_sync``).
+    weights: list[WeightDigest] = field(default_factory=list)
 
 
 def log_parts(lines: list[tuple[int, str]]) -> list[tuple[int, str]]:
@@ -322,11 +331,12 @@ class Follower:
         new, every = split_lines(text or "", held.offset, final)
         # A sample's text is the job's data, never a metric line or a launcher's report.
         lines = [(end, line) for end, line in every if not samples.is_frame(line)]
-        parsed = [(end, m) for end, line in lines if (m := parse_line(line)) is not None]
+        parsed = parse_lines(lines)
         reports = [r for _, line in lines if (r := parse_preflight(line)) is not None]
         ray_state = word.lines
         resumed = [s for _, line in lines if (s := resume.parse(line)) is not None]
         saves = [(end, s) for end, line in lines if (s := parse_checkpoint(line)) is not None]
+        weights = [w for _, line in lines if (w := parse_weights(line)) is not None]
         marks = startup.marks_in(line for _, line in lines)
         if reports:
             marks.append(startup.PREFLIGHT)
@@ -346,6 +356,7 @@ class Follower:
             marks=marks,
             samples=samples.parse(framed) if framed else samples.Parsed([], {}),
             parts=log_parts(every) if framed else [(held.offset, new)],
+            weights=weights,
         )
 
     def _overdue(self, held: Held) -> bool:
@@ -362,7 +373,8 @@ class Follower:
     def _deaths(self, held: Held) -> deaths.Word:
         job = held.job
         try:
-            return deaths.read(self.clusters.of(held.cluster).ray, job)
+            handle = self.clusters.of(held.cluster)
+            return deaths.read(handle.ray, job, on_host=handle.local is not None)
         except (
             RayUnavailable,
             RayRejected,
@@ -407,6 +419,7 @@ class Follower:
                 logged_before = runlog.last_step
                 if read.resumed is not None:  # known before its points: they are kept by it
                     run.resumed_from_step = read.resumed
+                self._weight_syncs(session, run, read)  # before the health checks read them
                 self._ingest(session, run, runlog, read, now, hooks)
                 for end, step in read.saves:
                     # The newest step logged when the save was said: what a stop then loses.
@@ -456,6 +469,13 @@ class Follower:
             self.on_retry()
         if saved:
             self.on_checkpoint()
+
+    def _weight_syncs(self, session: Session, run: Run, read: _Read) -> None:
+        synced = [int(m.values[STEP_KEY]) for _, m in read.parsed if STEP_KEY in m.values]
+        expects = bool(synced) and weight_sync.expects_digests(run)
+        if read.weights or expects or (read.final and run.weight_syncs):
+            succeeded = read.final and read.held.status == RunStatus.SUCCEEDED
+            weight_sync.record(session, run, read.weights, synced, final=succeeded)
 
     def _ingest(
         self,
@@ -507,4 +527,5 @@ class Follower:
         # Thresholds in the points' own transaction: a crossing's delivery is as durable.
         thresholds.evaluate(session, run, lines, hooks)
         evaluate(session, run, runlog, lines, now, self.rules)
+        resumed.check(session, run, new, lines)
         targets.check(session, run, lines, self.target_within_s)

@@ -6,7 +6,8 @@ never ``:`` or spaces, so items split on `` - `` and each item on its last ``:``
 actor output with ``(ActorName pid=..., ip=...)`` (possibly coloured). A line counts as a metric
 line only when every item parses; anything else (``timing_s/param_sync: 7.41 seconds``) is not.
 The verl launcher's preflight report is one line too (``jobs.verl_launch.PREFIX`` + JSON), and so
-is each complete checkpoint a job reports (``jobs.checkpoints.PREFIX`` + JSON).
+is each complete checkpoint a job reports (``jobs.checkpoints.PREFIX`` + JSON), and each side's
+digest of a weight sync (``jobs.weight_digest.PREFIX`` + JSON).
 
 verl's fully async trainer also says each parameter version it syncs to the rollout, on a line
 of its own (``[FullyAsyncTrainer] _fit_update_weights, ... self.current_param_version: N``,
@@ -21,21 +22,30 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from jobs.checkpoints import PREFIX as CHECKPOINT_PREFIX
 from jobs.samples import PREFIX as SAMPLE_PREFIX
 from jobs.verl_launch import PREFIX as PREFLIGHT_PREFIX
+from jobs.weight_digest import PREFIX as WEIGHTS_PREFIX
 from service.metrics.ansi import strip_ansi
 from service.metrics.keys import STEP_KEY
 
 # Ray's "(Actor pid=N, ip=...)" before a line it forwards from a worker.
-_RAY_PID = r"\((?:[^()\s]+ )?pid=\d+(?:, ip=[^)]*)?\)\s*"
+_RAY_TAG = r"\((?:[^()\s]+ )?pid=\d+(?:, ip=[^)]*)?\)"
+_RAY_PID = _RAY_TAG + r"\s*"
 _RAY_PREFIX = re.compile("^" + _RAY_PID)
 _RAY_REPEAT = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
-# A worker's step line that Ray forwarded behind another writer's unfinished line (the driver's
-# print writes its text and its newline apart; Ray's log thread can write in between).
-_GLUED_STEP = re.compile(f".+({_RAY_PID}step:)")
+# A step line glued behind another line's unfinished text: another writer's (the driver's print
+# writes its text and its newline apart; Ray's log thread can write in between), or another
+# thread's of the same worker (``Dumped generations to .../19.jsonlstep:19 - ...``). The first
+# such step, and never a key's tail (``training/global_step:18 - ``).
+_GLUED_STEP = re.compile(rf".+?((?:{_RAY_PID}|(?<![\s/_.@-]))step:\d{{1,30}} - )")
+# A worker's line as Ray forwards it: its exact prefix (colours gone) and its text.
+_WORKER_LINE = re.compile(rf"^({_RAY_TAG}) ?(.*)$", re.DOTALL)
+# How many lines after a cut step line its rest may come (the other workers' lines between).
+REJOIN_WITHIN = 64
 _STEP = re.compile(r"^step:(\d{1,30})(?: - |$)")  # bounded: int() of any digit run is cheap
 _KEY = re.compile(r"^[^\s:\x00-\x1f\x7f]+$")
 _NUMPY = re.compile(r"^(?:np|numpy)\.(?:float|int|uint|bool_?)\d*\((.*)\)$")
@@ -43,6 +53,9 @@ _SYNCED = re.compile(
     r"^\[FullyAsyncTrainer\] _fit_update_weights,.*\bcurrent_param_version: (\d{1,30})\s*$"
 )
 _NUMBER = re.compile(r"^[+-]?(?:\d+\.?\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|nan|inf)$")
+
+
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
 
 class MetricLine(NamedTuple):
@@ -68,6 +81,62 @@ def strip_ray_prefix(line: str) -> str:
     return _RAY_REPEAT.sub("", _RAY_PREFIX.sub("", line, count=1))
 
 
+def parse_lines(lines: Sequence[tuple[int, str]]) -> list[tuple[int, MetricLine]]:
+    """The metric lines among ``lines`` ((end offset, line) pairs, in order), each with the end
+    of the last line it was read from. A step line that reached the log in two parts is read
+    whole: Ray's log monitor forwards what it has read of a worker's file as a line, and reads
+    it while a long line is still being written (verl's step lines are about 6 KB), so a step
+    line can end mid-item and its rest be a later line of the same worker, other lines between
+    (that worker's progress bar, other workers')."""
+    out: list[tuple[int, MetricLine]] = []
+    taken: set[int] = set()
+    for i, (end, line) in enumerate(lines):
+        if i in taken:
+            continue
+        metric = parse_line(line)
+        if "step:" in line and (cut := _rest_of(lines, i)) is not None:
+            j, metric = cut
+            taken.add(j)
+            end = lines[j][0]
+        if metric is not None:
+            out.append((end, metric))
+    return sorted(out, key=lambda got: got[0])  # a rejoined line ends where its rest does
+
+
+def _rest_of(lines: Sequence[tuple[int, str]], i: int) -> tuple[int, MetricLine] | None:
+    """The line after ``i`` that is the rest of the step line ``i`` cut short, with the whole
+    line read; None if ``i`` is no step line or has no such rest. Its rest is the next line of
+    the same worker (its progress bar's aside) if, joined to it, they read as a metric line."""
+    worker, text = _worker_line(lines[i][1])
+    text = text.lstrip()
+    if not _STEP.match(text):
+        return None
+    for j in range(i + 1, min(len(lines), i + 1 + REJOIN_WITHIN)):
+        other, rest = _worker_line(lines[j][1])
+        if other != worker or not rest.strip() or "\r" in rest:
+            continue  # another worker's line, or this one's newline or progress bar (its \r)
+        whole = text + rest
+        if _STEP.match(rest.strip()) or _item(whole.rpartition(" - ")[2]) is None:
+            return None  # a line of its own (cheaply told by its last item): not the rest
+        got = _parse_line(whole)
+        return None if got is None else (j, got)
+    return None
+
+
+def _worker_line(line: str) -> tuple[str, str]:
+    """A forwarded line's exact worker prefix ("" for the driver's own) and its text."""
+    line = strip_ansi(line).rstrip("\r\n")
+    worker = _WORKER_LINE.match(line)
+    return (worker.group(1), worker.group(2)) if worker else ("", line)
+
+
+def _item(item: str) -> tuple[str, float] | None:
+    """One ``key:value`` item of a step line, or None if it is not one."""
+    key, sep, raw = item.rpartition(":")
+    value = parse_value(raw) if sep else None
+    return None if value is None or not _KEY.match(key) else (key, value)
+
+
 def parse_line(line: str) -> MetricLine | None:
     """One log line to a metric line, or None when it is not one. A worker's step line glued
     behind another writer's text (``_GLUED_STEP``) is read from its own prefix on, and one with
@@ -91,11 +160,9 @@ def _parse_line(line: str) -> MetricLine | None:
     items = body[match.end() :].split(" - ") if match.end() < len(body) else []
     values: dict[str, float] = {}
     for item in items:
-        key, sep, raw = item.rpartition(":")
-        value = parse_value(raw) if sep else None
-        if value is None or not _KEY.match(key):
+        if (kv := _item(item)) is None:
             return None
-        values[key] = value
+        values[kv[0]] = kv[1]
     if not values:
         return None
     return MetricLine(step=int(match.group(1)), values=values)
@@ -134,3 +201,40 @@ def parse_checkpoint(line: str) -> int | None:
     except (ValueError, AttributeError):
         return None
     return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
+
+
+class WeightDigest(NamedTuple):
+    """One side's digest of a weight sync: the trainer's for a parameter version, or a rollout
+    worker's of what its model loaded (with its read-back: parameters equal, checked)."""
+
+    side: str
+    digest: str
+    version: int | None = None
+    read_back: tuple[int, int] | None = None
+
+
+def parse_weights(line: str) -> WeightDigest | None:
+    """The weight-sync digest this line reports, or None when it is not one."""
+    body = strip_ray_prefix(line).strip()
+    if not body.startswith(WEIGHTS_PREFIX):
+        return None
+    try:
+        record = json.loads(body[len(WEIGHTS_PREFIX) :])
+    except ValueError:
+        return None
+    if not isinstance(record, dict):
+        return None
+    side, digest = record.get("side"), record.get("digest")
+    if not isinstance(digest, str) or not _DIGEST.match(digest):
+        return None
+    version = record.get("version")
+    if side == "trainer" and _count(version):
+        return WeightDigest("trainer", digest, version=version)
+    back = record.get("read_back")
+    if side == "rollout" and isinstance(back, list) and len(back) == 2 and all(map(_count, back)):
+        return WeightDigest("rollout", digest, read_back=(back[0], back[1]))
+    return None
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**62

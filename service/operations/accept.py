@@ -86,7 +86,11 @@ def accept_run(
         status=RunStatus.QUEUED,
         health="ok",
         spec=spec.model_dump(mode="json"),
-        launch=launch.as_dict() | {"where": built.where},
+        launch=launch.as_dict()
+        | {
+            "where": built.where,
+            "shared_on": parts.clusters.shared_among(spec.team, built.candidates),
+        },
         idempotency_key=key,
         request_hash=digest,
         created_by=principal.user,
@@ -279,6 +283,8 @@ def _build(parts: Parts, principal: Principal, body: Any) -> _Built:
     )
     if spec.secrets and (readers := parts.clusters.secret_readers(spec.team, candidates)):
         launch = replace(launch, warnings=[*launch.warnings, *readers])
+    if shared := parts.clusters.shared_record(spec.team, candidates):
+        launch = replace(launch, warnings=[*launch.warnings, *shared])
     quotas = backlog.quotas(parts.settings)
     groups = backlog.node_groups(parts.settings)
     primary = parts.clusters.primary.name

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from service.errors import InvalidSpec, field_error, invalid_from_pydantic
 from service.recipes import env_names, storable
 from service.recipes.base import Launch, LaunchContext, Recipe, RunSpec
-from service.recipes.tiny_grpo import TinyGrpoRecipe
+from service.recipes.tiny_grpo import TinyGrpoRecipe, default_checkpoint_root
 from service.recipes.verl.recipe import VerlFullyAsyncRecipe
 from service.settings import Settings
 
@@ -81,7 +81,10 @@ def default_registry(
     """The recipes rlrun ships, plus any ``module:function`` plugins that register more."""
     registry = RecipeRegistry(settings.env_allow if settings else ())
     registry.register(VerlFullyAsyncRecipe(settings or Settings()))
-    registry.register(TinyGrpoRecipe(settings.tiny_grpo_checkpoint_root if settings else ""))
+    root = ""
+    if settings is not None:
+        root = settings.tiny_grpo_checkpoint_root or default_checkpoint_root(settings.instance_name)
+    registry.register(TinyGrpoRecipe(root))
     for entry in plugins:
         module, _, func = entry.partition(":")
         getattr(importlib.import_module(module), func or "register")(registry)

@@ -85,10 +85,12 @@ class TinyGrpoSpec(RunSpec):
         return math.ceil(self.trainer_steps / self.trigger_parameter_sync_step)
 
 
-def default_checkpoint_root() -> str:
+def default_checkpoint_root(instance: str = "") -> str:
     """Where tiny-grpo runs keep checkpoints when nothing says: this machine's temp dir (the
-    embedded cluster's nodes are this machine), in a dir the embedded nodes' user is given."""
-    return str(Path(tempfile.gettempdir()) / f"rlrun-{os.getuid()}-runs" / "tiny-grpo-checkpoints")
+    embedded cluster's nodes are this machine), in a dir of the service ``instance``'s own that
+    the embedded nodes' user is given (two services on one host never share it)."""
+    top = f"rlrun-{os.getuid()}-{instance}-runs" if instance else f"rlrun-{os.getuid()}-runs"
+    return str(Path(tempfile.gettempdir()) / top / "tiny-grpo-checkpoints")
 
 
 class TinyGrpoRecipe:

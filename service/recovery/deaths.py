@@ -1,6 +1,9 @@
 """Ray's own word on what died under a run's job, from its state API: the job's dead actors
 (with their death causes) and the nodes they were on that died. Read when a failed run's log is
-read to the end, outside any transaction, as lines the classifier reads after the log.
+read to the end, outside any transaction, as lines the classifier reads after the log. On the
+service's own host (the embedded cluster) the kernel's log is read too, for an OOM kill of a
+dead actor's process (``recovery.kernel``): Ray words a worker the kernel killed as one that
+exited with no error of its own.
 
 A lost node is not known at once: an actor on it first turns *unavailable* (the job's driver
 fails with Ray's ``ActorUnavailableError``), and only Ray's health checks, some 15-30 s later,
@@ -15,6 +18,7 @@ from datetime import timedelta
 from typing import Any
 
 from service.cluster.ray_jobs import RayJobs
+from service.recovery import kernel
 
 PREFIX = "Ray's state API: "
 MAX_LINES = 20
@@ -44,9 +48,11 @@ class Word:
     undecided: bool = False
 
 
-def read(ray: RayJobs, run_id: str) -> Word:
+def read(ray: RayJobs, run_id: str, on_host: bool = False) -> Word:
     """Ray's word on ``run_id``'s job: a line per dead node that held one of its actors, then a
-    line per dead actor of the job; nothing when Ray no longer knows the job."""
+    line per dead actor of the job, then (``on_host``: the nodes are the service's host's) the
+    kernel's line on each of those actors' processes it killed for memory; nothing when Ray no
+    longer knows the job."""
     info = ray.get(run_id)
     if info is None or not info.job_id:
         return Word()
@@ -65,6 +71,9 @@ def read(ray: RayJobs, run_id: str) -> Word:
             kind = _kind(cause)
             said = f" ({kind})" if kind else ""
             lines.append(f"{PREFIX}actor {actor.get('class_name') or 'actor'} died{said}: {why}")
+    if on_host:  # before the actors' lines, which are cut at MAX_LINES
+        pids = {int(a["pid"]) for a in actors if str(a.get("pid") or "").isdigit()}
+        lines[len(nodes) : len(nodes)] = kernel.oom_kills(pids)
     undecided = UNAVAILABLE in (info.message or "") and not nodes
     return Word([line[:1000] for line in lines[:MAX_LINES]], undecided)
 

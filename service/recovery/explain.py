@@ -13,9 +13,12 @@ from sqlalchemy.orm import Session
 from service.metrics import logcopy
 from service.notify import outbox
 from service.recovery.classify import Evidence, Failure, classify
+from service.recovery.rules import KILLED
+from service.store import audit
 from service.store.models import Run, RunEvent, RunLog
 from service.store.status import RunStatus, attempt_outcome
 
+KILLED_OUTSIDE = KILLED.cls
 # The end of the kept log the classifier reads (the decisive lines are near the end).
 READ_CHARS = 1_000_000
 
@@ -47,7 +50,15 @@ def failure_of(session: Session, run: Run, ray_state: Sequence[str] = ()) -> Fai
     if status not in (RunStatus.FAILED, RunStatus.LOST):
         return None
     text, start = kept_tail(session, run.id)
-    found = classify(text, start, run.ray_error_type, run.ray_message or "", "\n".join(ray_state))
+    found = classify(
+        text,
+        start,
+        run.ray_error_type,
+        run.ray_message or "",
+        "\n".join(ray_state),
+        run.ray_exit_code,
+        shared=log_shared(run),
+    )
     if hang is not None and found.cls == "unknown":
         return hang
     if status is RunStatus.LOST and found.cls == "unknown":
@@ -58,6 +69,13 @@ def failure_of(session: Session, run: Run, ray_state: Sequence[str] = ()) -> Fai
             found.evidence,  # the log's last error lines, if any
         )
     return found
+
+
+def log_shared(run: Run) -> bool:
+    """Whether other teams' jobs could write ``run``'s log: it was accepted (authentication on)
+    for clusters other teams' runs go to too (``shared_on``), and runs on one of them."""
+    shared = run.launch.get("shared_on") or []
+    return bool(shared) and (run.cluster is None or run.cluster in shared)
 
 
 def kept_tail(session: Session, run_id: str) -> tuple[str, int]:
@@ -87,6 +105,8 @@ def settle(
     if failure is not None and short:
         failure = replace(failure, summary=f"{failure.summary} ({short})")
     run.failure = None if failure is None else as_doc(failure)
+    if failure is not None and failure.cls == KILLED_OUTSIDE:
+        audit.by_cluster(session, "run.killed_outside", run_id=run.id, target=run.team)
     announce(session, run)
 
 

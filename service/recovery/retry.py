@@ -13,6 +13,7 @@ cancels the queued run: no later attempt follows a cancel or a stop.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
@@ -63,9 +64,12 @@ def end_attempt(
     lifecycle.end_attempt(session, run, outcome, reason, may_retry(run, config))
 
 
-def due(run: Run, config: RetryConfig) -> tuple[RetryPolicy, str] | str:
+def due(
+    run: Run, config: RetryConfig, earlier: Sequence[str] = ()
+) -> tuple[RetryPolicy, str] | str:
     """The policy and the failure class by which RETRYING ``run`` (settled) gets another
-    attempt, or why it gets none."""
+    attempt, or why it gets none (``earlier``: the failure classes of its ended attempts
+    before this one)."""
     policy = _policy(run, config)
     cls = str((run.failure or {}).get("class", "unknown"))
     if run.stop_requested_at is not None:
@@ -76,7 +80,22 @@ def due(run: Run, config: RetryConfig) -> tuple[RetryPolicy, str] | str:
         return f"its policy does not retry {cls}"
     if run.attempt >= policy.max_attempts:
         return f"attempt {run.attempt} of {policy.max_attempts} was the last"
+    if cls in ONCE and cls in earlier:
+        return f"{cls} is retried once, and an earlier attempt ended with it too"
     return policy, cls
+
+
+# Classes worth one retry at most, whatever the policy's attempts: a host that ran out of
+# memory may have been crowded by other work once; twice, the run itself does not fit.
+ONCE: tuple[str, ...] = ("host_oom",)
+
+
+def _earlier_classes(session: Session, run: Run) -> list[str]:
+    return [
+        str(a.failure.get("class"))
+        for a in attempts.ended(session, run.id)
+        if a.n < run.attempt and a.failure
+    ]
 
 
 def after_settle(session: Session, run: Run, config: RetryConfig) -> bool:
@@ -89,7 +108,8 @@ def after_settle(session: Session, run: Run, config: RetryConfig) -> bool:
     n, outcome = run.attempt, attempt_outcome(run.status, run.attempt_status)
     told = {"n": n, "status": outcome, "failure": run.failure}
     end = explain.ending_event(session, run)  # the event that ended the attempt
-    found = due(run, config) if run.status == RunStatus.RETRYING else "ended"
+    retrying = run.status == RunStatus.RETRYING
+    found = due(run, config, _earlier_classes(session, run)) if retrying else "ended"
     if end is not None:
         _tell(session, run, end, told, None if isinstance(found, str) else n + 1)
     if found == "ended":

@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from service.recovery.roots import Raised
+
 
 @dataclass(frozen=True)
 class Rule:
@@ -57,7 +59,10 @@ CAUSES = [
             r"killed due to the node running low on memory|killed due to memory pressure"
             r"|RayOutOfMemoryError|Out of memory: Killed process"
             r"|exceeds the memory usage threshold|Worker exit type: NODE_OUT_OF_MEMORY"
-            r"|^Ray's state API: actor \S+ died \(oom_context",
+            r"|^Ray's state API: actor \S+ died \(oom_context"
+            # the kernel's OOM killer (global or a cgroup's limit), as dmesg and a container
+            # runtime word it
+            r"|\boom-kill:|Memory cgroup out of memory|\bOOMKilled\b",
             re.M,
         ),
         "a node ran out of host memory and Ray (or the kernel) killed a worker",
@@ -94,6 +99,8 @@ CAUSES = [
             r"NCCL error|nccl(UnhandledCudaError|SystemError|InternalError|RemoteError"
             r"|InvalidUsage)\b|NCCL WARN (Net : (Call to|Connection closed)"
             r"|NET/\w+ : Got completion|Cuda failure|Call to ibv_\w+ failed)|DistBackendError"
+            # the process group's TCP store could not listen (its port taken)
+            r"|DistNetworkError"
             r"|HCCL function error|hccl api failed|\bEI0009\b|Transport init error"
         ),
         "a collective operation (HCCL/NCCL) failed: a peer, the network or the library",
@@ -109,6 +116,8 @@ CAUSES = [
             # Ray's word on a task or actor whose node went, with or without the exception's
             # name, and the GCS's health check that calls a node dead
             r"|node\b[^\n]{0,60}\b(is|was) dead or unavailable|Health check failed for node"
+            # the GCS's word on the actors a dead node owned (gcs_actor_manager.cc, OnNodeDead)
+            r"|Owner's node has crashed"
             r"|^Ray's state API: actor \S+ died \(\w+, NODE_DIED\)",
             re.I | re.M,
         ),
@@ -155,7 +164,10 @@ CAUSES = [
         "unschedulable",
         re.compile(
             r"cannot be scheduled right now|pending and cannot currently be scheduled"
-            r"|pending placement groups|No available node types can fulfill"
+            # the autoscaler's status, under "Demands:": a shape no node takes, waiting (its
+            # placement groups', its tasks' and actors' alike)
+            r"|pending placement groups|\d\+ pending tasks/actors"
+            r"|No available node types can fulfill"
             r"|Waiting for creating a placement group|required GPUs exceeds the total number"
             r"|no nodes have the necessary resources|cannot satisfy its resource requirements"
             r"|Failed to (schedule|create) placement group|could not find a node type to satisfy"
@@ -234,6 +246,93 @@ EFFECTS = [
     ),
 ]
 
+# verl's, Hydra's and its config dataclasses' start-up validation: an assertion or a refused
+# value raised while the config, a worker, the trainer or the rollouter is built (in a
+# dataclass's ``__post_init__``, a constructor, a ``validate``/``check`` function, or an actor's
+# creation task, as Ray says), whatever Ray wrapped it in on its way to the driver.
+REFUSED = Rule(
+    "config_error",
+    re.compile(r"(?!)"),  # found from the log's root exception (``refused``), not a pattern
+    "verl refused its configuration at start-up",
+    "change the named key (a dry run composes the config and names the field)",
+)
+_REFUSALS = {"AssertionError", "ValueError", "TypeError"}
+_VALIDATING = re.compile(r"^(__post_init__|__init__|_?validate\w*|_?check\w*|__new__)$")
+_CONFIG_FILE = re.compile(r"/config/|/omegaconf/|/hydra/|^<string>$")
+
+
+def refused(root: Raised) -> bool:
+    """Whether ``root`` is verl refusing its configuration as it starts."""
+    if root.type not in _REFUSALS:
+        return False
+    if root.creation:
+        return True
+    inner = root.innermost
+    return inner is not None and bool(_VALIDATING.match(inner[1]) or _CONFIG_FILE.search(inner[0]))
+
+
+# A config key an error message names: a dotted path or a snake_case leaf, not a file or a call.
+_KEY = re.compile(
+    r"(?<![\w./-])([a-z][a-z0-9]*(?:[._][a-z0-9]+)*_[a-z0-9]+(?:\.[a-z0-9_]+)*)(?![\w/(-])"
+)
+MAX_KEYS = 3
+
+
+def keys_named(message: str) -> list[str]:
+    """The configuration keys ``message`` names, in its order, each once (at most a few)."""
+    found: list[str] = []
+    for key in _KEY.findall(message):
+        if key not in found:
+            found.append(key)
+    return found[:MAX_KEYS]
+
+
+# Classes whose evidence is Ray's, the kernel's or verl's own word (a memory monitor, a node
+# gone, a metric line), not an exception: their lines stay first.
+OWN_WORD = ("host_oom", "node_lost", "unschedulable", "nan")
+# An actor's process that ended with no error of its own (a signal, a crash): Ray's words. Read
+# only when no cause shows, so with no sign of memory pressure (Ray's text lists the OOM killer
+# among "common causes": that is no evidence of it).
+SIGNALLED = re.compile(
+    r"Worker unexpectedly exits with a connection error|killed by signal|\bSIGKILL\b"
+    r"|exit(ed)? (with )?code (137|-9)\b"
+)
+SIGNALLED_SUMMARY = (
+    "an actor's process died with no error of its own and no sign of memory pressure: "
+    "killed from outside the run, or a crash"
+)
+# On a cluster other teams share (``classify``): Ray's own record of an actor of the run whose
+# process ended with no error of its own. Ray words a SIGKILL, a crash and an ``os._exit`` alike
+# (its connection to the raylet closed); with no memory evidence of Ray's or the kernel's, it was
+# killed from outside the run (or crashed), whatever the run's log says.
+KILLED = Rule(
+    "killed_outside",
+    re.compile(
+        r"^Ray's state API: actor \S+ died \(actor_died_error_context, WORKER_DIED\): "
+        r".*Worker unexpectedly exits",
+        re.M,
+    ),
+    "killed from outside the run: a process of the run ended by a signal (or a crash), with no "
+    "memory evidence from Ray or the kernel",
+    "see the audit trail (run.killed_outside) and what else ran on the cluster then: another "
+    "team's job there runs as the same Unix user and can signal this run's processes; a crash "
+    "shows in the actor's own log",
+)
+
+
+def exit_signal(code: int | None) -> int | None:
+    """The signal a driver's exit code says ended it: -N from Ray (the driver itself), 128+N
+    from the shell that ran it; None for an exit of its own."""
+    if code is None:
+        return None
+    if code < 0:
+        return -code
+    return code - 128 if 128 < code <= 128 + 64 else None
+
+
+# Effects: their summary names the root exception that set them off.
+ECHOED = ("actor_died", "async_pipeline_error")
+
 # Ray's error types that say what happened without a log.
 RAY_ERRORS = {
     "JOB_SUPERVISOR_ACTOR_START_TIMEOUT": "unschedulable",
@@ -245,4 +344,4 @@ ERROR_LINE = re.compile(r"Traceback \(most recent|E(rror|xception)\b|FATAL\b|ERR
 
 
 def rule(cls: str) -> Rule:
-    return next(r for r in CAUSES + EFFECTS if r.cls == cls)
+    return next(r for r in [*CAUSES, *EFFECTS, KILLED] if r.cls == cls)

@@ -47,14 +47,16 @@ def preemption_policy(settings: Settings) -> Policy | None:
         settings.preemption_rest_s,
         settings.preemption_without_checkpoints,
         settings.preemptible_priorities,
+        settings.preemption_spared_teams,
     )
 
 
 def running(session: Session, now: datetime, cluster: str, primary: bool) -> list[Running]:
     """The admitted runs that have not ended on ``cluster`` (the ``primary`` holds those that
     record none), in
-    admission order, as preemption sees them: what each would lose now (steps logged since its
-    last complete save, None when it saves none), how often it was preempted and when last."""
+    admission order, as preemption sees them: whether its launch saves checkpoints, what it
+    would lose now (the service's time since the save it recorded last, or since its start; and
+    the steps its job logged since, told only), how often it was preempted and when last."""
     query = (
         select(
             Run.id,
@@ -67,6 +69,7 @@ def running(session: Session, now: datetime, cluster: str, primary: bool) -> lis
             Run.stop_requested_at,
             Run.yield_by,
             Run.checkpoint_step,
+            Run.checkpoint_at,
             Run.resumed_from_step,
             RunLog.last_step,
         )
@@ -89,11 +92,14 @@ def running(session: Session, now: datetime, cluster: str, primary: bool) -> lis
     }
     out = []
     for r in rows:
-        saves = bool(r.launch.get("checkpoints")) or r.checkpoint_step is not None
+        # Whether it saves is its launch's (a job's log line makes no run preemptible); what it
+        # would lose is the service's own clock since the save it recorded (or its start).
+        saves = bool(r.launch.get("checkpoints"))
         base = r.checkpoint_step if r.checkpoint_step is not None else r.resumed_from_step
-        lost = max(0, (r.last_step or 0) - (base or 0)) if saves else None
+        lost = max(0, (r.last_step or 0) - (base or 0))
         n, last = times.get(r.id, (0, None))
         submitted = r.submitted_at or now
+        since = r.checkpoint_at or r.started_at or submitted
         out.append(
             Running(
                 r.id,
@@ -102,6 +108,8 @@ def running(session: Session, now: datetime, cluster: str, primary: bool) -> lis
                 ResourceShape.from_dict(r.launch["shape"]),
                 admitted_at=submitted.timestamp(),
                 started_at=r.started_at.timestamp() if r.started_at else None,
+                saves=saves,
+                unsaved_s=max(0.0, (now - since).total_seconds()),
                 steps_lost=lost,
                 times=n,
                 last_preempted_at=last.timestamp() if last else None,
@@ -331,7 +339,9 @@ def plan_preemption(
     preempted"), and ``preempts``, the runs it would preempt now, each with the steps it would
     lose if its grace ran out at once."""
     out: dict[str, Any] = {
-        "preemption": policy.at_submit(candidate.priority, bool(launch.checkpoints)),
+        "preemption": policy.at_submit(
+            candidate.priority, bool(launch.checkpoints), candidate.team
+        ),
         "preempts": [],
     }
     reasons = {candidate.id: plan["reasons"][0]} if plan.get("reasons") else {}

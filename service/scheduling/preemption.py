@@ -1,17 +1,23 @@
 """Preemption for priority that loses no work: which running runs a waiting run of a higher
-priority would stop, and why the others are spared.
+priority would stop, and why the others are spared. Who may be preempted is the operator's
+policy (``Policy``: the priorities, the teams spared, whether a run that saves nothing may be),
+never the run's own choice; victims are ranked from the service's own records, never from what
+a job prints.
 
 A queued run that cannot fit now, and would fit if some lower-priority runs were gone, preempts
 them (``choose``). The victims are the fewest that make room, picked to lose the least: the
-fewest steps since their last complete save, then the lowest priority, then the latest
-started. Each is then asked to stop at its next checkpoint within the grace (the store does it,
-``lifecycle.request_yield``), and comes back as a new attempt that resumes from it.
+shortest time on the service's clock since the service recorded their last complete save (or
+since they started), then the lowest priority, then the latest started. Each is then asked to
+stop at its next checkpoint within the grace (the store does it, ``lifecycle.request_yield``),
+and comes back as a new attempt that resumes from it.
 
-A run is spared (``spared``) while it is already stopping, when its priority is not preemptible,
-when it was admitted less than ``min_admitted_s`` ago (as Kueue's ``minAdmitDuration`` and
-Slurm's ``PreemptExemptTime``), when it was preempted ``max_times`` already and its rest is not
-over, and when it saves no checkpoints (unless the policy says it may lose everything). Quotas
-hold: a run preempts only what leaves its team within its quota once it is admitted.
+A run is spared (``spared``) while it is already stopping, when its priority is not preemptible
+or its team is one the operator spares, when it was admitted less than ``min_admitted_s`` ago
+(as Kueue's ``minAdmitDuration`` and Slurm's ``PreemptExemptTime``), when it was preempted
+``max_times`` already and its rest is not over, and when its launch saves no checkpoints and
+the policy spares such runs (by default it does not: a run that saves nothing loses every step
+since its start). Quotas hold: a run preempts only what leaves its team within its quota once
+it is admitted.
 
 Where the victims' groups sit is not known here (Ray places them): the room they leave is what
 Ray reports free plus each victim's share, placed where packing it onto what is in use puts
@@ -51,8 +57,9 @@ class Policy:
     min_admitted_s: float = 600.0
     max_times: int = 3
     rest_s: float = 3600.0
-    without_checkpoints: bool = False
+    without_checkpoints: bool = True
     preemptible: frozenset[int] = frozenset({PRIORITIES["low"], PRIORITIES["normal"]})
+    spared_teams: frozenset[str] = frozenset()
 
     @classmethod
     def of(
@@ -63,6 +70,7 @@ class Policy:
         rest_s: float,
         without_checkpoints: bool,
         preemptible: Sequence[str],
+        spared_teams: Sequence[str] = (),
     ) -> Policy:
         return cls(
             grace_s,
@@ -71,12 +79,16 @@ class Policy:
             rest_s,
             without_checkpoints,
             frozenset(PRIORITIES[name] for name in preemptible),
+            frozenset(spared_teams),
         )
 
-    def at_submit(self, priority: int, checkpoints: bool) -> str:
-        """What would happen to a run of ``priority`` if a higher one needed its room."""
+    def at_submit(self, priority: int, checkpoints: bool, team: str | None = None) -> str:
+        """What would happen to a run of ``priority`` (of ``team``) if a higher one needed its
+        room."""
         if priority not in self.preemptible or priority >= max(PRIORITIES.values()):
             return f"priority {name(priority)}: never preempted"
+        if team is not None and team in self.spared_teams:
+            return f"team {team}: never preempted"
         if not checkpoints and not self.without_checkpoints:
             return NO_CHECKPOINTS
         if not checkpoints:
@@ -97,8 +109,13 @@ class Running:
     shape: ResourceShape
     admitted_at: float
     started_at: float | None = None
-    # Steps logged since its last complete save (or its start); None: it saves no checkpoints.
-    steps_lost: int | None = 0
+    # Whether its launch saves checkpoints (what the service composed, not what the job logs).
+    saves: bool = True
+    # Seconds on the service's clock since the service recorded its last complete save (or
+    # since it started): what it would lose, ranked on.
+    unsaved_s: float = 0.0
+    # Steps the job logged since its last save: told in its history, never ranked on.
+    steps_lost: int = 0
     times: int = 0  # how often it was preempted already
     last_preempted_at: float | None = None
     stopping: bool = False  # already asked to stop (by a preemption, a cancel, a deadline)
@@ -174,6 +191,8 @@ def spared(run: Running, policy: Policy, now: float) -> str | None:
         return "already stopping"
     if run.priority not in policy.preemptible:
         return f"priority {name(run.priority)} is not preemptible"
+    if run.team in policy.spared_teams:
+        return f"team {run.team}'s runs are not preempted"
     age = now - run.admitted_at
     if age < policy.min_admitted_s:
         return f"admitted {age:.0f} s ago (not preempted before {policy.min_admitted_s:g} s)"
@@ -181,7 +200,7 @@ def spared(run: Running, policy: Policy, now: float) -> str | None:
         left = run.last_preempted_at + policy.rest_s - now
         if left > 0:
             return f"preempted {run.times} times: left alone for {left:.0f} s more"
-    if run.steps_lost is None and not policy.without_checkpoints:
+    if not run.saves and not policy.without_checkpoints:
         return NO_CHECKPOINTS
     return None
 
@@ -195,9 +214,9 @@ def _held(runs: Iterable[Running]) -> dict[str, int]:
 
 
 def _loss(run: Running) -> tuple[float, int, float]:
-    """Least loss first: steps since the last save, then the lowest priority, then the latest
-    started."""
-    lost = float("inf") if run.steps_lost is None else float(run.steps_lost)
+    """Least loss first: the service's time since the save it recorded last (a run that saves
+    nothing loses all), then the lowest priority, then the latest started."""
+    lost = run.unsaved_s if run.saves else float("inf")
     return (lost, run.priority, -(run.started_at or run.admitted_at))
 
 
@@ -493,8 +512,6 @@ def _preempt(
             held[v.team] -= v.shape.accelerators
     for _, held in limits:
         held[run.team] = held.get(run.team, 0) + run.shape.accelerators
-    seen = [
-        Victim(v.id, v.team, v.priority, v.shape.accelerators, v.steps_lost or 0) for v in victims
-    ]
+    seen = [Victim(v.id, v.team, v.priority, v.shape.accelerators, v.steps_lost) for v in victims]
     choice.preemptions.append(Preemption(run, seen))
     return True

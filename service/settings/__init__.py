@@ -10,7 +10,11 @@ credential is a ``SecretStr``: shown masked in any repr, dump or log, its value 
 
 from __future__ import annotations
 
+import hashlib
+import os
+
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy.engine import make_url
 
 from service.settings.access import AuthSettings, SecretSettings
 from service.settings.base import (
@@ -78,6 +82,18 @@ class Settings(
     def open_mode_host_names(self) -> list[str]:
         named = [h for h in self.allowed_hosts if "*" not in h]
         return [*self.open_mode_hosts, *named]
+
+    @property
+    def instance_name(self) -> str:
+        """This service's name on its host (``instance``), else 8 hex digits of its database's
+        identity: the URL without its password, a SQLite file by its absolute path."""
+        if self.instance:
+            return self.instance
+        url = make_url(self.database_url.get_secret_value())
+        if url.drivername.startswith("sqlite") and url.database and url.database != ":memory:":
+            url = url.set(database=os.path.abspath(url.database))
+        who = url.render_as_string(hide_password=True)
+        return hashlib.sha256(who.encode()).hexdigest()[:8]
 
     @property
     def auth_enabled(self) -> bool:

@@ -21,6 +21,11 @@ class RaySettings(Section):
     """"local": start an embedded Ray head; otherwise the dashboard address of a cluster."""
     ray_token: SecretStr | None = None
     """Bearer token for a token-auth head."""
+    ray_gcs_address: str | None = None
+    """The GCS address (``host:port``, Ray's default port 6379) of the cluster of
+    RLRUN_RAY_ADDRESS: where the nodes Ray drains are read, so that runs on them save and move
+    first; unset: drains go unseen (an embedded head's is known). With a clusters file, each
+    cluster's `gcs_address`."""
     ray_timeout_s: float = 10.0
     """The longest one call to Ray's Jobs API may take."""
     inventory_ttl_s: float = 3.0
@@ -56,8 +61,9 @@ class LocalClusterSettings(Section):
 
     local_npus: Counts = Field(default=[16], min_length=1)
     """Virtual NPUs per local node, e.g. "16" or "8,8" for two nodes."""
-    local_cpus_per_node: int = 16
-    """CPUs each local node offers."""
+    local_cpus_per_node: int = 64
+    """Logical CPUs each local node offers: Ray's scheduling numbers, not cores (verl's own
+    actors ask for 28 on the CPU presets)."""
     local_ray_dir: str | None = None
     """Ray keeps sockets here: the path must stay short (default: a fresh dir under /tmp)."""
     local_ray_port: int | None = None
@@ -71,8 +77,14 @@ class LocalClusterSettings(Section):
 
     local_job_user: str | None = None
     """The Unix user the embedded nodes, and so every job, run as (the service must run as
-    root to start them so). Unset: as root, the service makes and uses rlrun-job; not root,
-    the nodes run as the service's own user (see local_single_tenant)."""
+    root to start them so). Unset: as root, the service makes and uses rlrun-job-<instance>
+    (see instance); not root, the nodes run as the service's own user (see
+    local_single_tenant)."""
+    instance: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9-]{0,11}$")
+    """This service's name on its host, in its job users' names (rlrun-job-<instance>, and
+    rlrun-job-<instance>-<cluster> for the embedded clusters of a clusters file). Unset: 8
+    hex digits of its database's identity, so two services on one host (two databases) never
+    share a job user, and replicas of one service (one database) do."""
     local_single_tenant: bool = False
     """Accept, with authentication on, an embedded cluster whose jobs run as the service's own
     user (not root and no local_job_user): every job can then read the service's environment,

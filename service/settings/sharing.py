@@ -42,11 +42,14 @@ class PreemptionSettings(Section):
     preemption_rest_s: float = Field(default=3600.0, ge=0)
     """How long a run preempted preemption_max_times is left alone (counted from its last
     preemption)."""
-    preemption_without_checkpoints: bool = False
-    """Whether a run that saves no checkpoints may be preempted (it would lose all its steps;
-    off: it never is, and its plan says so)."""
+    preemption_without_checkpoints: bool = True
+    """Whether a run whose launch saves no checkpoints may be preempted (it loses every step
+    since its start, and its plan says so); off: such runs are never preempted. The operator's
+    choice, not the run's: with it on, ``save_every: 0`` exempts nothing."""
     preemptible_priorities: Names = ["low", "normal"]
     """The priorities whose runs may be preempted (by any run of a higher priority)."""
+    preemption_spared_teams: Names = []
+    """Teams whose runs are never preempted, whatever their priority and checkpoints."""
 
     @field_validator("preemptible_priorities")
     @classmethod

@@ -41,7 +41,8 @@ class VerlSettings(Section):
     starts: "auto" (verl at the validated version, transformers in verl's own range, the
     accelerator's torch/vllm stack installed) or requirements such as
     "torch-npu==2.10.0.post4,vllm-ascend==0.23.0" (a JSON list for one with a comma), verl's
-    pin always added."""
+    pin always added. Unless empty, the nodes' installed stack is also checked against the pairs
+    known to break (jobs/verl_launch/pairs.py), and exact pins here count at submit."""
     preflight_check_devices: bool = True
     """The preflight checks Ray's accelerators are real device files (off for virtual NPUs)."""
     preflight_timeout_s: float = 60.0

@@ -18,6 +18,10 @@ const FIXED = [
   { title: "partial rollouts", yLabel: "fraction of rollouts", keys: ["fully_async/partial/partial_ratio"] },
   { title: "versions per trajectory", yLabel: "model versions a trajectory spans", keys: ["training/off_policy/trajectory_spans/mean", "training/off_policy/trajectory_spans/max"] },
   { title: "sync time", yLabel: "seconds", keys: ["timing_s/param_sync", "timing_s/timing_s/param_sync", "timing_s/update_weights"] },
+  // verl's rollout correction (algorithm.rollout_correction): its IS weights and what its
+  // rejection sampling masked.
+  { title: "rollout IS weight", yLabel: "importance weight", keys: ["rollout_corr/rollout_is_mean", "rollout_corr/rollout_is_seq_mean", "actor/rollout_corr/rollout_is_mean"] },
+  { title: "rejected by rollout RS", yLabel: "fraction masked", keys: ["rollout_corr/rollout_rs_masked_fraction", "rollout_corr/rollout_rs_seq_masked_fraction"] },
 ];
 const LOG_LINES = 2000;
 const hours = (n) => Number(n).toLocaleString("en", { maximumFractionDigits: 1 });

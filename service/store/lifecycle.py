@@ -16,6 +16,7 @@ from service.store import announce, grants
 from service.store.models import Run, RunEvent
 from service.store.status import (
     ACTIVE,
+    DRAINING_NODE,
     ENDED,
     PREEMPTED_FOR,
     RETRIED_OUTCOMES,
@@ -142,10 +143,11 @@ def requeue(session: Session, run: Run, reason: str) -> RunEvent:
 
 
 def preempting(run: Run) -> bool:
-    """Whether ``run`` stops because a preemption asked it to: its yield was for one, and its
-    stop came from that yield (a cancel meanwhile ends it as a cancel would)."""
+    """Whether ``run`` stops because a preemption (or a draining node) asked it to: its yield
+    was for one, and its stop came from that yield (a cancel meanwhile ends it as a cancel
+    would)."""
     reason = run.yield_reason or ""
-    return reason.startswith(PREEMPTED_FOR) and run.stop_lost_steps is not None
+    return reason.startswith((PREEMPTED_FOR, DRAINING_NODE)) and run.stop_lost_steps is not None
 
 
 def end_preempted(session: Session, run: Run) -> None:

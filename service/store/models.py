@@ -143,6 +143,9 @@ class Run(Base):
     deadline_at: Mapped[datetime | None]
     # Start-up marks: mark -> when the follower first read its line (``metrics.startup``).
     startup: Mapped[dict[str, Any] | None]
+    # The current attempt's weight syncs as the digests on each side proved them
+    # (``metrics.weight_sync``): what is paired, what waits for its pair, the problem if any.
+    weight_syncs: Mapped[dict[str, Any] | None]
     # The last reason it waited in the queue, kept after it left (``queue_reason`` is cleared).
     queued_why: Mapped[str | None] = mapped_column(SafeText)
 

@@ -18,32 +18,28 @@ from service.store.db import Database
 from service.store.latest import LATEST_OF_RUN, latest_of
 from service.store.models import MetricKey, Run, RunEvent
 from service.store.prepared import Prepared, fetch
+from service.wire.documents import stored_fields
+from service.wire.runs import RunOut, RunSummary
 
 AnyRow: TypeAlias = Row[*tuple[Any, ...]]
 
 # What a run's page shows (``operations.run_docs.run_doc``), without the claim and idempotency
-# columns.
+# columns: the fields its models mark stored (``wire.documents.STORED``), copied as they are,
+# then the columns the builders read to make the others.
+_SUMMARY_STORED = stored_fields(RunSummary)
 SUMMARY_COLUMNS = (
-    Run.id,
-    Run.name,
-    Run.recipe,
-    Run.team,
+    *(getattr(Run, name) for name in _SUMMARY_STORED),
     Run.priority,
-    Run.status,
     Run.health,
     Run.health_reason,
     Run.queue_reason,
-    Run.cluster,
-    Run.created_at,
-    Run.submitted_at,
-    Run.started_at,
-    Run.ended_at,
     # A summary shows progress against the planned total, kept in the launch.
     Run.launch["total_steps"].as_integer().label("total_steps"),
     Run.launch["progress_key"].as_string().label("progress_key"),
 )
 RUN_COLUMNS = (
     *SUMMARY_COLUMNS,
+    *(getattr(Run, name) for name in stored_fields(RunOut) if name not in _SUMMARY_STORED),
     Run.spec,
     Run.launch,
     Run.ray_status,
@@ -51,14 +47,10 @@ RUN_COLUMNS = (
     Run.ray_error_type,
     Run.ray_exit_code,
     Run.stop_requested_at,
-    Run.preflight,
-    Run.failure,
     Run.attempt,
-    Run.retry_at,
     Run.attempt_status,
     Run.resumed_from_step,
     Run.budget_wait,
-    Run.over_budget_by,
     Run.checkpoint_step,
     Run.checkpoint_at,
     Run.yield_by,
@@ -66,9 +58,9 @@ RUN_COLUMNS = (
     Run.yield_reason,
     Run.stop_saved_step,
     Run.stop_lost_steps,
-    Run.deadline_at,
     Run.startup,
     Run.queued_why,
+    Run.weight_syncs,
 )
 EVENT_COLUMNS = (
     RunEvent.id,

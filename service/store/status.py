@@ -68,29 +68,45 @@ Health = Literal[
     "unschedulable",
     "stalled",
     "nan",
+    "weights_unsynced",
     "reward_collapse",
     "staleness_drift",
     "sync_growing",
     "idle_imbalance",
     "ray_error",
     "stopped_outside",
+    "resume_mismatch",
 ]
 # Three checks share ``runs.health``: the reconciler (``ray_error``: Ray cannot answer for the
 # run), the watchdog (``stuck``: Ray does not run it, or it prints nothing; ``unschedulable``:
 # Ray's state API shows a demand of its job that no node can hold) and the metric checks
-# (``nan`` over ``reward_collapse`` over ``stalled``: it runs but does not learn; then
+# (``nan`` over ``weights_unsynced``, a weight sync the rollout did not take, over
+# ``reward_collapse`` over ``stalled``: it runs but does not learn; then
 # ``staleness_drift`` over ``sync_growing`` over ``idle_imbalance``: it learns, but wastes its
 # accelerators). Each changes a run's health only from "ok" or one of its own names, so the
 # first flag raised holds until the check that raised it clears it. ``stopped_outside`` (the job
 # was stopped on Ray, not by the service) is the reconciler's last word on a run that has ended:
-# it replaces any other health.
+# it replaces any other health. ``resume_mismatch`` (an attempt that did not resume where it was
+# to) replaces the metric checks' names and holds until the next attempt.
 WATCHDOG_HEALTH: frozenset[Health] = frozenset({"ok", "stuck", "unschedulable"})
 METRIC_HEALTH: frozenset[Health] = frozenset(
-    {"ok", "nan", "reward_collapse", "stalled", "staleness_drift", "sync_growing", "idle_imbalance"}
+    {
+        "ok",
+        "nan",
+        "weights_unsynced",
+        "reward_collapse",
+        "stalled",
+        "staleness_drift",
+        "sync_growing",
+        "idle_imbalance",
+    }
 )
 # The metric checks read from verl's fully async metrics (``metrics.rl_signals``).
 RL_HEALTH: frozenset[Health] = frozenset({"staleness_drift", "sync_growing", "idle_imbalance"})
 RECONCILER_HEALTH: frozenset[Health] = frozenset({"ok", "ray_error"})
+# The resume check (``metrics.resumed``): an attempt that did not resume from the checkpoint it
+# was to resume from. Raised over the metric checks' names, it holds for the attempt.
+RESUME_HEALTH: frozenset[Health] = frozenset({"resume_mismatch"})
 
 
 def is_allowed(src: RunStatus, dst: RunStatus) -> bool:
@@ -107,3 +123,6 @@ def attempt_outcome(status: str, attempt_status: str | None) -> str:
 
 # How a preempted run's stop is asked for and said (``lifecycle.request_yield``'s reason).
 PREEMPTED_FOR = "preempted for run "
+# How a run on a node Ray drains is asked to stop (``loops.drains``): as a preempted run, it
+# comes back as its next attempt, elsewhere.
+DRAINING_NODE = "draining node "

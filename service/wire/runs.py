@@ -5,12 +5,12 @@ own is built in ``operations/run_docs.py``)."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.metrics.keys import STEP_KEY
-from service.wire.documents import attributes
+from service.wire.documents import STORED, attributes
 
 
 class EventOut(BaseModel):
@@ -90,21 +90,26 @@ class BaselineOut(BaseModel):
 
 
 class RunSummary(BaseModel):
-    id: str
-    name: str
-    recipe: str
-    team: str
+    """A run in a page of runs. The fields marked ``STORED`` are the run's columns as stored
+    (``wire.documents.STORED``); ``operations.run_docs.summary_doc`` makes the others."""
+
+    id: Annotated[str, STORED]
+    name: Annotated[str, STORED]
+    recipe: Annotated[str, STORED]
+    team: Annotated[str, STORED]
     priority: str
-    status: str
+    status: Annotated[str, STORED]
     health: HealthOut
     queue_reason: str | None = None
-    cluster: str | None = Field(None, description="where it was admitted (null: not yet)")
+    cluster: Annotated[str | None, STORED] = Field(
+        None, description="where it was admitted (null: not yet)"
+    )
     progress: ProgressOut = ProgressOut()
     reward: float | str | None = None
-    created_at: datetime
-    submitted_at: datetime | None
-    started_at: datetime | None
-    ended_at: datetime | None
+    created_at: Annotated[datetime, STORED]
+    submitted_at: Annotated[datetime | None, STORED]
+    started_at: Annotated[datetime | None, STORED]
+    ended_at: Annotated[datetime | None, STORED]
     links: dict[str, str]
     baseline: BaselineDiffOut | None = Field(
         None, description="its difference from the baseline of its team and recipe, if pinned"
@@ -173,6 +178,10 @@ class StopOut(BaseModel):
 
 
 class RunOut(RunSummary):
+    """A run's whole document (``GET /runs/{id}``): a new field that is a column shown as stored
+    is this one declaration, marked ``STORED``; ``operations.run_docs.run_doc`` makes the
+    others, and ``tests/test_answer_contracts.py`` holds it to this model."""
+
     spec: dict[str, Any]
     command: list[str]
     entrypoint: str
@@ -183,22 +192,22 @@ class RunOut(RunSummary):
     stop_requested: bool
     metrics: MetricsOut
     # The verl launcher's checks on every node before verl started (None until it reports).
-    preflight: dict[str, Any] | None = None
+    preflight: Annotated[dict[str, Any] | None, STORED] = None
     # Why it ended other than SUCCEEDED, once its log is read: class, summary, hint, evidence
     # (the decisive lines with their offsets in the kept log).
-    failure: FailureOut | None = None
+    failure: Annotated[FailureOut | None, STORED] = None
     # The current attempt (1 until a retry), when a retried run's backoff ends, every attempt.
     attempt: int = 1
-    retry_at: datetime | None = None
+    retry_at: Annotated[datetime | None, STORED] = None
     attempts: list[RunAttemptOut] = Field(default_factory=list)
     # While it waits for its team's budget (null otherwise), and the admin who let it through.
     budget_wait: BudgetWaitOut | None = None
-    over_budget_by: str | None = Field(
+    over_budget_by: Annotated[str | None, STORED] = Field(
         None, description="the admin who let it start although its team is past its budget"
     )
     checkpoint: CheckpointOut | None = None
     stop: StopOut | None = None
-    deadline_at: datetime | None = Field(
+    deadline_at: Annotated[datetime | None, STORED] = Field(
         None, description="when the current attempt is stopped (admission + max_duration_s)"
     )
     events: list[EventOut]
@@ -206,6 +215,21 @@ class RunOut(RunSummary):
     # its first training step (null before it).
     startup: list[StartupPhaseOut] = Field(default_factory=list)
     time_to_first_step: float | None = None
+    # The current attempt's weight syncs as their digests proved them (null: none reported).
+    weight_sync: WeightSyncOut | None = None
+
+
+class WeightSyncOut(BaseModel):
+    """The current attempt's weight syncs, proven by a digest on each side: the trainer's of
+    what it sent for a version and a rollout's of what its model loaded. ``waiting``: versions
+    sent that no rollout has reported yet; ``problem``: why a sync is not proven (health
+    ``weights_unsynced``)."""
+
+    proven: int = Field(description="versions whose digest a rollout reported")
+    last_version: int | None = None
+    last_digest: str | None = Field(None, description="SHA-256 of the newest proven version")
+    waiting: list[int] = Field(default_factory=list)
+    problem: str | None = None
 
 
 class StartupPhaseOut(BaseModel):

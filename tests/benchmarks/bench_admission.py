@@ -170,7 +170,8 @@ def bench_history_and_preemption(rounds: int, n_nodes: int = 1000, n_queued: int
                 shape,
                 admitted_at=now - rng.uniform(900, 86400),
                 started_at=now - rng.uniform(0, 800),
-                steps_lost=rng.choice([None, 0, 1, 3, 10]),
+                saves=rng.random() < 0.8,
+                unsaved_s=rng.choice([0.0, 30.0, 120.0, 600.0]),
                 times=rng.choice([0, 0, 1, 3]),
                 last_preempted_at=now - rng.uniform(0, 7200),
             )

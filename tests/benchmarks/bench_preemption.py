@@ -14,7 +14,7 @@ shorter runs (what CI runs). ``--verl``: the victim is verl's own fully async tr
 service and embedded head of its own (``tests.verl_run.own_service``, the head on ``--port``,
 its dashboard on ``--port`` + 2000), and the high run a tiny-grpo run that needs both slots. It
 takes the host's verl lock, and minutes: two verl start-ups (the victim's attempts 1 and 2).
-``tests/test_verl_preempt_real.py`` runs the same scenario.
+``tests/test_verl_lifecycle_real.py`` runs the same scenario as the first of a run's attempts.
 """
 
 from __future__ import annotations
@@ -172,6 +172,16 @@ def preempt(
     return out
 
 
+def preemption_env(grace_s: float) -> dict[str, str]:
+    """A service process's settings for preemption with a grace of ``grace_s``, a run
+    preemptible 2 s after its admission."""
+    return {
+        "RLRUN_PREEMPTION": "on",
+        "RLRUN_PREEMPTION_GRACE_S": str(grace_s),
+        "RLRUN_PREEMPTION_MIN_ADMITTED_S": "2",
+    }
+
+
 @contextmanager
 def verl_preempted(
     ports: tuple[int, int], syncs: int, grace_s: float
@@ -181,13 +191,8 @@ def verl_preempted(
     preemption on, grace ``grace_s``); once it has saved, a high-priority tiny-grpo run on
     1 + 1 NPUs arrives. Yields the outcome, a client of the service, still up, and its root
     (kept if the block fails). The caller holds the host's verl lock."""
-    env = {
-        "RLRUN_PREEMPTION": "on",
-        "RLRUN_PREEMPTION_GRACE_S": str(grace_s),
-        "RLRUN_PREEMPTION_MIN_ADMITTED_S": "2",
-    }
     with (
-        patch.dict(os.environ, env),
+        patch.dict(os.environ, preemption_env(grace_s)),
         own_service("rlrun-verl-preempt-", ports) as (root, service),
         httpx.Client(base_url=service.url, timeout=30) as http,
     ):

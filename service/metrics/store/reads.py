@@ -1,9 +1,10 @@
 """Reads of a run's metrics: the latest values (the run's page and lists), the keys, the
-first and most recent points, a series downsampled to a width, and the points past a log
+first, most recent and highest points, a series downsampled to a width, and the points past a log
 offset (live streams)."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -15,6 +16,7 @@ from service.metrics.store.tiers import LEVELS, Summary, as_point, merge_into, t
 from service.store.latest import LATEST_OF_RUN
 from service.store.models import MetricKey, MetricPoint
 
+FINITE = sys.float_info.max  # ±inf is stored as itself
 _LATEST_OF_RUNS = select(MetricKey.run_id, MetricKey.key, MetricKey.step, MetricKey.value).where(
     MetricKey.run_id.in_(bindparam("run_ids", expanding=True)),
     MetricKey.key.in_(bindparam("keys", expanding=True)),
@@ -67,6 +69,22 @@ def recent(session: Session, run_id: str, key: str, limit: int) -> list[tuple[in
         .limit(limit)
     ).all()
     return [(step, read_value(value)) for step, value in reversed(rows)]
+
+
+def highest(session: Session, run_id: str, key: str) -> tuple[int, float] | None:
+    """The (step, value) of one key's highest finite value over the whole run (its first step
+    of that value), None if it has none."""
+    key_id = select(MetricKey.id).where(MetricKey.run_id == run_id, MetricKey.key == key)
+    row = session.execute(
+        select(MetricPoint.step, MetricPoint.value)
+        .where(
+            MetricPoint.key_id == key_id.scalar_subquery(),
+            MetricPoint.value.between(-FINITE, FINITE),  # neither NULL (NaN) nor ±inf
+        )
+        .order_by(MetricPoint.value.desc(), MetricPoint.step)
+        .limit(1)
+    ).first()
+    return None if row is None else (row[0], read_value(row[1]))
 
 
 def first(session: Session, run_id: str, key: str, limit: int) -> list[tuple[int, float]]:

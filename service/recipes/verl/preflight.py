@@ -137,6 +137,9 @@ def plan(
         "writable": _paths(cfg, CHECKPOINT, absolute=True),
         "packages": packages(accelerator, settings.preflight_packages, verl_version, verl_requires),
         "timeout_s": settings.preflight_timeout_s,
+        # The pairs known to break on this accelerator, read from each node's packages
+        # (unless the deployment checks no packages).
+        "stack": accelerator if settings.preflight_packages else "",
     }
 
 

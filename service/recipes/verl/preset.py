@@ -6,7 +6,8 @@ data and model paths come from settings (not ``$HOME``), the checkpoint dir is p
 absolute (the recipe sets it), ``trainer.device=npu`` (from ``resources``), and the logger list
 keeps ``console`` and only those credentialed backends the deployment has configured.
 
-``cpu-smoke`` runs verl's own trainer on CPU with a random tiny model (``cpu_smoke``).
+``cpu-smoke`` runs verl's own trainer on CPU with a random tiny model (``cpu_smoke``);
+``cpu-learn`` is the seed's recipe in miniature, whose reward rises under GRPO (``cpu_learn``).
 """
 
 from __future__ import annotations
@@ -218,6 +219,66 @@ def cpu_smoke(settings: Settings) -> dict[str, Any]:
     }
 
 
+LEARN_DIR = "rlrun-learn"  # under RLRUN_VERL_DATA_DIR: `rlrun verl make-smoke-assets --learn`
+LEARN_SYNCS = 60  # parameter syncs, one GRPO update of 16 prompts x 8 responses each
+LEARN_PROMPTS = 16  # prompts per update (the mini batch); 8 responses each
+LEARN_SAVE_EVERY = 20  # syncs between checkpoints
+
+
+def cpu_learn(settings: Settings) -> dict[str, Any]:
+    """verl's fully async GRPO that learns on CPU: the seed's recipe (geo3k-qwen3vl-8b-npu) in
+    miniature. cpu-smoke's tiny Qwen2, warm-started on the answer format alone (its answers
+    drawn at random, so its reward starts near chance), on sums of 0-2 that verl's gsm8k rule
+    scores, 7 in 10 of them with the sum 2; GRPO with 8 responses a prompt and 16 prompts an
+    update, the seed's async block (staleness 0.1, trigger_parameter_sync_step,
+    require_batches, partial rollout) and its rollout correction as verl names it (decoupled
+    sequence-level TIS with geometric rejection sampling: the IS weights applied to the loss).
+    Responses of at most 6 tokens (the answer and its end: a policy that stops ending its
+    answers drifts out of the format). 60 syncs, a checkpoint every 20. Assets:
+    `rlrun verl make-smoke-assets --learn $RLRUN_VERL_DATA_DIR/rlrun-learn`."""
+    body = cpu_smoke(settings)
+    root = PurePosixPath(settings.verl_data_dir) / LEARN_DIR
+    body["data"] = {**body["data"], **splits(root / "data"), "max_response_length": 6}
+    body["model"] = {**body["model"], "path": str(root / "model")}
+    body["actor"] = {
+        **body["actor"],
+        # At 1e-3, 2 runs of 2 left the format within 5 syncs (every reward 0 thereafter);
+        # at 3e-4, 4 runs of 4 rose from 0.21-0.28 to 0.73.
+        "optim": {"lr": 3e-4},
+        "ppo_mini_batch_size": LEARN_PROMPTS,
+        "ppo_micro_batch_size_per_gpu": 2 * LEARN_PROMPTS,
+    }
+    body["rollout"] = {
+        **body["rollout"],
+        "n": 8,
+        "total_rollout_steps": LEARN_PROMPTS * LEARN_SYNCS,
+        "log_prob_micro_batch_size_per_gpu": 2 * LEARN_PROMPTS,
+    }
+    body["algorithm"] = {
+        "adv_estimator": "grpo",
+        "rollout_correction": {
+            "rollout_is": "sequence",
+            "rollout_is_threshold": 2.0,
+            "rollout_rs": "seq_mean_k1",
+            "rollout_rs_threshold": "0.5_2.0",
+            "bypass_mode": False,
+        },
+    }
+    body["trainer"] = {
+        **body["trainer"],
+        "experiment_name": "cpu_learn",
+        "save_freq": LEARN_SAVE_EVERY,
+        "total_epochs": 20,
+    }
+    body["async_training"] = {
+        "staleness_threshold": 0.1,
+        "trigger_parameter_sync_step": 1,
+        "require_batches": 1,
+        "partial_rollout": True,
+    }
+    return body
+
+
 SMOKE_V1_STEPS = 2  # V1 trainer steps, each a weight sync of parameter_sync_step updates
 
 
@@ -244,10 +305,45 @@ def cpu_smoke_v1(settings: Settings) -> dict[str, Any]:
     return body
 
 
+SMOKE_VL_DIR = "rlrun-smoke-vl"  # under RLRUN_VERL_DATA_DIR: `rlrun verl make-smoke-assets --vl`
+# A VL run on this stack, which has no torchvision (docs/guide/verl.md#cpu): images taken with
+# PIL, not qwen_vl_utils (verl's dataset hook), and no video in vLLM's profile (no processor).
+VL_OVERRIDES = [
+    "data.custom_cls.name=ImageDataset",
+    """+actor_rollout_ref.rollout.engine_kwargs.vllm.limit_mm_per_prompt='{"image":1,"video":0}'""",
+]
+
+
+def cpu_smoke_vl(settings: Settings) -> dict[str, Any]:
+    """``cpu-smoke`` with the seed's model class: a random tiny Qwen3-VL (made by `rlrun verl
+    make-smoke-assets --vl $RLRUN_VERL_DATA_DIR/rlrun-smoke-vl`) on geo3k-shaped image data
+    (verl's geo3k format, scored by verl's geo3k reward), 3 syncs. The images go through the
+    processor to vLLM's rollout and to the trainer's forward; with random weights every reward
+    is 0."""
+    body = cpu_smoke(settings)
+    root = PurePosixPath(settings.verl_data_dir) / SMOKE_VL_DIR
+    body["data"] = {
+        **body["data"],
+        **splits(root / "data"),
+        "image_key": "images",
+        "max_prompt_length": 64,
+        "max_response_length": 24,
+    }
+    body["model"] = {**body["model"], "path": str(root / "model")}
+    body["rollout"] = {**body["rollout"], "max_model_len": 128}
+    body["trainer"] = {**body["trainer"], "experiment_name": "cpu_smoke_vl"}
+    # The assets' one-line file that hands verl jobs.verl_cpu.vl_dataset's class.
+    dataset = f"data.custom_cls.path={root / 'vl_dataset.py'}"
+    body["overrides"] = [*body["overrides"], dataset, *VL_OVERRIDES]
+    return body
+
+
 PRESETS: dict[str, Preset] = {
     "geo3k-qwen3vl-8b-npu": geo3k_qwen3vl_8b_npu,
     "cpu-smoke": cpu_smoke,
     "cpu-smoke-v1": cpu_smoke_v1,
+    "cpu-learn": cpu_learn,
+    "cpu-smoke-vl": cpu_smoke_vl,
 }
 
 

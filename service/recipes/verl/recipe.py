@@ -18,6 +18,7 @@ from service.metrics.keys import TRAINER_STEP_KEY
 from service.recipes.base import Launch, LaunchContext, RunSpec
 from service.recipes.verl import (
     command,
+    dead_keys,
     guard,
     overrides,
     paths,
@@ -25,6 +26,7 @@ from service.recipes.verl import (
     read_keys,
     rules,
     shipped,
+    stack,
     typed_keys,
     versions,
 )
@@ -61,6 +63,11 @@ class VerlFullyAsyncRecipe:
         except ValidationError as exc:
             raise invalid_from_pydantic(exc) from exc
 
+    @staticmethod
+    def _verl(full: VerlFullyAsyncSpec) -> str:
+        """The verl release the spec's nodes run: the one it names, else the service's."""
+        return full.verl_version or versions.installed()
+
     def checkpoint_dir(self, run_id: str) -> str:
         return str(PurePosixPath(self.settings.verl_checkpoint_root) / run_id)
 
@@ -81,6 +88,7 @@ class VerlFullyAsyncRecipe:
             command.service_env(full, ctx.stop_grace_s),
             self.settings.env_allow,
         )
+        refused += stack.refusals(full, self._verl(full), self.settings.preflight_packages)
         if refused:
             raise InvalidSpec(f"{len(refused)} field(s) refused: {refused[0]['msg']}", refused)
         return Guarded(full, ctx, own)
@@ -135,6 +143,8 @@ class VerlFullyAsyncRecipe:
         where = rules.Locator(c.overrides, _spec_keys())
         errors, warnings = rules.check(cfg, full, where, self.settings.verl_loggers_configured)
         warnings += [f"{dotted(item.loc)}: {why}" for item, (refused, why) in unread if not refused]
+        warnings += stack.warnings(full, c.version, self.settings.preflight_packages)
+        warnings += dead_keys.warnings(c.overrides, full, c.version)
         target = _target_warning(full.stop_when.key if full.stop_when else None)
         warnings += [target] if target else []
         errors += [
