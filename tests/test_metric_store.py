@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -338,6 +339,39 @@ def test_a_step_line_ray_forwarded_in_two_parts_is_stored_whole(db: Database) ->
     rewards = [(step, v) for step, key, v in points(db, run_id) if key == "critic/score/mean"]
     assert rewards == [(19, 0.6640625), (28, 0.6640625)]
     assert len({key for step, key, _ in points(db, run_id) if step == 28}) >= 141
+
+
+def test_a_step_line_whose_rest_comes_in_a_later_read_is_stored_whole(db: Database) -> None:
+    # The same log, its job log read up to each line in turn and then to the end: the cut line
+    # is left to the next read until its worker says another line, whichever read it ends.
+    text = (DATA / "verl_cut_step_lines.log").open(encoding="utf-8", newline="").read()
+    lines = text.splitlines(keepends=True)
+    for k in range(1, len(lines)):
+        run_id, ray = add_run(db, f"r{k}"), FakeRay()
+        f = follower(db, ray, "one")
+        ray.log[run_id] = "".join(lines[:k])
+        f.tick()
+        ray.log[run_id] = text
+        f.tick()
+        rewards = [(step, v) for step, key, v in points(db, run_id) if key == "critic/score/mean"]
+        assert rewards == [(19, 0.6640625), (28, 0.6640625)], k
+
+
+def test_a_step_line_whose_worker_says_nothing_more_is_taken_after_a_wait(db: Database) -> None:
+    run_id, ray = add_run(db), FakeRay()
+    f = follower(db, ray, "one")
+    f.await_rest_s = 0.3
+    worker = "(FullyAsyncTrainer pid=42) "
+    ray.log[run_id] = f"{worker}step:1 - critic/score/mean:0.5\n(Rollouter pid=43) idle\n"
+    f.tick()
+    assert points(db, run_id) == []  # its rest may be in the next read
+    time.sleep(0.35)
+    f.tick()
+    assert [(s, v) for s, k, v in points(db, run_id) if k == "critic/score/mean"] == [(1, 0.5)]
+    # Its worker's next line decides at once: the last line is whole.
+    ray.log[run_id] += f"{worker}step:2 - critic/score/mean:0.7\n{worker}done\n"
+    f.tick()
+    assert [s for s, k, _ in points(db, run_id) if k == "critic/score/mean"] == [1, 2]
 
 
 def test_a_collapsed_reward_stays_collapsed_past_the_window_until_it_is_back(db: Database) -> None:

@@ -34,6 +34,7 @@ from service.metrics.log_readers import LogReader, TailReader
 from service.metrics.parse import (
     MetricLine,
     WeightDigest,
+    awaiting_rest,
     parse_checkpoint,
     parse_lines,
     parse_preflight,
@@ -57,6 +58,9 @@ FINAL_READ_AFTER = timedelta(seconds=2)
 # unreachable, its cluster down, its log stream stuck) is decided on the log kept so far, and the
 # run's events and failure say so: a run never waits on Ray for its retry decision forever.
 DECIDE_WITHIN = timedelta(seconds=120)
+# A live run's step line whose rest may be still to come (``parse.awaiting_rest``) is left to
+# the next read for this long at most; then it is taken as it is.
+AWAIT_REST_S = 10.0
 _FAILED = frozenset({RunStatus.FAILED, RunStatus.LOST, RunStatus.RETRYING})
 
 
@@ -172,6 +176,8 @@ class Follower:
     # How long after an attempt's end its log is waited for before the decision is made on the
     # part kept (``DECIDE_WITHIN``).
     decide_within: timedelta = DECIDE_WITHIN
+    # How long a live run's step line whose rest may be still to come is left to the next read.
+    await_rest_s: float = AWAIT_REST_S
     # How long a run that reached its target (``stop_when``) waits for its next checkpoint.
     target_within_s: float = 1800.0
     # How the job log is read: by default Ray's tail stream of the run's cluster, kept open
@@ -194,6 +200,8 @@ class Follower:
         self._where: dict[str, str | None] = {}  # job -> the cluster it is on
         self._reader: LogReader = self.reader or ByCluster(self.clusters, self._where)
         self._jobs: dict[str, str] = {}  # run id -> the Ray job of its current attempt
+        # run id -> (offset of the step line left to the next read, when it was first left)
+        self._awaiting: dict[str, tuple[int, float]] = {}
 
     def tick(self) -> None:
         held = self._claim()
@@ -212,6 +220,7 @@ class Follower:
         self._where.clear()
         self._where.update({r.job: r.cluster for r in held})
         self._jobs = {r.run_id: r.job for r in held}
+        self._awaiting = {r: at for r, at in self._awaiting.items() if r in self._jobs}
         self._reader.retain(set(self._jobs.values()))
         now = time.time()
         self.last_read = {r.run_id: self.last_read.get(r.run_id, now) for r in held}
@@ -329,6 +338,8 @@ class Follower:
         if text is None and not final:
             return None  # Ray does not know the job (yet, or any more): the reconciler decides.
         new, every = split_lines(text or "", held.offset, final)
+        if ended_at is None:
+            new, every = self._await_rest(held.run_id, held.offset, new, every)
         # A sample's text is the job's data, never a metric line or a launcher's report.
         lines = [(end, line) for end, line in every if not samples.is_frame(line)]
         parsed = parse_lines(lines)
@@ -358,6 +369,23 @@ class Follower:
             parts=log_parts(every) if framed else [(held.offset, new)],
             weights=weights,
         )
+
+    def _await_rest(
+        self, run_id: str, offset: int, new: str, every: list[tuple[int, str]]
+    ) -> tuple[str, list[tuple[int, str]]]:
+        """What of a live run's read to take now: up to a step line whose rest may be still to
+        come, for ``await_rest_s`` at most. Ray's log monitor can forward a long line in two
+        parts that reach the job log in two reads; taken at once, the line would be lost."""
+        lines = [(end, line) for end, line in every if not samples.is_frame(line)]
+        if (i := awaiting_rest(lines)) is None:
+            self._awaiting.pop(run_id, None)
+            return new, every
+        start, now = lines[i][0] - len(lines[i][1]), time.monotonic()
+        at, since = self._awaiting.get(run_id, (start, now))
+        self._awaiting[run_id] = (start, since if at == start else now)
+        if at == start and now - since >= self.await_rest_s:
+            return new, every
+        return new[: start - offset], [(end, line) for end, line in every if end <= start]
 
     def _overdue(self, held: Held) -> bool:
         """Whether ``held``'s attempt ended longer than ``decide_within`` ago."""

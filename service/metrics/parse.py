@@ -109,17 +109,37 @@ def _rest_of(lines: Sequence[tuple[int, str]], i: int) -> tuple[int, MetricLine]
     the same worker (its progress bar's aside) if, joined to it, they read as a metric line."""
     worker, text = _worker_line(lines[i][1])
     text = text.lstrip()
-    if not _STEP.match(text):
+    if not _STEP.match(text) or (j := _next_said(lines, i, worker)) is None:
         return None
+    rest = _worker_line(lines[j][1])[1]
+    whole = text + rest
+    if _STEP.match(rest.strip()) or _item(whole.rpartition(" - ")[2]) is None:
+        return None  # a line of its own (cheaply told by its last item): not the rest
+    got = _parse_line(whole)
+    return None if got is None else (j, got)
+
+
+def awaiting_rest(lines: Sequence[tuple[int, str]]) -> int | None:
+    """The index of the first step line among ``lines`` whose rest may be still to come: its
+    worker has said no other line since (within ``REJOIN_WITHIN`` lines), so what follows in a
+    later read may be the rest of it (a step line cut short can even parse: ``...:0.5|2``).
+    Only a worker's lines are cut so: the driver's own reach the job log whole."""
+    for i, (_, line) in enumerate(lines):
+        if "step:" not in line or len(lines) - i - 1 >= REJOIN_WITHIN:
+            continue
+        worker, text = _worker_line(line)
+        if worker and _STEP.match(text.lstrip()) and _next_said(lines, i, worker) is None:
+            return i
+    return None
+
+
+def _next_said(lines: Sequence[tuple[int, str]], i: int, worker: str) -> int | None:
+    """The index of the next line after ``i`` that ``worker`` said (within ``REJOIN_WITHIN``),
+    passing its bare newlines, its progress bar (a carriage return) and other workers' lines."""
     for j in range(i + 1, min(len(lines), i + 1 + REJOIN_WITHIN)):
         other, rest = _worker_line(lines[j][1])
-        if other != worker or not rest.strip() or "\r" in rest:
-            continue  # another worker's line, or this one's newline or progress bar (its \r)
-        whole = text + rest
-        if _STEP.match(rest.strip()) or _item(whole.rpartition(" - ")[2]) is None:
-            return None  # a line of its own (cheaply told by its last item): not the rest
-        got = _parse_line(whole)
-        return None if got is None else (j, got)
+        if other == worker and rest.strip() and "\r" not in rest:
+            return j
     return None
 
 
