@@ -10,7 +10,7 @@ import pytest
 
 from service.loops.follower import split_lines
 from service.metrics.keys import STEP_KEY
-from service.metrics.parse import parse_line, parse_lines, parse_synced, parse_value
+from service.metrics.parse import MetricLine, parse_line, parse_lines, parse_synced, parse_value
 
 DATA = Path(__file__).parent / "data"
 
@@ -216,6 +216,22 @@ def test_a_step_line_cut_in_two_or_glued_behind_its_workers_print_is_read_whole(
     # Line by line, step 28's reward is not there.
     alone = [m for _, line in lines if (m := parse_line(line)) and m.step == 28]
     assert not [m for m in alone if "critic/score/mean" in m.values]
+
+
+def test_a_step_line_with_another_threads_print_glued_behind_it_is_read_up_to_it() -> None:
+    # cpu-learn's step 27 as the service kept it: verl's trainer thread printed "Dumped
+    # generations to ..." between the step line's text and its newline.
+    text = (DATA / "verl_glued_step_line.log").open(encoding="utf-8", newline="").read()
+    (step,) = [m for _, m in parse_lines(_lines(text))]
+    assert (step.step, len(step.values), step.values["critic/score/mean"]) == (27, 141, 0.7578125)
+    assert step.values["dynamic_resource/resource_utilization"] == 0.3926694382619132
+    glued = "step:3 - a:1 - b:np.float64(0.5)[Trainer] INFO: at 12:00 - c:2"
+    assert parse_line(glued) == MetricLine(3, {"a": 1.0, "b": 0.5})
+    nan = parse_line("step:3 - a:1 - b:nanDumped x")
+    assert nan is not None and nan.values["a"] == 1.0 and math.isnan(nan.values["b"])
+    # Text run into a value that no print starts with is no metric line.
+    for bad in ("step:3 - a:1 - b:0.5abc", "step:3 - a:1.5e - b:2", "step:3 - a:Dumped"):
+        assert parse_line(bad) is None, bad
 
 
 def test_a_step_line_cut_anywhere_with_other_lines_between_is_read_as_the_whole() -> None:

@@ -52,6 +52,12 @@ _NUMPY = re.compile(r"^(?:np|numpy)\.(?:float|int|uint|bool_?)\d*\((.*)\)$")
 _SYNCED = re.compile(
     r"^\[FullyAsyncTrainer\] _fit_update_weights,.*\bcurrent_param_version: (\d{1,30})\s*$"
 )
+# A step line's last value with another thread's print glued behind it before the line's newline
+# (verl's trainer says ``Dumped generations to ...`` from a thread of its own): ``0.39Dumped``.
+_GLUED_VALUE = re.compile(
+    r"^((?:np|numpy)\.\w+\([^()]*\)|[+-]?(?:\d+\.?\d*(?:[eE][+-]?\d+)?|\.\d+)|nan|inf|True|False)"
+    r"[A-Z\[(]"
+)
 _NUMBER = re.compile(r"^[+-]?(?:\d+\.?\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|nan|inf)$")
 
 
@@ -113,8 +119,8 @@ def _rest_of(lines: Sequence[tuple[int, str]], i: int) -> tuple[int, MetricLine]
         return None
     rest = _worker_line(lines[j][1])[1]
     whole = text + rest
-    if _STEP.match(rest.strip()) or _item(whole.rpartition(" - ")[2]) is None:
-        return None  # a line of its own (cheaply told by its last item): not the rest
+    if _STEP.match(rest.strip()):
+        return None  # a step line of its own: not the rest
     got = _parse_line(whole)
     return None if got is None else (j, got)
 
@@ -157,6 +163,14 @@ def _item(item: str) -> tuple[str, float] | None:
     return None if value is None or not _KEY.match(key) else (key, value)
 
 
+def _glued_item(item: str) -> tuple[str, float] | None:
+    """An item whose value has another print glued behind it (``_GLUED_VALUE``), read up to
+    it; None if it is no such item. The glued text may hold ``:`` and `` - `` itself."""
+    key, sep, raw = item.partition(":")
+    glued = _GLUED_VALUE.match(raw) if sep and _KEY.match(key) else None
+    return None if glued is None else _item(f"{key}:{glued.group(1)}")
+
+
 def parse_line(line: str) -> MetricLine | None:
     """One log line to a metric line, or None when it is not one. A worker's step line glued
     behind another writer's text (``_GLUED_STEP``) is read from its own prefix on, and one with
@@ -180,9 +194,13 @@ def _parse_line(line: str) -> MetricLine | None:
     items = body[match.end() :].split(" - ") if match.end() < len(body) else []
     values: dict[str, float] = {}
     for item in items:
-        if (kv := _item(item)) is None:
+        if (kv := _item(item)) is not None:
+            values[kv[0]] = kv[1]
+            continue
+        if (kv := _glued_item(item)) is None:
             return None
         values[kv[0]] = kv[1]
+        break  # the rest is the other print's
     if not values:
         return None
     return MetricLine(step=int(match.group(1)), values=values)
