@@ -67,7 +67,11 @@ FLOORS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ),
     ("operations", "what the API does, without HTTP", ("service.operations",)),
     ("api", "HTTP: parse, authorise, call, answer", ("service.api",)),
-    ("app", "the app's assembly", ("service.app", "service.dashboard", "service.telemetry")),
+    (
+        "app",
+        "the app's assembly",
+        ("service.app", "service.dashboard", "service.shutdown", "service.telemetry"),
+    ),
     ("cli", "the rlrun command", ("service.cli",)),
 )
 UP = "# up:"

@@ -127,7 +127,7 @@ def test_jobs_never_import_the_service() -> None:
 # rest (store/, scheduling/, recipes/, ...). A module imports only from its layer or below.
 API = "service.api"
 OPERATIONS = "service.operations"
-ASSEMBLY = {"service.app", "service.dashboard", "service.telemetry"}
+ASSEMBLY = {"service.app", "service.dashboard", "service.shutdown", "service.telemetry"}
 WEB = ("fastapi", "starlette")
 
 
