@@ -33,6 +33,17 @@ def test_a_generated_page_is_current(page: str) -> None:
     )
 
 
+def test_the_glossary_names_every_status_health_and_failure_class() -> None:
+    from typing import get_args
+
+    from service.retry_policy import RETRY_CLASSES
+    from service.store.status import Health, RunStatus
+
+    text = (ROOT / "docs" / "reference" / "glossary.md").read_text()
+    words = [*RunStatus, *get_args(Health), *RETRY_CLASSES]
+    assert [w for w in words if f"`{w}`" not in text] == []
+
+
 def test_the_settings_page_lists_every_setting() -> None:
     from service.settings import Settings
 
