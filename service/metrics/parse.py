@@ -130,8 +130,9 @@ def awaiting_rest(lines: Sequence[tuple[int, str]]) -> int | None:
     worker has said no other line since (within ``REJOIN_WITHIN`` lines), so what follows in a
     later read may be the rest of it (a step line cut short can even parse: ``...:0.5|2``).
     Only a worker's lines are cut so: the driver's own reach the job log whole."""
-    for i, (_, line) in enumerate(lines):
-        if "step:" not in line or len(lines) - i - 1 >= REJOIN_WITHIN:
+    for i in range(max(0, len(lines) - REJOIN_WITHIN), len(lines)):
+        line = lines[i][1]
+        if "step:" not in line:
             continue
         worker, text = _worker_line(line)
         if worker and _STEP.match(text.lstrip()) and _next_said(lines, i, worker) is None:
