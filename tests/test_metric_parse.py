@@ -229,6 +229,14 @@ def test_a_step_line_with_another_threads_print_glued_behind_it_is_read_up_to_it
     assert parse_line(glued) == MetricLine(3, {"a": 1.0, "b": 0.5})
     nan = parse_line("step:3 - a:1 - b:nanDumped x")
     assert nan is not None and nan.values["a"] == 1.0 and math.isnan(nan.values["b"])
+    # A whole step line and its worker's next print (the next sync's line) stay two lines.
+    worker = "(FullyAsyncTrainer pid=7) "
+    text = (
+        f"{worker}step:2 - training/global_step:1.0 - fully_async/count/current_param_version:0.0\n"
+        f"{worker}[FullyAsyncTrainer] _fit_update_weights, timing_s/param_sync: 0.12 seconds "
+        "self.current_param_version: 3\n"
+    )
+    assert [(m.step, len(m.values)) for _, m in parse_lines(_lines(text))] == [(2, 2), (3, 1)]
     # Text run into a value that no print starts with is no metric line.
     for bad in ("step:3 - a:1 - b:0.5abc", "step:3 - a:1.5e - b:2", "step:3 - a:Dumped"):
         assert parse_line(bad) is None, bad

@@ -121,7 +121,8 @@ def _rest_of(lines: Sequence[tuple[int, str]], i: int) -> tuple[int, MetricLine]
     whole = text + rest
     if _STEP.match(rest.strip()):
         return None  # a step line of its own: not the rest
-    got = _parse_line(whole)
+    # A line that reads whole alone takes a rest of items only, never its worker's next print.
+    got = _parse_line(whole, glued=_parse_line(text) is None)
     return None if got is None else (j, got)
 
 
@@ -186,7 +187,9 @@ def parse_line(line: str) -> MetricLine | None:
     return got
 
 
-def _parse_line(line: str) -> MetricLine | None:
+def _parse_line(line: str, glued: bool = True) -> MetricLine | None:
+    """``line`` as a metric line; with ``glued``, one whose last value has another print glued
+    behind it too (``_GLUED_VALUE``)."""
     body = strip_ray_prefix(line).strip()
     match = _STEP.match(body)
     if not match:
@@ -198,7 +201,7 @@ def _parse_line(line: str) -> MetricLine | None:
         if (kv := _item(item)) is not None:
             values[kv[0]] = kv[1]
             continue
-        if (kv := _glued_item(item)) is None:
+        if not glued or (kv := _glued_item(item)) is None:
             return None
         values[kv[0]] = kv[1]
         break  # the rest is the other print's
