@@ -317,9 +317,9 @@ VL_OVERRIDES = [
 def cpu_smoke_vl(settings: Settings) -> dict[str, Any]:
     """``cpu-smoke`` with the seed's model class: a random tiny Qwen3-VL (made by `rlrun verl
     make-smoke-assets --vl $RLRUN_VERL_DATA_DIR/rlrun-smoke-vl`) on geo3k-shaped image data
-    (verl's geo3k format, scored by verl's geo3k reward), 3 syncs. The images go through the
-    processor to vLLM's rollout and to the trainer's forward; with random weights every reward
-    is 0."""
+    (verl's geo3k format, scored by verl's geo3k reward), 3 syncs; with random weights every
+    reward is 0. On the CPU stack it stops as vLLM's engine starts (vLLM 0.32 reads the
+    processor's video processor, which needs torchvision: docs/guide/verl.md)."""
     body = cpu_smoke(settings)
     root = PurePosixPath(settings.verl_data_dir) / SMOKE_VL_DIR
     body["data"] = {
