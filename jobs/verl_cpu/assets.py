@@ -92,26 +92,36 @@ def row(question: str, answer: str, split: str, index: int) -> dict[str, Any]:
     }
 
 
-def make_tokenizer(corpus: list[str], out: Path) -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def make_tokenizer(
+    corpus: list[str],
+    out: Path,
+    vocab: int = VOCAB,
+    chat_template: str = CHAT_TEMPLATE,
+    added: tuple[str, ...] = (),
+) -> Any:
+    """A byte-level BPE tokenizer of ``vocab`` trained on ``corpus`` with ChatML's specials,
+    ``added`` as whole (not special) tokens after it, saved to ``out``."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB,
+        vocab_size=vocab,
         special_tokens=SPECIALS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(corpus, trainer=trainer)
+    if added:
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in added])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",  # noqa: S106 - a token of the vocabulary, not a secret
         pad_token="<|endoftext|>",  # noqa: S106
         bos_token=None,
-        chat_template=CHAT_TEMPLATE,
+        chat_template=chat_template,
     )
     fast.save_pretrained(out)
     return fast

@@ -34,9 +34,11 @@ import random
 from pathlib import Path
 from typing import Any
 
+from jobs.verl_cpu import assets
+
 SEED = 4321
 VOCAB = 512
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+SPECIALS = assets.SPECIALS
 # Qwen-VL's vision tokens, added whole but not special: verl writes its rollout samples decoded
 # with skip_special_tokens, and a sample's prompt is to show where its image went.
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
@@ -102,29 +104,8 @@ def row(png: bytes, sides: int, split: str, index: int) -> dict[str, Any]:
 
 
 def make_tokenizer(corpus: list[str], out: Path) -> Any:
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB,
-        special_tokens=SPECIALS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(corpus, trainer=trainer)
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in VISION_TOKENS])
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|im_end|>",  # noqa: S106 - a token of the vocabulary, not a secret
-        pad_token="<|endoftext|>",  # noqa: S106
-        bos_token=None,
-        chat_template=CHAT_TEMPLATE,
-    )
-    fast.save_pretrained(out)
-    return fast
+    """cpu-smoke's tokenizer with Qwen's vision tokens and a template that renders images."""
+    return assets.make_tokenizer(corpus, out, VOCAB, CHAT_TEMPLATE, tuple(VISION_TOKENS))
 
 
 def make_processor(tokenizer: Any, out: Path) -> Any:
