@@ -338,10 +338,12 @@ class Follower:
         if text is None and not final:
             return None  # Ray does not know the job (yet, or any more): the reconciler decides.
         new, every = split_lines(text or "", held.offset, final)
-        if ended_at is None:
-            new, every = self._await_rest(held.run_id, held.offset, new, every)
         # A sample's text is the job's data, never a metric line or a launcher's report.
         lines = [(end, line) for end, line in every if not samples.is_frame(line)]
+        if ended_at is None and (cut := self._await_rest(held.run_id, lines)) is not None:
+            new = new[: cut - held.offset]
+            every = [(end, line) for end, line in every if end <= cut]
+            lines = [(end, line) for end, line in lines if end <= cut]
         parsed = parse_lines(lines)
         reports = [r for _, line in lines if (r := parse_preflight(line)) is not None]
         ray_state = word.lines
@@ -370,22 +372,18 @@ class Follower:
             weights=weights,
         )
 
-    def _await_rest(
-        self, run_id: str, offset: int, new: str, every: list[tuple[int, str]]
-    ) -> tuple[str, list[tuple[int, str]]]:
-        """What of a live run's read to take now: up to a step line whose rest may be still to
-        come, for ``await_rest_s`` at most. Ray's log monitor can forward a long line in two
-        parts that reach the job log in two reads; taken at once, the line would be lost."""
-        lines = [(end, line) for end, line in every if not samples.is_frame(line)]
+    def _await_rest(self, run_id: str, lines: list[tuple[int, str]]) -> int | None:
+        """Where a live run's read is cut, the rest left to the next read: at a step line whose
+        rest may be still to come, for ``await_rest_s`` at most; None: all of it is taken. Ray's
+        log monitor can forward a long line in two parts that reach the job log in two reads;
+        taken at once, the line would be lost."""
         if (i := awaiting_rest(lines)) is None:
             self._awaiting.pop(run_id, None)
-            return new, every
+            return None
         start, now = lines[i][0] - len(lines[i][1]), time.monotonic()
         at, since = self._awaiting.get(run_id, (start, now))
         self._awaiting[run_id] = (start, since if at == start else now)
-        if at == start and now - since >= self.await_rest_s:
-            return new, every
-        return new[: start - offset], [(end, line) for end, line in every if end <= start]
+        return None if at == start and now - since >= self.await_rest_s else start
 
     def _overdue(self, held: Held) -> bool:
         """Whether ``held``'s attempt ended longer than ``decide_within`` ago."""
